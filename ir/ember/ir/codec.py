@@ -1,0 +1,186 @@
+"""Lossless JSON for the schema's frozen dataclasses, driven by their type annotations.
+
+The same annotations give `describe_schema()`, the text that the golden copy pins: changing a field
+of any schema class changes it, and the golden test then asks for a version bump.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import typing
+from typing import Any, Union
+
+import sympy
+import torch
+
+from .meta import dtype_from_name, dtype_name
+from .symbols import expr_from_json, expr_to_json
+
+SCHEMA_CLASSES: dict[str, type] = {}
+
+
+def schema_class(cls):
+    """Register a frozen dataclass as part of the IR schema."""
+    SCHEMA_CLASSES[cls.__name__] = cls
+    return cls
+
+
+# --- free-form values (op arguments) ----------------------------------------------------------
+# Node arguments are Python values of a few kinds; each non-JSON kind is a one-key object.
+
+
+def value_to_json(v):
+    """The JSON form of an op argument (node references are encoded by the caller's `ref`)."""
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else {"float": repr(v)}
+    if isinstance(v, torch.dtype):
+        return {"dtype": dtype_name(v)}
+    if isinstance(v, torch.device):
+        return {"device": str(v)}
+    if isinstance(v, torch.memory_format):
+        return {"memory_format": str(v).removeprefix("torch.")}
+    if isinstance(v, torch.layout):
+        return {"layout": str(v).removeprefix("torch.")}
+    if isinstance(v, sympy.Basic):
+        return {"expr": expr_to_json(v)}
+    if isinstance(v, (list, tuple)):
+        items = [value_to_json(x) for x in v]
+        return items if isinstance(v, list) else {"tuple": items}
+    raise TypeError(f"ember.ir cannot serialise an argument of type {type(v).__name__}: {v!r}")
+
+
+def value_from_json(d, ref=None):
+    """Inverse of `value_to_json`; `ref(name)` resolves {"node": name} references."""
+    if isinstance(d, list):
+        return [value_from_json(x, ref) for x in d]
+    if not isinstance(d, dict):
+        return d
+    ((kind, payload),) = d.items()
+    if kind == "node":
+        if ref is None:
+            raise ValueError("a node reference appears where none is allowed")
+        return ref(payload)
+    if kind == "tuple":
+        return tuple(value_from_json(x, ref) for x in payload)
+    if kind == "float":
+        return float(payload)
+    if kind == "dtype":
+        return dtype_from_name(payload)
+    if kind == "device":
+        return torch.device(payload)
+    if kind == "memory_format":
+        return getattr(torch, payload)
+    if kind == "layout":
+        return getattr(torch, payload)
+    if kind == "expr":
+        return expr_from_json(payload)
+    raise ValueError(f"unknown value kind {kind!r} in serialised IR")
+
+
+# --- typed dataclass fields -------------------------------------------------------------------
+
+
+def _encode(tp, v):
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Union:
+        if v is None:
+            return None
+        return _encode(next(a for a in args if a is not type(None)), v)
+    if origin is tuple:
+        item = args[0]
+        return [_encode(item, x) for x in v]
+    if origin is dict:
+        return {k: _encode(args[1], x) for k, x in v.items()}
+    if tp is sympy.Expr:
+        return expr_to_json(v)
+    if tp is torch.dtype:
+        return dtype_name(v)
+    if tp is Any:  # already in JSON form (node arguments are encoded by their owner)
+        return v
+    if dataclasses.is_dataclass(tp):
+        return to_json(v)
+    return v
+
+
+def _decode(tp, d):
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Union:
+        if d is None:
+            return None
+        return _decode(next(a for a in args if a is not type(None)), d)
+    if origin is tuple:
+        return tuple(_decode(args[0], x) for x in d)
+    if origin is dict:
+        return {k: _decode(args[1], x) for k, x in d.items()}
+    if tp is sympy.Expr:
+        return expr_from_json(d)
+    if tp is torch.dtype:
+        return dtype_from_name(d)
+    if tp is Any:
+        return d
+    if dataclasses.is_dataclass(tp):
+        return from_json(tp, d)
+    if tp in (int, float, str, bool) and not isinstance(d, tp) and not (tp is float and isinstance(d, int)):
+        raise TypeError(f"expected {tp.__name__}, found {type(d).__name__} in serialised IR")
+    return d
+
+
+def to_json(obj) -> dict:
+    """A schema dataclass instance as a JSON-ready dict."""
+    hints = typing.get_type_hints(type(obj))
+    return {f.name: _encode(hints[f.name], getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+
+
+def from_json(cls, data: dict):
+    """A schema dataclass instance from `to_json`'s dict; unknown or missing fields are errors."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)} in serialised IR")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _decode(hints[f.name], data[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ValueError(f"{cls.__name__}: field {f.name!r} missing in serialised IR")
+    return cls(**kwargs)
+
+
+def dumps(obj) -> str:
+    return json.dumps(to_json(obj), sort_keys=True, separators=(",", ":"))
+
+
+def loads(cls, text: str):
+    return from_json(cls, json.loads(text))
+
+
+def _type_text(tp) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Union:
+        inner = [a for a in args if a is not type(None)]
+        return f"Optional[{_type_text(inner[0])}]"
+    if origin is tuple:
+        return f"tuple[{_type_text(args[0])}, ...]"
+    if origin is dict:
+        return f"dict[str, {_type_text(args[1])}]"
+    if tp is Any:
+        return "json"
+    return getattr(tp, "__name__", str(tp))
+
+
+def describe_schema() -> dict:
+    """Every schema class with its fields and their types: what the golden copy pins."""
+    out = {}
+    for name, cls in sorted(SCHEMA_CLASSES.items()):
+        hints = typing.get_type_hints(cls)
+        out[name] = {f.name: _type_text(hints[f.name]) for f in dataclasses.fields(cls)}
+    return out
+
+
