@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent
+_ROOT = Path(__file__).absolute().parent
 for _component in ("ir", "primtorch", "aot_autograd", "dynamo", "inductor", "cpp_wrapper"):
     _path = str(_ROOT / _component)
     if _path not in sys.path:

@@ -28,5 +28,5 @@ def component_version(component: str, module_file: str) -> str:
     try:
         return metadata.version(f"ember-{component.replace('_', '-')}")
     except metadata.PackageNotFoundError:
-        version_file = Path(module_file).resolve().parents[2] / "VERSION"
+        version_file = Path(module_file).absolute().parents[2] / "VERSION"
         return version_file.read_text().strip() if version_file.exists() else "0+unknown"
