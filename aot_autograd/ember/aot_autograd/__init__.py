@@ -1,0 +1,23 @@
+"""ember.aot_autograd: joint forward+backward graphs, functionalisation, partitioning."""
+
+from ember.ir import component_version, require
+
+require("aot_autograd", reads=(1,), writes=1)
+__version__ = component_version("aot_autograd", __file__)
+
+from .api import (  # noqa: E402
+    BACKENDS,
+    AOTFunction,
+    AOTModule,
+    aot_eager,
+    aot_function,
+    aot_module,
+    aot_module_simplified,
+    run_as_fx,
+)
+from .partition import default_partition, min_cut_partition, saved_bytes  # noqa: E402
+
+__all__ = [
+    "AOTFunction", "AOTModule", "BACKENDS", "aot_eager", "aot_function", "aot_module",
+    "aot_module_simplified", "default_partition", "min_cut_partition", "run_as_fx", "saved_bytes",
+]  # fmt: skip

@@ -1,0 +1,252 @@
+"""Partitioners: split a joint forward+backward graph into a forward and a backward fx graph.
+
+A joint graph has placeholders `primals_*` (and other forward inputs such as an RNG seed) and
+`tangents_*`, and returns `[*forward_outputs, *gradients]`. A partition returns
+
+    forward(*forward_inputs) -> [*forward_outputs, *saved]
+    backward(*saved, *tangents) -> [*gradients]
+
+where `saved` are the values the backward needs from the forward. `default_partition` saves every
+forward value the backward uses; `min_cut_partition` chooses the set of values with the fewest
+bytes that still lets the backward recompute the rest from them (cheap ops only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Optional
+
+import sympy
+import torch.fx as fx
+
+from ember.ir import NODE_META_KEY, TensorMeta, lookup, target_name
+
+from .maxflow import INF, FlowNetwork
+
+# Ops with one of these tags are cheap to run again in the backward.
+RECOMPUTABLE_TAGS = frozenset({"pointwise", "view", "creation"})
+# Data movement that costs one pass over memory (gathers and scatters are not on this list).
+RECOMPUTABLE_OPS = frozenset(
+    {"prims.cat", "prims.pad", "prims.clone", "prims.copy_strided", "prims.rev"}
+)
+REDUCTION_TAGS = frozenset({"reduction"})
+# Never recomputed: expensive (matmul, conv, attention) or not reproducible.
+BANNED_TAGS = frozenset({"extern", "data_dependent", "nondeterministic", "side_effect"})
+RANDOM_TAGS = frozenset({"random"})
+
+
+@dataclasses.dataclass
+class PartitionConfig:
+    """Knobs of the min-cut partitioner, in one place."""
+
+    recompute_reductions: bool = True  # reductions are cheap next to what saving them costs
+    # Size used for a dynamic dimension when weighing a value whose size is symbolic.
+    symbolic_size_hint: int = 4096
+
+
+config = PartitionConfig()
+
+
+# --- graph queries ----------------------------------------------------------------------------
+def is_tangent(node: fx.Node) -> bool:
+    return node.op == "placeholder" and node.name.startswith("tangents")
+
+
+def _output_values(gm: fx.GraphModule) -> list:
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = out.args[0]
+    return list(values) if isinstance(values, (list, tuple)) else [values]
+
+
+def _ancestors(roots: Iterable, stop: frozenset = frozenset()) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = [r for r in roots if isinstance(r, fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n not in stop:
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _descendants(roots: Iterable[fx.Node]) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(u for u in n.users if u.op != "output")
+    return seen
+
+
+def op_tags(node: fx.Node) -> tuple[str, ...]:
+    """The vocabulary tags of a call node's op (empty for targets outside the vocabulary)."""
+    if node.op != "call_function":
+        return ()
+    try:
+        return tuple(lookup(target_name(node.target)).tags)
+    except KeyError:
+        return ()
+
+
+def _has_seed_argument(node: fx.Node) -> bool:
+    # primtorch's random prims are pure functions of their (seed, offset) tensor arguments, which
+    # the backward can load like any saved value; a random op without one keeps hidden state.
+    return bool(node.all_input_nodes)
+
+
+def is_recomputable(node: fx.Node) -> bool:
+    """Whether the backward may run `node` again instead of loading a saved copy."""
+    if node.op == "placeholder":
+        return False
+    if node.op == "get_attr":
+        return True  # a constant of the module: free in either graph
+    name = target_name_or_none(node)
+    if name == "getitem":
+        return True  # free; its tuple-valued input decides
+    if name in RECOMPUTABLE_OPS:
+        return True
+    tags = set(op_tags(node))
+    if tags & BANNED_TAGS:
+        return False
+    if tags & RANDOM_TAGS:
+        return _has_seed_argument(node)
+    allowed = RECOMPUTABLE_TAGS | (REDUCTION_TAGS if config.recompute_reductions else frozenset())
+    return bool(tags & allowed)
+
+
+def target_name_or_none(node: fx.Node) -> Optional[str]:
+    try:
+        return target_name(node.target)
+    except KeyError:
+        return None
+
+
+def _concrete(expr, hint: int) -> int:
+    expr = sympy.sympify(expr)
+    if not expr.is_number:
+        expr = expr.subs({s: hint for s in expr.free_symbols})
+    return int(expr)
+
+
+def value_bytes(node: fx.Node) -> int:
+    """Bytes it costs to keep `node`'s value from the forward to the backward."""
+    meta = node.meta.get(NODE_META_KEY)
+    if isinstance(meta, TensorMeta):
+        return _concrete(meta.nbytes(), config.symbolic_size_hint)
+    if isinstance(meta, (tuple, list)):
+        return INF  # a tuple is never saved whole: its getitems are
+    return 1  # a scalar
+
+
+def saved_bytes(fw_gm: fx.GraphModule, num_fwd_outputs: int) -> int:
+    """Total bytes of the values a partitioned forward graph saves for the backward."""
+    return sum(value_bytes(n) for n in _output_values(fw_gm)[num_fwd_outputs:] if n is not None)
+
+
+# --- the two partitioners ---------------------------------------------------------------------
+@dataclasses.dataclass
+class _Joint:
+    gm: fx.GraphModule
+    fw_inputs: list[fx.Node]
+    tangents: list[fx.Node]
+    fw_outputs: list
+    bw_outputs: list
+
+    @classmethod
+    def of(cls, gm: fx.GraphModule, num_fwd_outputs: int) -> "_Joint":
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        outs = _output_values(gm)
+        return cls(
+            gm,
+            [p for p in placeholders if not is_tangent(p)],
+            [p for p in placeholders if is_tangent(p)],
+            outs[:num_fwd_outputs],
+            outs[num_fwd_outputs:],
+        )
+
+
+def default_partition(joint_gm: fx.GraphModule, *, num_fwd_outputs: int):
+    """Save every forward value the backward uses; recompute nothing."""
+    j = _Joint.of(joint_gm, num_fwd_outputs)
+    in_forward = _ancestors(j.fw_outputs) | set(j.fw_inputs)
+    bw_needed = _ancestors(j.bw_outputs, stop=frozenset(in_forward))
+    saved = {n for n in bw_needed & in_forward if _used_outside(n, bw_needed - in_forward)}
+    saved |= {n for n in j.bw_outputs if isinstance(n, fx.Node) and n in in_forward}
+    return _build(j, _in_graph_order(joint_gm, saved))
+
+
+def _used_outside(node: fx.Node, backward_nodes: set) -> bool:
+    return any(u in backward_nodes for u in node.users)
+
+
+def min_cut_partition(joint_gm: fx.GraphModule, *, num_fwd_outputs: int):
+    """Save the fewest bytes: a minimum cut between forward inputs and tangent-dependent nodes."""
+    j = _Joint.of(joint_gm, num_fwd_outputs)
+    in_forward = _ancestors(j.fw_outputs)
+    bw_needed = _ancestors(j.bw_outputs)
+    tangent_dependent = _descendants(j.tangents)
+    fw_inputs = set(j.fw_inputs)
+
+    net = FlowNetwork()
+    net.vertex("source")
+    net.vertex("sink")
+    for n in joint_gm.graph.nodes:
+        if n not in bw_needed or n.op == "output":
+            continue
+        if n in tangent_dependent:
+            net.add_edge((n, "in"), "sink", INF)
+            continue
+        if n in fw_inputs or (n in in_forward and not is_recomputable(n)):
+            net.add_edge("source", (n, "in"), INF)
+        elif n.op == "placeholder":
+            raise ValueError(f"joint graph input {n.name} is neither a forward input nor a tangent")
+        net.add_edge((n, "in"), (n, "out"), value_bytes(n))
+        for user in n.users:
+            if user in bw_needed and user.op != "output":
+                net.add_edge((n, "out"), (user, "in"), INF)
+        if n in j.bw_outputs:
+            net.add_edge((n, "out"), "sink", INF)  # a gradient that is a forward value
+    value, cut = net.min_cut("source", "sink")
+    if value >= INF:
+        raise RuntimeError("min-cut partition found no finite cut (an unsavable value is needed)")
+    saved = {u[0] for u, v in cut if isinstance(u, tuple) and u[1] == "in" and v == (u[0], "out")}
+    return _build(j, _in_graph_order(joint_gm, saved))
+
+
+def _in_graph_order(gm: fx.GraphModule, nodes: set) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n in nodes]
+
+
+def _build(j: _Joint, saved: list[fx.Node]):
+    fw = extract_graph(j.gm, j.fw_inputs, [*j.fw_outputs, *saved])
+    bw_inputs = [*saved, *j.tangents]
+    missing = _ancestors(j.bw_outputs, stop=frozenset(bw_inputs)) - set(bw_inputs)
+    extra = [n for n in missing if n.op == "placeholder"]
+    if extra:
+        raise RuntimeError(f"backward graph would need unsaved inputs {[n.name for n in extra]}")
+    bw = extract_graph(j.gm, bw_inputs, j.bw_outputs)
+    return fw, bw
+
+
+def extract_graph(gm: fx.GraphModule, inputs: list[fx.Node], outputs: list) -> fx.GraphModule:
+    """A new GraphModule computing `outputs` from `inputs` (nodes of `gm`), metadata kept."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for n in inputs:
+        p = graph.placeholder(n.name)
+        p.meta = dict(n.meta)
+        env[n] = p
+    needed = _ancestors(outputs, stop=frozenset(inputs))
+    for n in gm.graph.nodes:
+        if n in env or n not in needed:
+            continue
+        if n.op == "placeholder":
+            raise RuntimeError(f"graph needs input {n.name}, which is not among its inputs")
+        env[n] = graph.node_copy(n, env.__getitem__)
+    graph.output([env[o] if isinstance(o, fx.Node) else o for o in outputs])
+    graph.lint()
+    return fx.GraphModule(gm, graph)

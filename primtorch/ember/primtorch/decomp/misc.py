@@ -1,0 +1,375 @@
+"""The long tail: outer products, distances, searches, order statistics, shuffles, histograms."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ember.primtorch import prims, utils
+
+from ._common import (
+    INT_TO_FLOAT, aten, convert, elementwise_dtypes, is_tensor, like, numel, result_type,
+)
+from ._registry import register_decomposition
+
+
+def _iota(n, device, start=0, step=1):
+    return prims.iota(n, start, step, torch.int64, device)
+
+
+@register_decomposition(aten.addr)
+def addr(self, vec1, vec2, *, beta=1, alpha=1):
+    outer = aten.mul(aten.unsqueeze(vec1, 1), aten.unsqueeze(vec2, 0))
+    if alpha != 1:
+        outer = aten.mul(outer, alpha)
+    if beta == 0:
+        # beta == 0 ignores self entirely (NaN and inf included), as torch does.
+        return convert(outer, result_type(self, vec1, vec2))
+    scaled = self if beta == 1 else aten.mul(self, beta)
+    return aten.add(scaled, outer)
+
+
+@register_decomposition(aten.block_diag)
+def block_diag(tensors):
+    mats = [t if t.ndim == 2 else prims.reshape(t, (1, -1) if t.ndim == 1 else (1, 1)) for t in tensors]
+    dtype = result_type(*mats) if mats else torch.float32
+    width = sum(m.shape[1] for m in mats)
+    rows, col = [], 0
+    for m in mats:
+        w = m.shape[1]
+        rows.append(prims.pad(convert(m, dtype), 0 if not dtype.is_floating_point else 0.0,
+                              (0, col), (0, width - col - w), (0, 0)))  # fmt: skip
+        col += w
+    return prims.cat(rows, 0)
+
+
+@register_decomposition(aten.frexp.Tensor)
+def frexp(self):
+    x = self
+    a = prims.abs(x)
+    special = prims.bitwise_or(prims.eq(a, 0.0), prims.logical_not(prims.isfinite(x)))
+    safe = prims.where(special, like(1.0, x), a)
+    compute = torch.float64 if x.dtype is torch.float64 else torch.float32
+    e = prims.add(prims.floor(prims.log2(convert(safe, compute))), 1.0)
+    m = prims.div(convert(x, compute), prims.exp2(e))
+    # log2 may be off by one near powers of two: renormalise |m| into [0.5, 1).
+    big = prims.ge(prims.abs(m), 1.0)
+    m = prims.where(big, prims.mul(m, 0.5), m)
+    e = prims.where(big, prims.add(e, 1.0), e)
+    small = prims.bitwise_and(prims.lt(prims.abs(m), 0.5), prims.logical_not(special))
+    m = prims.where(small, prims.mul(m, 2.0), m)
+    e = prims.where(small, prims.sub(e, 1.0), e)
+    mantissa = prims.where(special, x, convert(m, x.dtype))
+    exponent = prims.where(special, 0, convert(e, torch.int32))
+    return mantissa, exponent
+
+
+@register_decomposition(aten.ldexp.Tensor)
+def ldexp(self, other):
+    _, dtype = elementwise_dtypes(self, other, kind=INT_TO_FLOAT)
+    return aten.mul(convert(self, dtype), aten.pow(2.0, convert(other, dtype)))
+
+
+@register_decomposition(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    if not is_tensor(test_elements):
+        hit = aten.eq(elements, test_elements)
+    else:
+        tests = aten.reshape(test_elements, (-1,))
+        elems = aten.unsqueeze(elements, -1) if is_tensor(elements) else elements
+        hit = aten.any(aten.eq(elems, tests), -1) if tests.shape[0] else aten.zeros_like(
+            elems if is_tensor(elems) else tests, dtype=torch.bool
+        )
+        if not is_tensor(elements):
+            hit = aten.any(aten.eq(tests, elements))
+    return aten.logical_not(hit) if invert else hit
+
+
+# --- order statistics through the sort extern ----------------------------------------------------
+
+
+@register_decomposition(aten.kthvalue)
+def kthvalue(self, k, dim=-1, keepdim=False):
+    if self.ndim == 0:
+        return prims.clone(self), like(0, self, torch.int64)
+    dim = utils.canonicalize_dim(self.ndim, dim)
+    values, indices = aten.sort(self, dim, stable=True)
+    v, i = aten.select(values, dim, k - 1), aten.select(indices, dim, k - 1)
+    if keepdim:
+        v, i = aten.unsqueeze(v, dim), aten.unsqueeze(i, dim)
+    return v, i
+
+
+def _median_dim(self, dim, keepdim, ignore_nan):
+    if self.ndim == 0:
+        return prims.clone(self), like(0, self, torch.int64)
+    dim = utils.canonicalize_dim(self.ndim, dim)
+    values, indices = aten.sort(self, dim, stable=True)  # NaN sorts last
+    n = self.shape[dim]
+    if ignore_nan and self.dtype.is_floating_point:
+        count = aten.sum(aten.logical_not(aten.isnan(self)), [dim], True)
+        pos = aten.where(aten.eq(count, 0), 0, aten.floor_divide(aten.sub(count, 1), 2))
+    else:
+        # Any NaN makes the median NaN: the first NaN (sorted last) is then the answer.
+        pos_int = (n - 1) // 2
+        pos = aten.full_like(aten.select(values, dim, 0).unsqueeze(dim), pos_int, dtype=torch.int64)
+        if self.dtype.is_floating_point:
+            nan_count = aten.sum(aten.isnan(self), [dim], True)
+            pos = aten.where(aten.gt(nan_count, 0), aten.sub(n, nan_count), pos)
+    v = aten.gather(values, dim, pos)
+    i = aten.gather(indices, dim, pos)
+    if not keepdim:
+        v, i = aten.squeeze(v, [dim]), aten.squeeze(i, [dim])
+    return v, i
+
+
+@register_decomposition(aten.median.dim)
+def median_dim(self, dim, keepdim=False):
+    return _median_dim(self, dim, keepdim, False)
+
+
+@register_decomposition(aten.nanmedian.dim)
+def nanmedian_dim(self, dim, keepdim=False):
+    return _median_dim(self, dim, keepdim, True)
+
+
+@register_decomposition(aten.median.default)
+def median(self):
+    return _median_dim(aten.reshape(self, (-1,)), 0, False, False)[0]
+
+
+@register_decomposition(aten.nanmedian.default)
+def nanmedian(self):
+    return _median_dim(aten.reshape(self, (-1,)), 0, False, True)[0]
+
+
+# --- scatters with reductions --------------------------------------------------------------------
+
+
+@register_decomposition(aten.index_reduce)
+def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    dim = utils.canonicalize_dim(self.ndim, dim)
+    if self.ndim == 0:
+        self, source = prims.reshape(self, (1,)), prims.reshape(source, (1,))
+    idx = prims.broadcast_in_dim(convert(index, torch.int64), tuple(source.shape), (dim,))
+    out = prims.scatter_reduce(self, dim, idx, convert(source, self.dtype), reduce, include_self)
+    return out
+
+
+@register_decomposition(aten.masked_scatter)
+def masked_scatter(self, mask, source):
+    shape = tuple(utils.broadcast_shapes(tuple(self.shape), tuple(mask.shape)))
+    mask = aten.expand(mask, shape)
+    base = aten.expand(self, shape)
+    # Masked position k (in row-major order) takes source's k-th element.
+    flat_mask = aten.reshape(mask, (-1,))
+    pos = aten.sub(aten.cumsum(flat_mask, 0), 1)
+    pos = aten.clamp(pos, 0, max(numel(source.shape) - 1, 0))
+    picked = aten.index(aten.reshape(source, (-1,)), [pos])
+    return aten.where(mask, aten.reshape(picked, shape), base)
+
+
+@register_decomposition(aten.put)
+def put(self, index, source, accumulate=False):
+    flat = prims.reshape(self, (-1,))
+    idx = prims.reshape(convert(index, torch.int64), (-1,))
+    n = numel(self.shape)
+    idx = prims.where(prims.lt(idx, 0), prims.add(idx, n), idx)
+    out = prims.index_put(flat, [idx], prims.reshape(convert(source, self.dtype), (-1,)), accumulate)
+    return prims.reshape(out, tuple(self.shape))
+
+
+# --- geometry and distances ----------------------------------------------------------------------
+
+
+@register_decomposition(aten.linalg_cross)
+def linalg_cross(self, other, *, dim=-1):
+    shape = tuple(int(s) for s in utils.broadcast_shapes(tuple(self.shape), tuple(other.shape)))
+    a, b = aten.expand(self, shape), aten.expand(other, shape)
+    dim = utils.canonicalize_dim(len(shape), dim)
+    i1 = _index_list([1, 2, 0], self.device)
+    i2 = _index_list([2, 0, 1], self.device)
+    a1, a2 = aten.index_select(a, dim, i1), aten.index_select(a, dim, i2)
+    b1, b2 = aten.index_select(b, dim, i1), aten.index_select(b, dim, i2)
+    return aten.sub(aten.mul(a1, b2), aten.mul(a2, b1))
+
+
+def _index_list(values, device):
+    return prims.cat([prims.full((1,), v, torch.int64, device) for v in values], 0)
+
+
+def _pairwise(x1, x2, p):
+    diff = aten.sub(aten.unsqueeze(x1, -2), aten.unsqueeze(x2, -3))
+    return aten.linalg_vector_norm(diff, p, [-1])
+
+
+@register_decomposition(aten._cdist_forward)
+def _cdist_forward(x1, x2, p, compute_mode=None):
+    return _pairwise(x1, x2, p)
+
+
+@register_decomposition(aten._euclidean_dist)
+def _euclidean_dist(x1, x2):
+    return _pairwise(x1, x2, 2.0)
+
+
+@register_decomposition(aten._pdist_forward)
+def _pdist_forward(self, p=2.0):
+    n = self.shape[0]
+    m = n * (n - 1) // 2
+    if m == 0:
+        return prims.full((0,), 0, self.dtype, self.device)
+    # Row pair (i, j), i < j, of flat position k in torch's order, by the closed form.
+    k = convert(_iota(m, self.device), torch.float64)
+    disc = prims.sqrt(prims.add(prims.mul(k, -8.0), float(4 * n * (n - 1) - 7)))
+    i = prims.sub(float(n - 2), prims.floor(prims.sub(prims.div(disc, 2.0), 0.5)))
+    j = prims.add(prims.sub(prims.add(k, i), float(m - 1)),
+                  prims.div(prims.mul(prims.sub(float(n), i), prims.sub(float(n - 1), i)), 2.0))  # fmt: skip
+    i, j = convert(i, torch.int64), convert(j, torch.int64)
+    diff = aten.sub(aten.index_select(self, 0, i), aten.index_select(self, 0, j))
+    return aten.linalg_vector_norm(diff, p, [-1])
+
+
+@register_decomposition(aten.dist)
+def dist(self, other, p=2):
+    return aten.linalg_vector_norm(aten.sub(self, other), p)
+
+
+@register_decomposition(aten.trace)
+def trace(self):
+    return aten.sum(aten.diagonal(self))
+
+
+@register_decomposition(aten.renorm)
+def renorm(self, p, dim, maxnorm):
+    dim = utils.canonicalize_dim(self.ndim, dim)
+    others = [d for d in range(self.ndim) if d != dim]
+    compute = utils.opmath_dtype(self.dtype)
+    norm = aten.linalg_vector_norm(self, p, others, True, dtype=compute)
+    factor = aten.where(aten.gt(norm, maxnorm), aten.div(maxnorm, aten.add(norm, 1e-7)), 1.0)
+    return convert(aten.mul(convert(self, compute), factor), self.dtype)
+
+
+# --- shuffles ------------------------------------------------------------------------------------
+
+
+@register_decomposition(aten.pixel_shuffle)
+def pixel_shuffle(self, upscale_factor):
+    r = upscale_factor
+    *lead, c, h, w = self.shape
+    x = prims.reshape(self, tuple(lead) + (c // (r * r), r, r, h, w))
+    n = len(lead)
+    perm = tuple(range(n)) + (n, n + 3, n + 1, n + 4, n + 2)
+    return prims.reshape(prims.permute(x, perm), tuple(lead) + (c // (r * r), h * r, w * r))
+
+
+@register_decomposition(aten.pixel_unshuffle)
+def pixel_unshuffle(self, downscale_factor):
+    r = downscale_factor
+    *lead, c, h, w = self.shape
+    x = prims.reshape(self, tuple(lead) + (c, h // r, r, w // r, r))
+    n = len(lead)
+    perm = tuple(range(n)) + (n, n + 2, n + 4, n + 1, n + 3)
+    return prims.reshape(prims.permute(x, perm), tuple(lead) + (c * r * r, h // r, w // r))
+
+
+@register_decomposition(aten.channel_shuffle, aten.native_channel_shuffle)
+def channel_shuffle(self, groups):
+    n, c = self.shape[0], self.shape[1]
+    rest = tuple(self.shape[2:])
+    x = prims.reshape(self, (n, groups, c // groups) + rest)
+    x = prims.permute(x, (0, 2, 1) + tuple(range(3, x.ndim)))
+    return prims.reshape(x, tuple(self.shape))
+
+
+# --- searches and histograms ---------------------------------------------------------------------
+
+
+def _count_before(seq, values, right):
+    """For each value, how many entries of the sorted last dim of seq are < (<= if right) it."""
+    cmp = aten.le if right else aten.lt
+    hits = cmp(aten.unsqueeze(seq, -2), aten.unsqueeze(values, -1))
+    return aten.sum(hits, [-1])
+
+
+@register_decomposition(aten.bucketize.Tensor)
+def bucketize(self, boundaries, *, out_int32=False, right=False):
+    out = _count_before(boundaries, self, right)
+    return convert(out, torch.int32 if out_int32 else torch.int64)
+
+
+@register_decomposition(aten.bucketize.Scalar)
+def bucketize_scalar(self, boundaries, *, out_int32=False, right=False):
+    v = prims.full((), self, boundaries.dtype, boundaries.device)
+    return aten.bucketize(v, boundaries, out_int32=out_int32, right=right)
+
+
+@register_decomposition(aten.searchsorted.Tensor)
+def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    right = right or side == "right"
+    seq = sorted_sequence if sorter is None else aten.gather(sorted_sequence, -1, sorter)
+    if seq.ndim == 1:
+        out = _count_before(seq, self, right)
+    else:
+        out = aten.sum((aten.le if right else aten.lt)(
+            aten.unsqueeze(seq, -2), aten.unsqueeze(self, -1)), [-1])  # fmt: skip
+    return convert(out, torch.int32 if out_int32 else torch.int64)
+
+
+@register_decomposition(aten.searchsorted.Scalar)
+def searchsorted_scalar(sorted_sequence, self, *, out_int32=False, right=False, side=None,
+                        sorter=None):  # fmt: skip
+    v = prims.full(tuple(sorted_sequence.shape[:-1]), self, sorted_sequence.dtype, sorted_sequence.device)
+    out = aten.searchsorted(sorted_sequence, aten.unsqueeze(v, -1), out_int32=out_int32, right=right,
+                            side=side, sorter=sorter)  # fmt: skip
+    return aten.squeeze(out, [-1])
+
+
+@register_decomposition(aten.histc)
+def histc(self, bins=100, min=0, max=0):
+    x = aten.reshape(self, (-1,))
+    lo, hi = float(min), float(max)
+    if lo == hi:
+        # torch takes the data's range, widened by one each way when it is a single value.
+        lo_t, hi_t = aten.amin(x), aten.amax(x)
+        same = aten.eq(lo_t, hi_t)
+        lo_t, hi_t = aten.where(same, aten.sub(lo_t, 1), lo_t), aten.where(same, aten.add(hi_t, 1), hi_t)
+    else:
+        lo_t, hi_t = lo, hi
+    width = aten.sub(hi_t, lo_t)
+    pos = aten.floor(aten.div(aten.mul(aten.sub(x, lo_t), bins), width))
+    pos = aten.where(aten.eq(x, hi_t), bins - 1, pos)
+    inside = aten.logical_and(aten.ge(x, lo_t), aten.le(x, hi_t))
+    idx = aten.where(inside, pos, bins).to(torch.int64)
+    counts = aten.index_put(aten.zeros((bins + 1,), dtype=self.dtype, device=self.device), [idx],
+                            aten.ones_like(x), True)  # fmt: skip
+    return aten.slice(counts, 0, 0, bins)
+
+
+@register_decomposition(aten.embedding_renorm)
+def embedding_renorm(self, indices, max_norm, norm_type):
+    idx = prims.reshape(convert(indices, torch.int64), (-1,))
+    rows = aten.index_select(self, 0, idx)
+    norm = aten.linalg_vector_norm(rows, norm_type, [-1], True)
+    scale = aten.where(aten.gt(norm, max_norm), aten.div(max_norm, aten.add(norm, 1e-7)), 1.0)
+    return aten.index_put(self, [idx], aten.mul(rows, scale))
+
+
+@register_decomposition(aten.nonzero_static)
+def nonzero_static(self, *, size, fill_value=-1):
+    # Row k of the result is the k-th non-zero's coordinates: scatter each through its rank.
+    flat = prims.ne(prims.reshape(self, (-1,)), 0 if not self.dtype.is_floating_point else 0.0)
+    n = numel(self.shape)
+    rank = aten.sub(aten.cumsum(convert(flat, torch.int64), 0), 1)
+    row = aten.where(aten.logical_and(flat, aten.lt(rank, size)), rank, size)
+    coords, rem = [], _iota(n, self.device)
+    for d in reversed(range(self.ndim)):
+        coords.insert(0, prims.remainder(rem, self.shape[d]))
+        rem = prims.floor_div(rem, self.shape[d])
+    values = prims.cat([prims.expand_dims(c, (1,)) for c in coords], 1) if coords else prims.full(
+        (n, 0), 0, torch.int64, self.device
+    )
+    out = prims.full((size + 1, self.ndim), fill_value, torch.int64, self.device)
+    out = prims.index_put(out, [row], values, False)
+    return prims.slice_in_dim(out, 0, size, 1, 0)
