@@ -1,0 +1,48 @@
+// Internal helpers shared by the runtime's sources: errors and dtypes.
+#ifndef EMBER_DETAIL_COMMON_H_
+#define EMBER_DETAIL_COMMON_H_
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "../ember_runtime.h"
+
+namespace ember {
+
+// Internal failures are exceptions carrying a status; the C ABI turns them into return codes.
+class Error : public std::runtime_error {
+ public:
+  Error(EmberStatus status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  EmberStatus status() const { return status_; }
+
+ private:
+  EmberStatus status_;
+};
+
+[[noreturn]] inline void fail(EmberStatus status, const std::string& message) {
+  throw Error(status, message);
+}
+
+// The calling thread's last error message (what ember_last_error returns).
+void set_last_error(const std::string& message);
+const char* last_error();
+
+inline int64_t itemsize(DLDataType t) { return (int64_t(t.bits) * t.lanes + 7) / 8; }
+
+// "float32", "int64", ... for messages and manifests; "" when unknown.
+std::string dtype_name(DLDataType t);
+// Inverse of dtype_name; throws EMBER_ERR_DTYPE for an unknown name.
+DLDataType dtype_from_name(const std::string& name);
+
+// Does a tensor of dtype `got` satisfy a model that wants `want`? (torch < 2.3 exported bool as
+// uint8, so uint8 stands in for bool, never the other way round.)
+inline bool dtype_matches(DLDataType got, DLDataType want) {
+  if (want.code == kDLBool && got.code == kDLUInt && got.bits == 8 && got.lanes == 1) return true;
+  return got.code == want.code && got.bits == want.bits && got.lanes == want.lanes;
+}
+
+}  // namespace ember
+
+#endif  // EMBER_DETAIL_COMMON_H_

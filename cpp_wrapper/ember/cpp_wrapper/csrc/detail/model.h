@@ -1,0 +1,79 @@
+// A loaded model: its library, constants, resolved kernels and pool (internal).
+#ifndef EMBER_DETAIL_MODEL_H_
+#define EMBER_DETAIL_MODEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../ember_runtime.h"
+#include "cuda_api.h"
+#include "model_abi.h"
+#include "pool.h"
+
+namespace ember {
+
+struct ConstantArg {
+  std::string name;
+  DLTensor tensor;  // borrowed
+};
+
+class Model {
+ public:
+  // Open a model library and bind its constants (by name). `keepalive` owns whatever the
+  // constants point into (package weights); `expected_hash`, when given, must equal the
+  // library's artifact hash (a package's manifest names the library it was written with).
+  static std::unique_ptr<Model> open(const std::string& library,
+                                     const std::vector<ConstantArg>& constants,
+                                     const EmberLoadOptions& options,
+                                     std::shared_ptr<void> keepalive = nullptr,
+                                     const std::string& expected_hash = "");
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // Run once; thread-safe. Throws Error.
+  void run(DLManagedTensor* const* inputs, size_t num_inputs, DLManagedTensor** outputs,
+           size_t num_outputs, void* stream);
+
+  const ember_abi::ModelDesc& desc() const { return *desc_; }
+  DLDevice device() const { return device_; }
+  const EmberTensorInfo& input_info(size_t i) const { return input_infos_.at(i); }
+  const EmberTensorInfo& output_info(size_t i) const { return output_infos_.at(i); }
+
+  // For the host API.
+  const std::shared_ptr<Pool>& pool() const { return pool_; }
+  CUfunction function(int i) const { return functions_.at(size_t(i)); }
+  const std::string& cublas_path() const { return cublas_path_; }
+
+ private:
+  Model() = default;
+  void bind_constants(const std::vector<ConstantArg>& constants);
+  void resolve_kernels();
+
+  void* library_ = nullptr;
+  const ember_abi::ModelDesc* desc_ = nullptr;
+  DLDevice device_{kDLCPU, 0};
+  std::shared_ptr<Pool> pool_;
+  std::shared_ptr<void> keepalive_;
+  std::vector<DLTensor> constants_;
+  std::vector<const DLTensor*> constant_ptrs_;
+  std::vector<void*> kernel_fns_;
+  std::vector<void*> kernel_libraries_;
+  std::vector<CUmodule> modules_;
+  std::vector<CUfunction> functions_;
+  std::vector<EmberTensorInfo> input_infos_, output_infos_;
+  std::string cublas_path_;
+};
+
+// Extern ops (externs.cc): run `op` for `model` on the call's stream. Throws Error.
+void run_extern(const Model& model, void* stream, int32_t op, const ember_abi::View* tensors,
+                int32_t num_tensors, const int64_t* ints, int32_t num_ints, const double* floats,
+                int32_t num_floats);
+
+// The CPU features a model library's ISA needs are present (package.cc and model.cc check it).
+bool cpu_supports_isa(const std::string& isa);
+
+}  // namespace ember
+
+#endif  // EMBER_DETAIL_MODEL_H_

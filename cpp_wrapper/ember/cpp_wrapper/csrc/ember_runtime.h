@@ -1,0 +1,151 @@
+/* ember_runtime.h: the C ABI of the Ember runtime (one umbrella header; internals in detail/).
+ *
+ * The runtime loads a compiled Ember model (an AOT package directory, or a model library plus
+ * caller-owned constants), describes its inputs and outputs, and runs it on DLPack tensors: CPU
+ * kernels from shared libraries, Triton cubins through the CUDA driver API (libcuda is opened at
+ * run time, so the runtime builds and runs on machines without a GPU).
+ *
+ * ABI rules (checked by tests/abi_test.cc and cpp_wrapper/tests/test_abi.py):
+ * - EMBER_ABI_VERSION changes whenever a struct layout, an enum value or a signature below changes;
+ *   ember_abi_version() returns the version the library was built with.
+ * - Every struct's size and field offsets are documented beside it (x86-64 / aarch64 LP64).
+ * - Errors: every function that can fail returns an EmberStatus; the message of the calling
+ *   thread's last failure is ember_last_error().
+ * - Thread safety: one EmberModel may be run from many threads at once.
+ */
+#ifndef EMBER_RUNTIME_H_
+#define EMBER_RUNTIME_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* DLPack: the real header. Bazel (@local_python//:dlpack) and the Python build helper both expose
+ * it as <dlpack/dlpack.h>; a torch install ships it as <ATen/dlpack.h>. */
+#if defined(__has_include)
+#if __has_include(<dlpack/dlpack.h>)
+#include <dlpack/dlpack.h>
+#elif __has_include(<ATen/dlpack.h>)
+#include <ATen/dlpack.h>
+#else
+#error "ember_runtime.h needs dlpack/dlpack.h (github.com/dmlc/dlpack) on the include path"
+#endif
+#else
+#include <dlpack/dlpack.h>
+#endif
+
+#define EMBER_ABI_VERSION 1
+
+#ifdef __cplusplus
+#define EMBER_EXTERN_C extern "C"
+#else
+#define EMBER_EXTERN_C
+#endif
+#define EMBER_API EMBER_EXTERN_C __attribute__((visibility("default")))
+
+/* Status codes (int32). Values are part of the ABI. */
+typedef enum EmberStatus {
+  EMBER_OK = 0,
+  EMBER_ERR_INVALID_ARGUMENT = 1, /* a NULL pointer, a bad index, a wrong number of tensors */
+  EMBER_ERR_DTYPE = 2,            /* an input's dtype differs from the model's */
+  EMBER_ERR_SHAPE = 3,            /* an input's rank, sizes or strides differ from the model's */
+  EMBER_ERR_DEVICE = 4,           /* an input lives on another device than the model */
+  EMBER_ERR_GUARD = 5,            /* a dynamic size is out of range or a shape guard fails */
+  EMBER_ERR_PACKAGE = 6,          /* a package is missing, truncated, corrupt or foreign */
+  EMBER_ERR_VERSION = 7,          /* a package or model library of another ABI/IR version */
+  EMBER_ERR_OUT_OF_MEMORY = 8,
+  EMBER_ERR_UNSUPPORTED = 9, /* an op, dtype or device this runtime build cannot run */
+  EMBER_ERR_CUDA = 10,       /* libcuda/libcublas missing or a driver call failed */
+  EMBER_ERR_RUNTIME = 11     /* any other failure while running */
+} EmberStatus;
+
+/* A loaded model (opaque). */
+typedef struct EmberModel EmberModel;
+
+/* A caller-given allocator for intermediates and outputs; when set, the runtime's caching pool is
+ * not used. `stream` is the stream of the run (NULL on CPU). allocate returns NULL on failure.
+ * Layout (size 24): ctx @0, allocate @8, release @16. */
+typedef struct EmberAllocator {
+  void* ctx;
+  void* (*allocate)(void* ctx, size_t nbytes, DLDevice device, void* stream);
+  void (*release)(void* ctx, void* ptr, size_t nbytes, DLDevice device, void* stream);
+} EmberAllocator;
+
+/* Load options; initialise with ember_load_options_init.
+ * Layout (size 32): struct_size @0, device_id @4, allocator @8, cublas_path @16, flags @24,
+ * reserved @28. */
+typedef struct EmberLoadOptions {
+  uint32_t struct_size;            /* sizeof(EmberLoadOptions) of the caller's header */
+  int32_t device_id;               /* CUDA device ordinal (ignored on CPU); default 0 */
+  const EmberAllocator* allocator; /* NULL: the runtime's caching pool; must outlive the model */
+  const char* cublas_path;         /* NULL: search libcublas.so.{13,12} on the loader path */
+  uint32_t flags;                  /* reserved, 0 */
+  uint32_t reserved;
+} EmberLoadOptions;
+
+/* The description of one input or output. Pointers stay valid while the model lives.
+ * shape[i] is -1 for a dynamic size, whose symbol is dim_names[i] (NULL for a static size).
+ * Layout (size 40): name @0, dtype @8, device_type @12, ndim @16, reserved @20, shape @24,
+ * dim_names @32. */
+typedef struct EmberTensorInfo {
+  const char* name;
+  DLDataType dtype;
+  int32_t device_type; /* DLDeviceType: kDLCPU or kDLCUDA */
+  int32_t ndim;
+  int32_t reserved;
+  const int64_t* shape;
+  const char* const* dim_names;
+} EmberTensorInfo;
+
+/* The ABI version this library was built with (EMBER_ABI_VERSION). */
+EMBER_API uint32_t ember_abi_version(void);
+
+/* A constant name for a status ("EMBER_ERR_SHAPE"). */
+EMBER_API const char* ember_status_name(EmberStatus status);
+
+/* The message of the calling thread's last failure ("" when none). */
+EMBER_API const char* ember_last_error(void);
+
+/* Fill `options` with defaults. */
+EMBER_API void ember_load_options_init(EmberLoadOptions* options);
+
+/* Load an AOT package directory (manifest.json, model.so, weights.bin), verifying its checksums
+ * and sizes before any of it is mapped or run. `options` may be NULL. */
+EMBER_API EmberStatus ember_package_load(const char* path, const EmberLoadOptions* options,
+                                         EmberModel** out);
+
+/* Load a model library built by ember.cpp_wrapper, with its constants given by the caller (by name,
+ * in any order; borrowed: they must stay alive and unchanged while the model lives). */
+EMBER_API EmberStatus ember_model_load_library(const char* library_path,
+                                               const char* const* constant_names,
+                                               const DLTensor* const* constants,
+                                               size_t num_constants,
+                                               const EmberLoadOptions* options, EmberModel** out);
+
+/* Release a model (NULL is allowed). Outputs already returned stay valid. */
+EMBER_API void ember_model_free(EmberModel* model);
+
+EMBER_API size_t ember_model_num_inputs(const EmberModel* model);
+EMBER_API size_t ember_model_num_outputs(const EmberModel* model);
+EMBER_API DLDevice ember_model_device(const EmberModel* model);
+EMBER_API EmberStatus ember_model_input_info(const EmberModel* model, size_t index,
+                                             EmberTensorInfo* out);
+EMBER_API EmberStatus ember_model_output_info(const EmberModel* model, size_t index,
+                                              EmberTensorInfo* out);
+
+/* Run the model. `inputs` are borrowed (their deleters are never called). On success each
+ * outputs[i] is a new tensor owned by the caller, released by calling its deleter; on failure no
+ * output is set. `stream` is a CUstream for CUDA models (NULL: the legacy default stream) and is
+ * ignored on CPU; work is queued on it and not synchronised. */
+EMBER_API EmberStatus ember_model_run(EmberModel* model, DLManagedTensor* const* inputs,
+                                      size_t num_inputs, DLManagedTensor** outputs,
+                                      size_t num_outputs, void* stream);
+
+/* A new dense row-major tensor (uninitialised) on `device`, released through its deleter. */
+EMBER_API EmberStatus ember_tensor_empty(DLDevice device, DLDataType dtype, int32_t ndim,
+                                         const int64_t* shape, DLManagedTensor** out);
+
+/* Copy between two dense row-major tensors of equal byte size, across host and device. CUDA copies
+ * are queued on `stream` and synchronised before returning. */
+EMBER_API EmberStatus ember_tensor_copy(const DLTensor* src, const DLTensor* dst, void* stream);
+
+#endif /* EMBER_RUNTIME_H_ */

@@ -1,0 +1,232 @@
+// Extern ops: matmul and convolution on CPU (gemm.cc, conv.cc), matmul on CUDA via cuBLAS.
+#include <cstring>
+
+#include "detail/common.h"
+#include "detail/cpu_ops.h"
+#include "detail/model.h"
+
+namespace ember {
+
+using ember_abi::View;
+
+namespace {
+
+void need(bool ok, const char* what) {
+  if (!ok) fail(EMBER_ERR_INVALID_ARGUMENT, std::string("extern op: ") + what);
+}
+
+Mat mat(const View& v, int dim0, int dim1, int64_t batch = 0) {
+  int64_t isz = itemsize(v.dtype);
+  const char* base = static_cast<const char*>(v.data);
+  if (v.ndim == 3) base += batch * v.strides[0] * isz;
+  // A size-1 dimension's stride is arbitrary in torch; zero it so packing never strays.
+  int64_t rs = v.sizes[dim0] == 1 ? 0 : v.strides[dim0];
+  int64_t cs = v.sizes[dim1] == 1 ? 0 : v.strides[dim1];
+  return Mat{base, v.dtype, rs, cs};
+}
+
+// A bias broadcast to (m, n) (addmm) or (batch, m, n) (baddbmm), as the matrix of one batch:
+// dimensions it lacks or has of size 1 get stride 0.
+Mat bias_mat(const View& b, int out_ndim, int64_t batch = 0) {
+  int64_t st[3] = {0, 0, 0};
+  for (int i = 0; i < b.ndim; ++i) {
+    int d = out_ndim - b.ndim + i;  // right-aligned, as broadcasting aligns
+    if (d >= 0 && b.sizes[i] != 1) st[3 - out_ndim + d] = b.strides[i];
+  }
+  const char* base = static_cast<const char*>(b.data) + batch * st[0] * itemsize(b.dtype);
+  return Mat{base, b.dtype, st[1], st[2]};
+}
+
+void cpu_extern(int32_t op, const View* t, int32_t nt, const int64_t* ints, int32_t ni,
+                const double* floats, int32_t nf) {
+  switch (op) {
+    case ember_abi::kMM: {
+      need(nt == 3 && t[0].ndim == 2 && t[1].ndim == 2 && t[2].ndim == 2, "mm takes 2-D a, b, out");
+      int64_t m = t[0].sizes[0], k = t[0].sizes[1], n = t[1].sizes[1];
+      need(t[1].sizes[0] == k && t[2].sizes[0] == m && t[2].sizes[1] == n, "mm shapes");
+      gemm(m, n, k, mat(t[0], 0, 1), mat(t[1], 0, 1), mat(t[2], 0, 1));
+      return;
+    }
+    case ember_abi::kBMM: {
+      need(nt == 3 && t[0].ndim == 3 && t[1].ndim == 3 && t[2].ndim == 3, "bmm takes 3-D a, b, out");
+      int64_t bs = t[0].sizes[0], m = t[0].sizes[1], k = t[0].sizes[2], n = t[1].sizes[2];
+      need(t[1].sizes[0] == bs && t[1].sizes[1] == k && t[2].sizes[1] == m && t[2].sizes[2] == n,
+           "bmm shapes");
+      for (int64_t b = 0; b < bs; ++b) {
+        gemm(m, n, k, mat(t[0], 1, 2, b), mat(t[1], 1, 2, b), mat(t[2], 1, 2, b));
+      }
+      return;
+    }
+    case ember_abi::kAddMM: {
+      need(nt == 4 && nf == 2 && t[1].ndim == 2 && t[2].ndim == 2 && t[3].ndim == 2,
+           "addmm takes bias, 2-D a, b, out and (beta, alpha)");
+      int64_t m = t[1].sizes[0], k = t[1].sizes[1], n = t[2].sizes[1];
+      Mat bias = bias_mat(t[0], 2);
+      gemm(m, n, k, mat(t[1], 0, 1), mat(t[2], 0, 1), mat(t[3], 0, 1), floats[1], floats[0], &bias);
+      return;
+    }
+    case ember_abi::kBaddBMM: {
+      need(nt == 4 && nf == 2 && t[1].ndim == 3 && t[2].ndim == 3 && t[3].ndim == 3,
+           "baddbmm takes bias, 3-D a, b, out and (beta, alpha)");
+      int64_t bs = t[1].sizes[0], m = t[1].sizes[1], k = t[1].sizes[2], n = t[2].sizes[2];
+      for (int64_t b = 0; b < bs; ++b) {
+        Mat bias = bias_mat(t[0], 3, b);
+        gemm(m, n, k, mat(t[1], 1, 2, b), mat(t[2], 1, 2, b), mat(t[3], 1, 2, b), floats[1],
+             floats[0], &bias);
+      }
+      return;
+    }
+    case ember_abi::kConvolution: {
+      need(nt == 4 && ni == 8, "convolution takes x, w, bias, out and 8 ints");
+      if (ints[6]) fail(EMBER_ERR_UNSUPPORTED, "transposed convolution is not supported by the C++ runtime");
+      ConvParams p{{ints[0], ints[1]}, {ints[2], ints[3]}, {ints[4], ints[5]}, ints[7]};
+      conv_forward(t[0], t[1], t[2].data ? &t[2] : nullptr, t[3], p);
+      return;
+    }
+    case ember_abi::kCopy:
+      need(nt == 2, "copy takes dst, src");
+      strided_copy(t[0], t[1]);
+      return;
+    default:
+      fail(EMBER_ERR_UNSUPPORTED, "extern op " + std::to_string(op) + " on CPU");
+  }
+}
+
+// ---- CUDA ------------------------------------------------------------------------------------
+
+int cuda_dtype(DLDataType t) {
+  if (t.code == kDLFloat && t.bits == 32) return 0;
+  if (t.code == kDLFloat && t.bits == 64) return 1;
+  if (t.code == kDLFloat && t.bits == 16) return 2;
+  if (t.code == kDLBfloat && t.bits == 16) return 14;
+  fail(EMBER_ERR_UNSUPPORTED, "matmul on CUDA for " + dtype_name(t));
+}
+
+// A row-major (rows x cols) operand as cuBLAS's column-major transpose: (transposed?, ld).
+void operand(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool* trans, int64_t* ld) {
+  if (cols == 1 || cs == 1) {
+    *trans = false;
+    *ld = rows == 1 ? cols : rs;
+    if (*ld < cols) *ld = cols;
+  } else if (rows == 1 || rs == 1) {
+    *trans = true;
+    *ld = cols == 1 ? rows : cs;
+    if (*ld < rows) *ld = rows;
+  } else {
+    fail(EMBER_ERR_UNSUPPORTED, "matmul on CUDA needs operands with a unit stride");
+  }
+}
+
+// out[b] = alpha * a[b] @ b[b] + beta * out[b] for 2-D (batch 1) or 3-D views.
+void cuda_matmul(const Model& model, void* stream, const View& a, const View& b, const View& out,
+                 double alpha, double beta) {
+  int d = a.ndim - 2;
+  int64_t m = a.sizes[d], k = a.sizes[d + 1], n = b.sizes[d + 1];
+  int64_t batch = d ? a.sizes[0] : 1;
+  CublasGemm g{};
+  bool out_t;
+  int64_t ldc;
+  operand(m, n, out.strides[d], out.strides[d + 1], &out_t, &ldc);
+  if (out_t && m > 1 && n > 1) fail(EMBER_ERR_UNSUPPORTED, "matmul on CUDA into a transposed output");
+  // Row-major C = A @ B is column-major C^T = B^T @ A^T: cuBLAS's A is our b, its B our a.
+  operand(k, n, b.strides[d], b.strides[d + 1], &g.trans_a, &g.lda);
+  operand(m, k, a.strides[d], a.strides[d + 1], &g.trans_b, &g.ldb);
+  g.m = int(n);
+  g.n = int(m);
+  g.k = int(k);
+  g.a = b.data;
+  g.b = a.data;
+  g.c = out.data;
+  g.ldc = ldc;
+  g.stride_a = d ? b.strides[0] : 0;
+  g.stride_b = d ? a.strides[0] : 0;
+  g.stride_c = d ? out.strides[0] : 0;
+  g.batch = int(batch);
+  g.dtype = cuda_dtype(out.dtype);
+  g.alpha = alpha;
+  g.beta = beta;
+  if (m == 0 || n == 0) return;
+  cublas_gemm(model.device().device_id, model.cublas_path().c_str(), static_cast<CUstream>(stream), g);
+}
+
+// out = beta * broadcast(bias): an outer product with a vector of ones, through cuBLAS.
+void cuda_fill_bias(const Model& model, void* stream, const View& bias, const View& out,
+                    double beta) {
+  int64_t m = out.sizes[0], n = out.sizes[1];
+  int64_t isz = itemsize(out.dtype);
+  bool row = (bias.ndim == 1 && bias.sizes[0] == n) ||
+             (bias.ndim == 2 && bias.sizes[0] == 1 && bias.sizes[1] == n);
+  bool col = bias.ndim == 2 && bias.sizes[0] == m && bias.sizes[1] == 1;
+  int64_t step = row ? bias.strides[bias.ndim - 1] : col ? bias.strides[0] : 0;
+  if ((!row && !col) || (step != 1 && (row ? n : m) > 1) || (isz != 2 && isz != 4)) {
+    fail(EMBER_ERR_UNSUPPORTED,
+         "addmm on CUDA supports a dense row or column bias in float32/float16/bfloat16");
+  }
+  int64_t len = row ? m : n;
+  void* ones = model.pool()->allocate(size_t(len * isz), stream);
+  if (!ones) fail(EMBER_ERR_OUT_OF_MEMORY, "addmm bias");
+  struct Release {
+    const Model& m;
+    void* p;
+    void* s;
+    ~Release() { m.pool()->release(p, s); }
+  } release{model, ones, stream};
+  const CudaDriver& cu = cuda_driver();
+  CUstream st = static_cast<CUstream>(stream);
+  CUdeviceptr o = reinterpret_cast<CUdeviceptr>(ones);
+  if (isz == 4) {
+    cuda_check(cu.memset_d32_async(o, 0x3f800000u, size_t(len), st), "cuMemsetD32Async");
+  } else {
+    unsigned short one = out.dtype.code == kDLBfloat ? 0x3f80 : 0x3c00;
+    cuda_check(cu.memset_d16_async(o, one, size_t(len), st), "cuMemsetD16Async");
+  }
+  View ones_v{ones, out.dtype, 2, {row ? m : 1, row ? 1 : n}, {1, 1}};
+  View bias_v{bias.data, out.dtype, 2, {row ? 1 : m, row ? n : 1}, {row ? n : 1, 1}};
+  if (row) {
+    cuda_matmul(model, stream, ones_v, bias_v, out, beta, 0.0);
+  } else {
+    cuda_matmul(model, stream, bias_v, ones_v, out, beta, 0.0);
+  }
+}
+
+void cuda_extern(const Model& model, void* stream, int32_t op, const View* t, int32_t nt,
+                 const double* floats, int32_t nf) {
+  switch (op) {
+    case ember_abi::kMM:
+    case ember_abi::kBMM:
+      need(nt == 3, "matmul takes a, b, out");
+      return cuda_matmul(model, stream, t[0], t[1], t[2], 1.0, 0.0);
+    case ember_abi::kAddMM:
+      need(nt == 4 && nf == 2, "addmm takes bias, a, b, out and (beta, alpha)");
+      cuda_fill_bias(model, stream, t[0], t[3], floats[0]);
+      return cuda_matmul(model, stream, t[1], t[2], t[3], floats[1], 1.0);
+    case ember_abi::kCopy: {
+      need(nt == 2, "copy takes dst, src");
+      int64_t n = itemsize(t[0].dtype);
+      for (int i = 0; i < t[0].ndim; ++i) n *= t[0].sizes[i];
+      cuda_check(cuda_driver().memcpy_async(reinterpret_cast<CUdeviceptr>(t[0].data),
+                                            reinterpret_cast<CUdeviceptr>(t[1].data), size_t(n),
+                                            static_cast<CUstream>(stream)),
+                 "cuMemcpyAsync");
+      return;
+    }
+    default:
+      fail(EMBER_ERR_UNSUPPORTED, "extern op " + std::to_string(op) +
+                                      " on CUDA (v1 runs mm, bmm and addmm through cuBLAS; "
+                                      "convolution needs a Triton template from inductor)");
+  }
+}
+
+}  // namespace
+
+void run_extern(const Model& model, void* stream, int32_t op, const View* tensors,
+                int32_t num_tensors, const int64_t* ints, int32_t num_ints, const double* floats,
+                int32_t num_floats) {
+  if (model.device().device_type == kDLCPU) {
+    cpu_extern(op, tensors, num_tensors, ints, num_ints, floats, num_floats);
+  } else {
+    cuda_extern(model, stream, op, tensors, num_tensors, floats, num_floats);
+  }
+}
+
+}  // namespace ember

@@ -1,0 +1,141 @@
+"""The extern ops the C++ runtime implements, and how an artifact's extern step calls them.
+
+An extern step names a vocabulary op (`extern.mm`, ...) with arguments in ember.ir's JSON form
+({"node": buffer} for tensors); each entry below says which arguments are tensors (passed to the
+runtime as strided views, followed by the step's output) and which are ints or floats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+from .errors import UnsupportedArtifactError
+
+# Values of ember_abi::ExternOp in csrc/detail/model_abi.h.
+OP_MM, OP_BMM, OP_ADDMM, OP_CONVOLUTION, OP_COPY, OP_BADDBMM = 1, 2, 3, 4, 5, 6
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternSpec:
+    op_id: int
+    params: tuple[str, ...]
+    defaults: Mapping[str, Any]
+    tensors: tuple[str, ...]  # in the order the runtime takes them; the output follows
+    optional: frozenset = frozenset()  # tensors that may be None (passed as a null view)
+    ints: Callable[[dict], Sequence[int]] = lambda b: ()
+    floats: Callable[[dict], Sequence[float]] = lambda b: ()
+
+
+def _pair(value, fill, spatial: int) -> list[int]:
+    """A conv parameter as the runtime's (h, w) pair: a 1-D conv runs as 2-D with h = 1."""
+    items = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+    if len(items) == 1:
+        items = items * spatial
+    if spatial == 1 and len(items) == 1:
+        return [fill, items[0]]
+    if spatial == 2 and len(items) == 2:
+        return items
+    raise UnsupportedArtifactError("the C++ runtime runs 1-D and 2-D convolutions only")
+
+
+def _conv_ints(b: dict) -> list[int]:
+    spatial = b["__spatial__"]
+    if b["transposed"]:
+        raise UnsupportedArtifactError("transposed convolution has no C++ runtime kernel yet")
+    if spatial not in (1, 2):
+        raise UnsupportedArtifactError(
+            f"a {spatial}-D convolution (the C++ runtime runs 1-D and 2-D)"
+        )
+    return [
+        *_pair(b["stride"], 1, spatial),
+        *_pair(b["padding"], 0, spatial),
+        *_pair(b["dilation"], 1, spatial),
+        int(bool(b["transposed"])),
+        int(b["groups"]),
+    ]
+
+
+EXTERN_OPS: dict[str, ExternSpec] = {
+    "extern.mm": ExternSpec(OP_MM, ("self", "mat2"), {}, ("self", "mat2")),
+    "extern.bmm": ExternSpec(OP_BMM, ("self", "mat2"), {}, ("self", "mat2")),
+    "extern.addmm": ExternSpec(
+        OP_ADDMM,
+        ("self", "mat1", "mat2", "beta", "alpha"),
+        {"beta": 1.0, "alpha": 1.0},
+        ("self", "mat1", "mat2"),
+        floats=lambda b: (float(b["beta"]), float(b["alpha"])),
+    ),
+    "extern.baddbmm": ExternSpec(
+        OP_BADDBMM,
+        ("self", "batch1", "batch2", "beta", "alpha"),
+        {"beta": 1.0, "alpha": 1.0},
+        ("self", "batch1", "batch2"),
+        floats=lambda b: (float(b["beta"]), float(b["alpha"])),
+    ),
+    "extern.convolution": ExternSpec(
+        OP_CONVOLUTION,
+        (
+            "input",
+            "weight",
+            "bias",
+            "stride",
+            "padding",
+            "dilation",
+            "transposed",
+            "output_padding",
+            "groups",
+        ),
+        {
+            "bias": None,
+            "stride": [1],
+            "padding": [0],
+            "dilation": [1],
+            "transposed": False,
+            "output_padding": [0],
+            "groups": 1,
+        },
+        ("input", "weight", "bias"),
+        optional=frozenset({"bias"}),
+        ints=_conv_ints,
+    ),
+}
+
+
+def _vocabulary_names(target: str) -> tuple[str, ...]:
+    """The op's argument names as the vocabulary defines them (when primtorch has defined it)."""
+    try:
+        from ember.ir import lookup
+
+        return tuple(a.name for a in lookup(target).args)
+    except KeyError:
+        return ()
+
+
+def bind_extern(target: str, args: Sequence, kwargs: Mapping) -> tuple[ExternSpec, dict]:
+    """The spec of `target` and its arguments by our parameter names (JSON form, unresolved)."""
+    spec = EXTERN_OPS.get(target)
+    if spec is None:
+        known = ", ".join(sorted(EXTERN_OPS))
+        raise UnsupportedArtifactError(
+            f"extern op {target!r} has no C++ runtime implementation (it has: {known}); "
+            "run this artifact with the Python wrapper instead"
+        )
+    if len(args) > len(spec.params):
+        raise UnsupportedArtifactError(
+            f"{target}: {len(args)} positional arguments, expected at most {len(spec.params)}"
+        )
+    bound = dict(spec.defaults)
+    bound.update(zip(spec.params, args))
+    vocab = _vocabulary_names(target)
+    for key, value in (kwargs or {}).items():
+        if key in spec.params:
+            bound[key] = value
+        elif key in vocab and vocab.index(key) < len(spec.params):
+            bound[spec.params[vocab.index(key)]] = value
+        else:
+            raise UnsupportedArtifactError(f"{target}: unknown keyword argument {key!r}")
+    missing = [p for p in spec.params if p not in bound]
+    if missing:
+        raise UnsupportedArtifactError(f"{target}: missing arguments {missing}")
+    return spec, bound
