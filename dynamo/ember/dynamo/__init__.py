@@ -1,0 +1,16 @@
+"""ember.dynamo: PEP 523 graph capture of Python programs, and the ember.compile front door."""
+
+from ember.ir import component_version, require
+
+require("dynamo", reads=(1,), writes=1)
+__version__ = component_version("dynamo", __file__)
+
+from .api import (ExplainOutput, OptimizedModule, compile, disable, explain, export,  # noqa: E402
+                  reset)
+from .backends import CompileCounter, list_backends, lookup_backend, register_backend  # noqa: E402
+from .config import config  # noqa: E402
+from .exc import GraphBreakError, Unsupported  # noqa: E402
+
+__all__ = ["CompileCounter", "ExplainOutput", "GraphBreakError", "OptimizedModule", "Unsupported",
+           "compile", "config", "disable", "explain", "export", "list_backends", "lookup_backend",
+           "register_backend", "reset"]  # fmt: skip

@@ -1,0 +1,269 @@
+"""Attribute reads and writes on symbolic values (modules, objects, classes, tensors...)."""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import torch
+
+from . import tensor_ops as T
+from . import variables as V
+from .calls import AttrMissing, wrap_const
+from .exc import Unsupported
+from .frame import inline_call
+from .source import AttrSource, ConstantSource, module_param_source
+
+
+# Logger methods whose calls are replayed after the graph instead of breaking it.
+LOGGER_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "exception",
+                  "warning_once", "info_once", "warning_advice"}  # fmt: skip
+
+
+def _mro_lookup(cls, name):
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return True, klass.__dict__[name]
+    return False, None
+
+
+def _class_attr(tx, self_vt, cls, name, attr, cls_vt=None):
+    """A class attribute read through an instance: bind functions, run properties."""
+    if isinstance(attr, types.FunctionType):
+        return V.BoundMethodVT(V.FunctionVT(attr, ConstantSource(attr, attr.__qualname__)), self_vt)
+    if isinstance(attr, property):
+        if attr.fget is None:
+            raise Unsupported(f"property {name} has no getter")
+        return inline_call(tx, V.FunctionVT(attr.fget, None), [self_vt], {})
+    if isinstance(attr, staticmethod):
+        return tx.builder.wrap(attr.__func__, ConstantSource(attr.__func__, name))
+    if isinstance(attr, classmethod):
+        fn = V.FunctionVT(attr.__func__, ConstantSource(attr.__func__, name))
+        return V.BoundMethodVT(fn, cls_vt or V.ClassVT(cls))
+    if isinstance(attr, types.BuiltinFunctionType) or callable(attr) and not isinstance(attr, type):
+        real = getattr(self_vt_real(self_vt), name)
+        return tx.builder.wrap(real, None) if not _is_const(real) else V.ConstVT(real)
+    return None
+
+
+def self_vt_real(vt):
+    for a in ("module", "obj"):
+        if hasattr(vt, a):
+            return getattr(vt, a)
+    raise Unsupported(f"method of a {type(vt).__name__}")
+
+
+def _is_const(v):
+    from .builder import is_const_value
+
+    return is_const_value(v)
+
+
+def getattr_impl(tx, obj, name: str) -> V.VT:
+    pending = tx.output.pending_attrs.get((id(_identity(obj)), name))
+    if pending is not None:
+        return pending
+    if isinstance(obj, V.TensorVT):
+        return T.tensor_getattr(tx, obj, name)
+    if isinstance(obj, V.ModuleVT):
+        return module_getattr(tx, obj, name)
+    if isinstance(obj, V.PyModuleVT):
+        if not hasattr(obj.module, name):
+            raise AttrMissing(f"module {obj.module.__name__} has no attribute {name}")
+        src = AttrSource(obj.source, name) if obj.source is not None else None
+        return tx.builder.wrap(getattr(obj.module, name), src)
+    if isinstance(obj, V.ConstVT):
+        if not hasattr(obj.value, name):
+            raise AttrMissing(f"{type(obj.value).__name__} has no attribute {name}")
+        value = getattr(obj.value, name)
+        if callable(value) and not isinstance(value, type):
+            return V.MethodVT(obj, name)
+        return wrap_const(value)
+    if isinstance(obj, (V.ListVT, V.DictVT, V.SetVT)):
+        if isinstance(obj, V.NamedTupleVT) and name in obj.fields:
+            return obj.items[obj.fields.index(name)]
+        cls = obj.python_type()
+        if cls not in (list, tuple, dict, set):  # a subclass: its Python methods run as written
+            found, attr = _mro_lookup(cls, name)
+            if found and isinstance(attr, (types.FunctionType, property, staticmethod,
+                                           classmethod)):  # fmt: skip
+                return _class_attr(tx, obj, cls, name, attr)
+        if not hasattr(obj.python_type(), name):
+            raise AttrMissing(f"{obj.python_type().__name__} has no attribute {name}")
+        return V.MethodVT(obj, name)
+    if isinstance(obj, V.NewObjectVT):
+        return new_object_getattr(tx, obj, name)
+    if isinstance(obj, V.ObjectVT):
+        return object_getattr(tx, obj, name)
+    if isinstance(obj, V.ClassVT):
+        return class_getattr(tx, obj, name)
+    if isinstance(obj, V.SuperVT):
+        return super_getattr(tx, obj, name)
+    if isinstance(obj, (V.FunctionVT, V.BuiltinVT)):
+        fn = obj.fn
+        if not hasattr(fn, name):
+            raise AttrMissing(f"function has no attribute {name}")
+        src = AttrSource(obj.source, name) if obj.source is not None else None
+        return tx.builder.wrap(getattr(fn, name), src)
+    if isinstance(obj, V.NestedFunctionVT) and name in ("__name__", "__qualname__"):
+        return V.ConstVT(obj.name)
+    if isinstance(obj, V.BoundMethodVT) and name in ("__self__", "__func__"):
+        return obj.self_vt if name == "__self__" else obj.fn
+    if isinstance(obj, V.ExcVT) and name == "args":
+        return V.TupleVT(obj.args)
+    if isinstance(obj, V.GradModeVT) and name in ("__enter__", "__exit__"):
+        return V.MethodVT(obj, name)
+    raise Unsupported(f"attribute {name!r} of a {type(obj).__name__}")
+
+
+def _identity(obj):
+    for a in ("module", "obj"):
+        if hasattr(obj, a) and not isinstance(obj, V.NewObjectVT):
+            return getattr(obj, a)
+    return obj
+
+
+def module_getattr(tx, vt: V.ModuleVT, name: str) -> V.VT:
+    m = vt.module
+    d = m.__dict__
+    for kind in ("_parameters", "_buffers", "_modules"):
+        table = d.get(kind)
+        if table is not None and name in table:
+            value = table[name]
+            if value is None:
+                return V.ConstVT(None)
+            return tx.builder.wrap(value, module_param_source(vt.source, kind, name))
+    if name in d:
+        return tx.builder.wrap(d[name], AttrSource(vt.source, name))
+    found, attr = _mro_lookup(type(m), name)
+    if found:
+        out = _class_attr(tx, vt, type(m), name, attr)
+        if out is not None:
+            return out
+        return tx.builder.wrap(getattr(m, name), None) if not _is_const(attr) else V.ConstVT(attr)
+    raise AttrMissing(f"{type(m).__name__} has no attribute {name!r}")
+
+
+def object_getattr(tx, vt: V.ObjectVT, name: str) -> V.VT:
+    obj = vt.obj
+    cls = type(obj)
+    if isinstance(obj, logging.Logger) and name in LOGGER_METHODS:
+        return V.MethodVT(vt, name)  # the call is replayed after the graph
+    if _custom_getattribute(cls):
+        # Run the class's own __getattribute__ now; the guard VM repeats the same read.
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            raise AttrMissing(f"{cls.__name__} has no attribute {name!r}") from None
+        if isinstance(value, types.MethodType) and value.__self__ is obj:
+            return V.BoundMethodVT(tx.builder.wrap(value.__func__, None), vt)
+        return tx.builder.wrap(value, AttrSource(vt.source, name))
+    found, attr = _mro_lookup(cls, name)
+    if found and isinstance(attr, property):
+        return _class_attr(tx, vt, cls, name, attr)
+    inst = getattr(obj, "__dict__", None)
+    if isinstance(inst, dict) and name in inst:
+        return tx.builder.wrap(inst[name], AttrSource(vt.source, name))
+    if found:
+        if isinstance(attr, (types.FunctionType, staticmethod, classmethod)):
+            return _class_attr(tx, vt, cls, name, attr)
+        if _is_const(attr):
+            return V.ConstVT(attr)
+    if not hasattr(obj, name):
+        raise AttrMissing(f"{cls.__name__} has no attribute {name!r}")
+    value = getattr(obj, name)
+    if isinstance(value, types.MethodType) and value.__self__ is obj:
+        return V.BoundMethodVT(tx.builder.wrap(value.__func__, None), vt)
+    return tx.builder.wrap(value, AttrSource(vt.source, name))
+
+
+def _custom_getattribute(cls) -> bool:
+    for klass in cls.__mro__:
+        if "__getattribute__" in klass.__dict__:
+            return isinstance(klass.__dict__["__getattribute__"], types.FunctionType)
+    return False
+
+
+def new_object_getattr(tx, vt: V.NewObjectVT, name: str) -> V.VT:
+    if name in vt.attrs:
+        return vt.attrs[name]
+    found, attr = _mro_lookup(vt.cls, name)
+    if found:
+        if isinstance(attr, (types.FunctionType, property, staticmethod, classmethod)):
+            return _class_attr(tx, vt, vt.cls, name, attr)
+        if _is_const(attr):
+            return V.ConstVT(attr)
+        if callable(attr) and isinstance(vt, V.DataclassVT) and issubclass(vt.cls, dict):
+            return V.MethodVT(vt, name)
+    if name == "__class__":
+        return V.ClassVT(vt.cls)
+    raise AttrMissing(f"{vt.cls.__name__} object has no attribute {name!r}")
+
+
+def class_getattr(tx, vt: V.ClassVT, name: str) -> V.VT:
+    cls = vt.cls
+    found, attr = _mro_lookup(cls, name)
+    if not found and not hasattr(cls, name):
+        raise AttrMissing(f"class {cls.__name__} has no attribute {name!r}")
+    if found and isinstance(attr, classmethod):
+        return V.BoundMethodVT(V.FunctionVT(attr.__func__, ConstantSource(attr.__func__)), vt)
+    if found and isinstance(attr, staticmethod):
+        attr = attr.__func__
+    value = getattr(cls, name) if not found or not isinstance(attr, types.FunctionType) else attr
+    src = AttrSource(vt.source, name) if vt.source is not None else None
+    if src is None and not _is_const(value):
+        src = ConstantSource(value, name)
+    return tx.builder.wrap(value, src)
+
+
+def super_getattr(tx, vt: V.SuperVT, name: str) -> V.VT:
+    obj = vt.obj
+    cls = obj.python_type()
+    if isinstance(obj, (V.ListVT, V.DictVT, V.SetVT)):
+        base = next(b for b in cls.__mro__ if b in (list, tuple, dict, set))
+        if hasattr(base, name):  # super() of a container subclass: the built-in method
+            return V.MethodVT(obj, name)
+    mro = cls.__mro__
+    start = mro.index(vt.cls) + 1 if vt.cls in mro else len(mro)
+    for klass in mro[start:]:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            out = _class_attr(tx, obj, klass, name, attr)
+            if out is not None:
+                return out
+            if _is_const(attr):
+                return V.ConstVT(attr)
+            break
+    raise Unsupported(f"super().{name}")
+
+
+def setattr_impl(tx, obj, name: str, value) -> None:
+    if isinstance(obj, V.NewObjectVT):
+        obj.attrs[name] = value
+        return
+    if isinstance(obj, (V.ModuleVT, V.ObjectVT)) and obj.source is not None:
+        cls = obj.python_type()
+        found, attr = _mro_lookup(cls, name)
+        if found and isinstance(attr, property):
+            if attr.fset is None:
+                raise Unsupported(f"property {name} has no setter")
+            inline_call(tx, V.FunctionVT(attr.fset, None), [obj, value], {})
+            return
+        if isinstance(obj, V.ModuleVT) and isinstance(value, V.TensorVT):
+            if isinstance(obj.module.__dict__.get("_parameters", {}).get(name), torch.nn.Parameter):
+                raise Unsupported("assigning a tensor to a module parameter")
+        if isinstance(obj, V.ObjectVT) and "__setattr__" in _custom_setattr(cls):
+            raise Unsupported(f"{cls.__name__} has a custom __setattr__")
+        tx.output.record_side_effect("setattr", obj, name, value)
+        tx.output.pending_attrs[(id(_identity(obj)), name)] = value
+        return
+    if isinstance(obj, V.TensorVT):
+        raise Unsupported(f"setting tensor.{name}")
+    raise Unsupported(f"setting attribute {name!r} on a {type(obj).__name__}")
+
+
+def _custom_setattr(cls):
+    for klass in cls.__mro__:
+        if "__setattr__" in klass.__dict__ and klass is not object:
+            return {"__setattr__"}
+    return set()

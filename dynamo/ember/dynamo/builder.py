@@ -1,0 +1,157 @@
+"""Wrapping real Python values read by the frame into symbolic values, installing guards."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import types
+from typing import Optional
+
+import torch
+
+from . import variables as V
+from .exc import Unsupported
+from .source import AttrSource, ItemSource, Source
+
+# Values guarded by equality and treated as constants.
+CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
+               type(NotImplemented), torch.dtype, torch.device, torch.layout,
+               torch.memory_format, slice, range, torch.Size, torch.finfo,
+               torch.iinfo, inspect.Signature, inspect.Parameter,
+               types.MappingProxyType)  # fmt: skip
+
+# Callables whose calls calls.py handles itself (torch ops, builtins, C functions).
+BUILTIN_TYPES = (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
+                 types.WrapperDescriptorType, types.MethodDescriptorType,
+                 types.ClassMethodDescriptorType, types.GetSetDescriptorType,
+                 type(torch.add), type(torch.Tensor.add))  # fmt: skip
+
+
+def is_const_value(value) -> bool:
+    if isinstance(value, CONST_TYPES) and not isinstance(value, enum.Enum):
+        return True
+    if isinstance(value, enum.Enum):
+        return True
+    if type(value) in (tuple, frozenset) and all(is_const_value(v) for v in value):
+        return True
+    return False
+
+
+def is_namedtuple_type(cls) -> bool:
+    return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+class Builder:
+    """`wrap(value, source)`: the VT for a real value, with the guards that make tracing it safe."""
+
+    def __init__(self, output):
+        self.output = output
+        self.guards = output.guards
+        self.cache: dict = {}
+
+    def guard(self, kind, source, value=None):
+        if source is not None:
+            self.guards.add(kind, source, value)
+
+    def wrap(self, value, source: Optional[Source]) -> V.VT:
+        """The one VT of `source` (reads of the same source share it, so mutations are seen)."""
+        if source is None:
+            return self._wrap(value, None)
+        vt = self.cache.get(source)
+        if vt is None:
+            vt = self._wrap(value, source)
+            self.cache[source] = vt
+        return vt
+
+    def _wrap(self, value, source: Optional[Source]) -> V.VT:
+        g = self.guard
+        if isinstance(value, torch.Tensor):
+            if source is None:
+                raise Unsupported("a tensor reached without a source (a closure or default value?)")
+            return self.output.add_input(value, source)
+        if is_const_value(value):
+            if isinstance(value, (bool, type(None))) or isinstance(value, enum.Enum):
+                g("ID", source, value)
+            elif isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+                g("ID", source, value)
+            else:
+                g("EQ", source, value)
+            return V.ConstVT(value, source)
+        if isinstance(value, torch.nn.Module):
+            g("ID", source, value)
+            return V.ModuleVT(value, source)
+        if isinstance(value, types.ModuleType):
+            g("ID", source, value)
+            return V.PyModuleVT(value, source)
+        if isinstance(value, types.FunctionType):
+            if "<locals>" in value.__qualname__ and source is not None:
+                # A nested function is made anew on each call of its parent: guard what it runs
+                # (code, constant defaults); its closure cells are guarded when read.
+                g("ID", AttrSource(source, "__code__"), value.__code__)
+                if value.__defaults__ is not None and is_const_value(value.__defaults__):
+                    g("EQ", AttrSource(source, "__defaults__"), value.__defaults__)
+                else:
+                    g("ID", source, value)
+            else:
+                g("ID", source, value)
+            return V.FunctionVT(value, source)
+        if isinstance(value, types.MethodType):
+            self_vt = self.wrap(value.__self__, _attr(source, "__self__"))
+            fn_vt = self.wrap(value.__func__, _attr(source, "__func__"))
+            return V.BoundMethodVT(fn_vt, self_vt, source)
+        if isinstance(value, type):
+            g("ID", source, value)
+            return V.ClassVT(value, source)
+        if isinstance(value, BUILTIN_TYPES) or _is_torch_callable(value):
+            g("ID", source, value)
+            return V.BuiltinVT(value, source)
+        if type(value) in (list, tuple) or is_namedtuple_type(type(value)):
+            g("TYPE", source, type(value))
+            g("LEN", source, len(value))
+            items = [self.wrap(v, _item(source, i)) for i, v in enumerate(value)]
+            if type(value) is list:
+                return V.ListVT(items, source)
+            if type(value) is tuple:
+                return V.TupleVT(items, source)
+            return V.NamedTupleVT(type(value), items, type(value)._fields, source)
+        if isinstance(value, dict) and not dataclasses.is_dataclass(value):
+            keys = list(value.keys())
+            if not all(is_const_value(k) for k in keys):
+                raise Unsupported("dict with non-constant keys")
+            g("TYPE", source, type(value))
+            g("DICT_KEYS", source, tuple(keys))
+            items = {k: self.wrap(v, _item(source, k)) for k, v in value.items()}
+            return V.DictVT(items, source, type(value))
+        if isinstance(value, (set, frozenset)) and all(is_const_value(v) for v in value):
+            g("TYPE", source, type(value))
+            g("EQ", source, value)
+            return V.SetVT(value, source)
+        if isinstance(value, torch.autograd.grad_mode._NoParamDecoratorContextManager):
+            g("ID", source, value)
+            return V.GradModeVT(isinstance(value, torch.enable_grad))
+        if callable(value) and getattr(value, "_ember_disabled", False):
+            g("ID", source, value)
+            return V.BuiltinVT(value, source)
+        if source is None:
+            raise Unsupported(f"a {type(value).__name__} object reached without a source")
+        g("TYPE", source, type(value))
+        return V.ObjectVT(value, source)
+
+
+def _is_torch_callable(value) -> bool:
+    """torch functions written in Python that belong in the graph (torch.nn.functional.*)."""
+    mod = getattr(value, "__module__", None) or ""
+    return callable(value) and mod.startswith("torch") and not isinstance(value, type) and (
+        isinstance(value, types.FunctionType) is False
+    )
+
+
+def _attr(source, name):
+    from .source import AttrSource
+
+    return AttrSource(source, name) if source is not None else None
+
+
+def _item(source, key):
+    return ItemSource(source, key) if source is not None else None

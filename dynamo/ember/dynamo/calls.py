@@ -1,0 +1,597 @@
+"""Behaviour of symbolic values: calls, attributes, operators, items and iteration."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import operator
+import types
+
+import torch
+
+from . import tensor_ops as T
+from . import variables as V
+from .builder import is_const_value
+from .exc import AttrMissing, PyExc, Unsupported  # noqa: F401 (AttrMissing re-exported)
+from .frame import inline_call
+from .source import AttrSource, ItemSource, module_param_source
+
+
+# -- constants ------------------------------------------------------------------------------------
+def try_const(vt):
+    """(True, python value) when `vt` is a constant or a tuple/list of constants."""
+    if isinstance(vt, V.ConstVT):
+        return True, vt.value
+    if isinstance(vt, V.ListVT) and not isinstance(vt, V.NamedTupleVT):
+        vals = []
+        for i in vt.items:
+            ok, v = try_const(i)
+            if not ok:
+                return False, None
+            vals.append(v)
+        return True, (tuple(vals) if vt.is_tuple else vals)
+    if isinstance(vt, V.SetVT) and not any(isinstance(k, ObjKey) for k in vt.items):
+        return True, set(vt.items)
+    return False, None
+
+
+def const_of(vt, what="value"):
+    ok, value = try_const(vt)
+    if not ok:
+        raise Unsupported(f"{what} must be a constant, got {type(vt).__name__}")
+    return value
+
+
+class ObjKey:
+    """A dict/set key standing for a real object (a module, a function): hashed by identity."""
+
+    __slots__ = ("vt", "obj")
+
+    def __init__(self, vt, obj):
+        self.vt, self.obj = vt, obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, ObjKey) and other.obj is self.obj
+
+
+def const_key(vt):
+    ok, value = try_const(vt)
+    if not ok:
+        if isinstance(vt, (V.ModuleVT, V.FunctionVT, V.ClassVT, V.ObjectVT)):
+            return ObjKey(vt, real_value(vt))
+        if isinstance(vt, V.TensorVT):
+            return ObjKey(vt, vt.real if vt.real is not None else vt.node)
+        raise Unsupported(f"dict/set key must be a constant, got {type(vt).__name__}")
+    return value if not isinstance(value, list) else tuple(value)
+
+
+def key_vt(k):
+    """The VT of a dict/set key."""
+    return k.vt if isinstance(k, ObjKey) else wrap_const(k)
+
+
+def wrap_const(value) -> V.VT:
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return V.ListVT([wrap_const(v) for v in value], is_tuple=isinstance(value, tuple))
+    if type(value) is set:
+        return V.SetVT(value)
+    if not is_const_value(value) and not isinstance(value, (types.FunctionType, type)):
+        raise Unsupported(f"a {type(value).__name__} computed at trace time")
+    if isinstance(value, type):
+        return V.ClassVT(value)
+    return V.ConstVT(value)
+
+
+def _wrap_set(value):
+    return V.SetVT(value)
+
+
+def real_callable(vt):
+    """The real function or bound method a symbolic callable stands for (for introspection)."""
+    if isinstance(vt, V.BoundMethodVT):
+        return types.MethodType(real_callable(vt.fn), real_value(vt.self_vt))
+    if isinstance(vt, V.NestedFunctionVT):
+        raise Unsupported("introspecting a function made while tracing")
+    return real_value(vt)
+
+
+def real_value(vt):
+    """The real Python object behind a VT that mirrors one."""
+    for attr in ("module", "obj", "fn", "cls"):
+        if hasattr(vt, attr) and not isinstance(vt, (V.BoundMethodVT, V.SuperVT, V.NewObjectVT)):
+            return getattr(vt, attr)
+    ok, value = try_const(vt)
+    if ok:
+        return value
+    raise Unsupported(f"{type(vt).__name__} has no real value")
+
+
+# -- mutation of containers -----------------------------------------------------------------------
+def mutate_list(tx, vt):
+    if not isinstance(vt, V.ListVT) or vt.is_tuple:
+        raise Unsupported(f"mutating a {type(vt).__name__}")
+    if vt.source is not None:
+        tx.output.mutated[id(vt)] = vt
+    return vt
+
+
+def mutate_dict(tx, vt):
+    if vt.source is not None:
+        tx.output.mutated[id(vt)] = vt
+    return vt
+
+
+# -- iteration ------------------------------------------------------------------------------------
+def unpack(tx, vt) -> list:
+    it = get_iter(tx, vt)
+    if it is vt:  # consuming an iterator
+        items = it.items[it.pos :]
+        it.pos = len(it.items)
+        return items
+    return list(it.items)
+
+
+def get_iter(tx, vt) -> V.IteratorVT:
+    if isinstance(vt, V.IteratorVT):
+        return vt
+    if isinstance(vt, V.ListVT):
+        return V.IteratorVT(vt.items)
+    if isinstance(vt, V.DictVT):
+        return V.IteratorVT([key_vt(k) for k in vt.items])
+    if isinstance(vt, V.SetVT):
+        return V.IteratorVT([key_vt(k) for k in vt.items])
+    if isinstance(vt, V.DataclassVT) and issubclass(vt.cls, dict):
+        return V.IteratorVT([V.ConstVT(k) for k, v in vt.attrs.items() if not _is_none(v)])
+    if isinstance(vt, V.ConstVT) and isinstance(vt.value, (range, str, tuple, torch.Size, bytes,
+                                                            frozenset)):  # fmt: skip
+        return V.IteratorVT([wrap_const(v) for v in vt.value])
+    if isinstance(vt, V.TensorVT):
+        if vt.example.dim() == 0:
+            raise Unsupported("iteration over a 0-d tensor")
+        n = vt.example.shape[0]
+        return V.IteratorVT([getitem(tx, vt, V.ConstVT(i)) for i in range(n)])
+    if isinstance(vt, V.ModuleVT):
+        return V.IteratorVT(module_children(tx, vt))
+    if isinstance(vt, (V.ObjectVT, V.NewObjectVT)) and _py_method(vt.python_type(), "__iter__"):
+        return get_iter(tx, call_method(tx, vt, "__iter__", [], {}))
+    raise Unsupported(f"iteration over {_type_name(vt)}")
+
+
+def module_children(tx, vt: V.ModuleVT) -> list:
+    m = vt.module
+    if isinstance(m, torch.nn.ModuleDict):
+        return [V.ConstVT(k) for k in m._modules]
+    if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+        return [_submodule(tx, vt, k) for k in m._modules]
+    if isinstance(m, (torch.nn.ParameterList,)):
+        return [_module_attr_by_dict(tx, vt, "_parameters", k) for k in m._parameters]
+    raise Unsupported(f"iteration over module {type(m).__name__}")
+
+
+def _submodule(tx, vt, key):
+    sub = vt.module._modules[key]
+    if sub is None:
+        return V.ConstVT(None)
+    return tx.builder.wrap(sub, module_param_source(vt.source, "_modules", key))
+
+
+def _module_attr_by_dict(tx, vt, kind, key):
+    value = getattr(vt.module, kind)[key]
+    return tx.builder.wrap(value, module_param_source(vt.source, kind, key))
+
+
+def dict_items(tx, vt) -> dict:
+    if isinstance(vt, V.DictVT):
+        return dict(vt.items)
+    if isinstance(vt, V.DataclassVT):
+        return {k: v for k, v in vt.attrs.items() if not _is_none(v)}
+    ok, value = try_const(vt)
+    if ok and isinstance(value, dict):
+        return {k: wrap_const(v) for k, v in value.items()}
+    raise Unsupported(f"** of a {_type_name(vt)}")
+
+
+def _is_none(vt):
+    return isinstance(vt, V.ConstVT) and vt.value is None
+
+
+def is_none(vt):
+    return _is_none(vt)
+
+
+# -- truth, identity, containment -----------------------------------------------------------------
+def truth(tx, vt) -> bool:
+    if isinstance(vt, V.ConstVT):
+        return bool(vt.value)
+    if isinstance(vt, V.TensorVT):
+        raise Unsupported("data-dependent branch on a tensor value (if tensor: ...)")
+    if isinstance(vt, (V.ListVT, V.DictVT, V.SetVT)):
+        return len(vt.items) > 0
+    if isinstance(vt, V.DataclassVT) and issubclass(vt.cls, dict):
+        return any(not _is_none(v) for v in vt.attrs.values())
+    if isinstance(vt, V.ModuleVT):
+        if hasattr(type(vt.module), "__len__"):
+            return len(vt.module) > 0
+        return True
+    if isinstance(vt, (V.ObjectVT, V.NewObjectVT)):
+        cls = vt.python_type()
+        if _py_method(cls, "__bool__") or _py_method(cls, "__len__"):
+            return truth(tx, call_method(tx, vt, "__bool__" if _py_method(cls, "__bool__")
+                                         else "__len__", [], {}))  # fmt: skip
+        if isinstance(vt, V.ObjectVT) and (hasattr(cls, "__bool__") or hasattr(cls, "__len__")):
+            return bool(vt.obj)  # a C type's truth: cheap and guarded by the type guard
+        return True
+    if vt is V.NULL:
+        raise Unsupported("truth of NULL")
+    return True
+
+
+def is_same(tx, a, b) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, V.ConstVT) and isinstance(b, V.ConstVT):
+        return a.value is b.value
+    if isinstance(a, V.TensorVT) and isinstance(b, V.TensorVT):
+        return a.node is b.node
+    try:
+        return real_value(a) is real_value(b)
+    except Unsupported:
+        return False
+
+
+def contains(tx, container, item) -> bool:
+    if isinstance(container, (V.DictVT, V.SetVT)):
+        return const_key(item) in container.items
+    if isinstance(container, V.DataclassVT):
+        return const_key(item) in container.attrs and not _is_none(container.attrs[const_key(item)])
+    if isinstance(container, V.ListVT):
+        ok, value = try_const(item)
+        for x in container.items:
+            if x is item or (ok and isinstance(x, V.ConstVT) and x.value == value):
+                return True
+            if isinstance(x, V.TensorVT) or isinstance(item, V.TensorVT):
+                if isinstance(x, V.TensorVT) and isinstance(item, V.TensorVT):
+                    raise Unsupported("`in` over tensors compares data")
+        return False
+    if isinstance(container, V.ConstVT):
+        return const_of(item) in container.value
+    if isinstance(container, V.ModuleVT) and isinstance(container.module, torch.nn.ModuleDict):
+        return const_key(item) in container.module._modules
+    if isinstance(container, (V.ObjectVT, V.NewObjectVT)) and _py_method(
+        container.python_type(), "__contains__"
+    ):
+        return truth(tx, call_method(tx, container, "__contains__", [item], {}))
+    raise Unsupported(f"`in` on {_type_name(container)}")
+
+
+# -- operators ------------------------------------------------------------------------------------
+_REFLECTED = {operator.add: "__radd__", operator.mul: "__rmul__", operator.sub: "__rsub__"}
+_DUNDER = {operator.add: "__add__", operator.sub: "__sub__", operator.mul: "__mul__",
+           operator.truediv: "__truediv__", operator.matmul: "__matmul__",
+           operator.eq: "__eq__", operator.ne: "__ne__", operator.lt: "__lt__",
+           operator.le: "__le__", operator.gt: "__gt__", operator.ge: "__ge__",
+           operator.getitem: "__getitem__", operator.neg: "__neg__"}  # fmt: skip
+_INPLACE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+            operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
+            operator.imod: operator.mod, operator.ipow: operator.pow,
+            operator.imatmul: operator.matmul, operator.iand: operator.and_,
+            operator.ior: operator.or_, operator.ixor: operator.xor,
+            operator.ilshift: operator.lshift, operator.irshift: operator.rshift}  # fmt: skip
+
+
+def binop(tx, op, a, b):
+    """a <op> b for symbolic values."""
+    if isinstance(a, V.TensorVT) or isinstance(b, V.TensorVT):
+        for x in (a, b):
+            if not isinstance(x, (V.TensorVT, V.ConstVT, V.ListVT)):
+                raise Unsupported(f"{op.__name__} of a tensor and a {_type_name(x)}")
+        return tx.output.call("call_function", op, (a, b), {})
+    ok_a, va = try_const(a)
+    ok_b, vb = try_const(b)
+    if ok_a and ok_b and not (isinstance(a, V.ListVT) and not a.is_tuple and op in _INPLACE):
+        try:
+            return wrap_const(op(va, vb))
+        except Unsupported:
+            raise
+        except Exception as e:
+            raise Unsupported(f"{op.__name__}({va!r}, {vb!r}) raised {type(e).__name__}") from e
+    base = _INPLACE.get(op, op)
+    if isinstance(a, V.ListVT) and isinstance(b, (V.ListVT, V.ConstVT)):
+        if base is operator.add:
+            other = unpack(tx, b)
+            if op is operator.iadd and not a.is_tuple:
+                mutate_list(tx, a).items.extend(other)
+                return a
+            return V.ListVT(a.items + other, is_tuple=a.is_tuple)
+        if base is operator.mul and isinstance(b, V.ConstVT):
+            return V.ListVT(a.items * b.value, is_tuple=a.is_tuple)
+        if op in (operator.eq, operator.ne) and isinstance(b, V.ListVT):
+            same = len(a.items) == len(b.items) and all(
+                truth(tx, binop(tx, operator.eq, x, y)) for x, y in zip(a.items, b.items)
+            )
+            return V.ConstVT(same if op is operator.eq else not same)
+    if isinstance(a, V.ConstVT) and isinstance(b, V.ListVT) and base is operator.mul:
+        return V.ListVT(b.items * a.value, is_tuple=b.is_tuple)
+    if isinstance(a, V.DictVT) and isinstance(b, V.DictVT) and base is operator.or_:
+        return V.DictVT({**a.items, **b.items})
+    if op in (operator.eq, operator.ne):
+        same = is_same(tx, a, b)
+        if not isinstance(a, (V.ObjectVT, V.NewObjectVT)) or not _py_method(
+            a.python_type(), "__eq__"
+        ):
+            return V.ConstVT(same if op is operator.eq else not same)
+    name = _DUNDER.get(base)
+    if name and isinstance(a, (V.ObjectVT, V.NewObjectVT)) and _py_method(a.python_type(), name):
+        return call_method(tx, a, name, [b], {})
+    raise Unsupported(f"{getattr(op, '__name__', op)} of {_type_name(a)} and {_type_name(b)}")
+
+
+def unop(tx, op, a):
+    if isinstance(a, V.TensorVT):
+        return tx.output.call("call_function", op, (a,), {})
+    ok, value = try_const(a)
+    if ok:
+        return wrap_const(op(value))
+    raise Unsupported(f"{op.__name__} of {_type_name(a)}")
+
+
+def make_slice(parts):
+    values = [const_of(p, "slice bound") for p in parts]
+    return V.ConstVT(slice(*values))
+
+
+# -- items ----------------------------------------------------------------------------------------
+def getitem(tx, obj, key):
+    if isinstance(obj, V.TensorVT):
+        if isinstance(key, V.TensorVT) and key.example.dtype == torch.bool:
+            raise Unsupported("indexing with a boolean mask (output shape depends on data)")
+        return tx.output.call("call_function", operator.getitem, (obj, key), {})
+    if isinstance(obj, V.ListVT):
+        k = const_of(key, "list index")
+        if isinstance(k, slice):
+            return V.ListVT(obj.items[k], is_tuple=obj.is_tuple)
+        try:
+            return obj.items[k]
+        except IndexError:
+            raise PyExc(V.ExcVT(IndexError, [V.ConstVT("list index out of range")])) from None
+        except TypeError as e:
+            raise Unsupported(f"list index: {e}") from None
+    if isinstance(obj, V.DictVT):
+        k = const_key(key)
+        if k not in obj.items:
+            raise PyExc(V.ExcVT(KeyError, [key]), f"KeyError: {k!r}")
+        return obj.items[k]
+    if isinstance(obj, V.DataclassVT):
+        k = const_of(key, "key")
+        if isinstance(k, str):
+            return obj.attrs[k]
+        values = [v for v in obj.attrs.values() if not _is_none(v)]
+        return V.ListVT(values[k], is_tuple=True) if isinstance(k, slice) else values[k]
+    if isinstance(obj, V.ConstVT):
+        try:
+            return wrap_const(obj.value[const_of(key, "index")])
+        except (IndexError, KeyError) as e:
+            raise PyExc(V.ExcVT(type(e), [key]), f"indexing a constant: {e!r}") from None
+        except TypeError as e:
+            raise Unsupported(f"indexing a constant: {e}") from None
+    if isinstance(obj, V.ModuleVT):
+        return module_getitem(tx, obj, key)
+    if isinstance(obj, (V.ObjectVT, V.NewObjectVT)) and _py_method(obj.python_type(),
+                                                                   "__getitem__"):  # fmt: skip
+        return call_method(tx, obj, "__getitem__", [key], {})
+    raise Unsupported(f"indexing a {_type_name(obj)}")
+
+
+def module_getitem(tx, vt, key):
+    m = vt.module
+    k = const_of(key, "module index")
+    if isinstance(m, torch.nn.ModuleDict):
+        return _submodule(tx, vt, k)
+    if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+        keys = list(m._modules)
+        if isinstance(k, slice):
+            if isinstance(m, torch.nn.ModuleList):
+                return V.ListVT([_submodule(tx, vt, kk) for kk in keys[k]])
+            raise Unsupported("slicing an nn.Sequential")
+        return _submodule(tx, vt, keys[k])
+    if isinstance(m, torch.nn.ParameterList):
+        return _module_attr_by_dict(tx, vt, "_parameters", str(k if k >= 0 else len(m) + k))
+    if _py_method(type(m), "__getitem__"):
+        return call_method(tx, vt, "__getitem__", [key], {})
+    raise Unsupported(f"indexing module {type(m).__name__}")
+
+
+def setitem(tx, obj, key, value):
+    if isinstance(obj, V.TensorVT):
+        tx.output.call("call_function", operator.setitem, (obj, key, value), {})
+        return
+    if isinstance(obj, V.ListVT):
+        k = const_of(key, "list index")
+        items = mutate_list(tx, obj).items
+        if isinstance(k, slice):
+            items[k] = unpack(tx, value)
+        else:
+            items[k] = value
+        return
+    if isinstance(obj, V.DictVT):
+        mutate_dict(tx, obj).items[const_key(key)] = value
+        return
+    if isinstance(obj, V.DataclassVT):
+        obj.attrs[const_of(key, "key")] = value
+        return
+    if isinstance(obj, (V.ObjectVT, V.NewObjectVT)) and _py_method(obj.python_type(),
+                                                                   "__setitem__"):  # fmt: skip
+        call_method(tx, obj, "__setitem__", [key, value], {})
+        return
+    raise Unsupported(f"item assignment on a {_type_name(obj)}")
+
+
+def delitem(tx, obj, key):
+    if isinstance(obj, V.DictVT):
+        mutate_dict(tx, obj).items.pop(const_key(key), None)
+    elif isinstance(obj, V.ListVT):
+        del mutate_list(tx, obj).items[const_of(key, "index")]
+    else:
+        raise Unsupported(f"del on a {_type_name(obj)}")
+
+
+# -- attributes -----------------------------------------------------------------------------------
+def getattr_vt(tx, obj, name: str):
+    from .attrs import getattr_impl
+
+    return getattr_impl(tx, obj, name)
+
+
+def setattr_vt(tx, obj, name: str, value):
+    from .attrs import setattr_impl
+
+    setattr_impl(tx, obj, name, value)
+
+
+def call_method(tx, obj, name, args, kwargs):
+    return call(tx, getattr_vt(tx, obj, name), args, kwargs)
+
+
+# -- calls ----------------------------------------------------------------------------------------
+def call(tx, fn, args: list, kwargs: dict):
+    """fn(*args, **kwargs) for symbolic values."""
+    if isinstance(fn, V.FunctionVT):
+        answer = T.compiling_query(fn.fn)
+        if answer is not None:
+            return V.ConstVT(answer)
+        if fn.fn is inspect.signature and len(args) == 1 and not kwargs:
+            return V.ConstVT(inspect.signature(real_callable(args[0])))
+        if T.is_graph_fn(fn.fn):
+            return T.torch_call(tx, fn.fn, args, kwargs)
+        if getattr(fn.fn, "_ember_disabled", False):
+            raise Unsupported(f"call to ember.disable'd function {fn.fn.__qualname__}")
+        return inline_call(tx, fn, args, kwargs)
+    if isinstance(fn, V.NestedFunctionVT):
+        return inline_call(tx, fn, args, kwargs)
+    if isinstance(fn, V.BoundMethodVT):
+        return call(tx, fn.fn, [fn.self_vt, *args], kwargs)
+    if isinstance(fn, V.MethodVT):
+        from .methods import call_method_vt
+
+        return call_method_vt(tx, fn, args, kwargs)
+    if isinstance(fn, V.BuiltinVT):
+        from .pybuiltins import call_builtin
+
+        return call_builtin(tx, fn.fn, args, kwargs)
+    if isinstance(fn, V.ModuleVT):
+        return call_module(tx, fn, args, kwargs)
+    if isinstance(fn, V.ClassVT):
+        from .pybuiltins import construct
+
+        return construct(tx, fn, args, kwargs)
+    if isinstance(fn, V.ContextExitVT):
+        from .pybuiltins import exit_grad_mode
+
+        return exit_grad_mode(tx, fn.ctx)
+    if isinstance(fn, V.ObjectVT):
+        if isinstance(fn.obj, functools.partial):
+            p = fn.obj
+            func = tx.builder.wrap(p.func, AttrSource(fn.source, "func"))
+            pargs = [tx.builder.wrap(a, None) if is_const_value(a) else _no_src(a) for a in p.args]
+            pkw = {k: tx.builder.wrap(v, None) for k, v in p.keywords.items() if is_const_value(v)}
+            return call(tx, func, [*pargs, *args], {**pkw, **kwargs})
+        if _py_method(type(fn.obj), "__call__"):
+            return call_method(tx, fn, "__call__", args, kwargs)
+    if isinstance(fn, V.NewObjectVT) and _py_method(fn.cls, "__call__"):
+        return call_method(tx, fn, "__call__", args, kwargs)
+    if isinstance(fn, V.GradModeVT):
+        raise Unsupported("grad-mode object used as a decorator inside compiled code")
+    raise Unsupported(f"call to a {_type_name(fn)}")
+
+
+def _no_src(a):
+    raise Unsupported("functools.partial with non-constant bound arguments")
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def call_module(tx, vt: V.ModuleVT, args, kwargs):
+    """Inline `module(*args)`: forward pre-hooks, forward, forward hooks (guarded either way)."""
+    m = vt.module
+    from torch.nn.modules import module as module_mod
+
+    global_hooks = (module_mod._global_forward_hooks, module_mod._global_forward_pre_hooks,
+                    module_mod._global_backward_hooks,
+                    getattr(module_mod, "_global_backward_pre_hooks", {}))  # fmt: skip
+    if any(global_hooks) or m._backward_hooks or getattr(m, "_backward_pre_hooks", None):
+        raise Unsupported(f"module {type(m).__name__} has backward or global hooks")
+    if vt.source is None:
+        raise Unsupported("calling a module reached without a source")
+    if not m._forward_hooks and not m._forward_pre_hooks:
+        tx.output.guards.add("NO_HOOKS", vt.source, _HOOK_DICTS)
+        return call_forward(tx, vt, args, kwargs)
+    return call_with_hooks(tx, vt, args, kwargs)
+
+
+def call_with_hooks(tx, vt, args, kwargs):
+    m = vt.module
+    if m._forward_hooks_with_kwargs or getattr(m, "_forward_pre_hooks_with_kwargs", None):
+        raise Unsupported("module hooks taking kwargs")
+    if getattr(m, "_forward_hooks_always_called", None):
+        raise Unsupported("module hooks with always_call=True")
+    tx.output.guards.add("NO_HOOKS", vt.source, ("_backward_hooks", "_backward_pre_hooks"))
+    hook_vts = {}
+    for kind in ("_forward_pre_hooks", "_forward_hooks"):
+        table = getattr(m, kind)
+        src = AttrSource(vt.source, kind)
+        tx.output.guards.add("DICT_KEYS", src, tuple(table))
+        hook_vts[kind] = [tx.builder.wrap(h, ItemSource(src, k)) for k, h in table.items()]
+    for hook in hook_vts["_forward_pre_hooks"]:
+        result = call(tx, hook, [vt, V.TupleVT(list(args))], {})
+        if not (isinstance(result, V.ConstVT) and result.value is None):
+            args = result.items if isinstance(result, V.ListVT) and result.is_tuple else [result]
+    out = call_forward(tx, vt, list(args), kwargs)
+    for hook in hook_vts["_forward_hooks"]:
+        result = call(tx, hook, [vt, V.TupleVT(list(args)), out], {})
+        if not (isinstance(result, V.ConstVT) and result.value is None):
+            out = result
+    return out
+
+
+def call_forward(tx, vt, args, kwargs):
+    m = vt.module
+    if "forward" in m.__dict__:
+        fwd = tx.builder.wrap(m.__dict__["forward"], AttrSource(vt.source, "forward"))
+        return call(tx, fwd, args, kwargs)
+    forward = type(m).forward
+    if not isinstance(forward, types.FunctionType):
+        raise Unsupported(f"module {type(m).__name__} has no Python forward")
+    return inline_call(tx, V.FunctionVT(forward, None), [vt, *args], kwargs)
+
+
+def _py_method(cls, name):
+    """The Python function `name` on `cls`'s MRO, if it is one (not a C slot)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            return attr if isinstance(attr, types.FunctionType) else None
+    return None
+
+
+def _type_name(vt) -> str:
+    try:
+        t = vt.python_type()
+        return f"{t.__name__} ({type(vt).__name__})"
+    except Exception:
+        return type(vt).__name__
+
+
+def is_dataclass_type(cls) -> bool:
+    return dataclasses.is_dataclass(cls) and isinstance(cls, type)
+
+
+def signature_of(fn):
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,30 @@
+"""ember.dynamo's configuration: every knob in one place; env vars are documented overrides."""
+
+import dataclasses
+import os
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value not in ("0", "", "false", "False")
+
+
+@dataclasses.dataclass
+class DynamoConfig:
+    """Knobs of frame capture. EMBER_DYNAMO_VERBOSE=1 prints each compiled graph and break."""
+
+    # Cache entries per code object before the frame runs eagerly (with one warning).
+    cache_size_limit: int = 8
+    # Print graphs, guards and breaks as they are made.
+    verbose: bool = dataclasses.field(
+        default_factory=lambda: _env_flag("EMBER_DYNAMO_VERBOSE", False)
+    )
+    # Guard on torch.is_grad_enabled() (a graph traced with grad on may not be reused with it off).
+    guard_grad_mode: bool = True
+    # Inline calls deeper than this are treated as unsupported (runaway recursion).
+    max_inline_depth: int = 64
+    # Instructions one frame may symbolically execute (unrolled loops count) before giving up.
+    max_instructions: int = 200_000
+
+
+config = DynamoConfig()

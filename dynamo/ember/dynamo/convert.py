@@ -1,0 +1,265 @@
+"""Converting a frame: translate, compile the graph with the backend, build guards and code.
+
+`make_callback` returns the function the C++ hook calls on a cache miss. It answers None to run
+the frame eagerly (the hook then marks the code "skip"), or (guard program, transformed function)
+for a new cache entry; a transformed function of None runs the original code under those guards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import sysconfig
+import warnings
+import weakref
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from . import variables as V
+from ._native import _C
+from .builder import Builder
+from .codegen import CodeGen, graph_module, resume_call
+from .config import config
+from .exc import GraphBreakError, RestartAnalysis, Unsupported
+from .interpreter import RootTranslator
+from .output import OutputGraph
+from .source import sanitize
+
+log = logging.getLogger("ember.dynamo")
+
+
+@dataclasses.dataclass
+class GraphRecord:
+    """One compiled graph, for explain() and tests."""
+
+    gm: torch.fx.GraphModule
+    code_name: str
+    where: str
+    op_count: int
+    guards: list
+
+
+@dataclasses.dataclass
+class BreakRecord:
+    reason: str
+    where: str
+
+
+@dataclasses.dataclass
+class Stats:
+    """What conversions did since the last reset (graphs, breaks, failures, recompiles)."""
+
+    graphs: list = dataclasses.field(default_factory=list)
+    breaks: list = dataclasses.field(default_factory=list)
+    failures: list = dataclasses.field(default_factory=list)
+    frames_converted: int = 0
+
+
+stats = Stats()
+_warned: set = set()
+# code -> None: every live code object the hook has state for (reset() clears them)
+_touched_codes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# Code objects compiled even though they live in a skipped file: the function or the forward
+# method that the user passed to ember.compile (nn.Linear itself, say).
+force_codes: dict = {}
+
+
+def _skip_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths.get("stdlib"), paths.get("platstdlib")}
+    dirs.add(str(Path(torch.__file__).parent))
+    dirs.add(str(Path(__file__).parent))
+    for mod in ("numpy", "sympy", "_pytest", "pluggy", "typing_extensions", "triton"):
+        m = sys.modules.get(mod)
+        if m is not None and getattr(m, "__file__", None):
+            dirs.add(str(Path(m.__file__).parent))
+    return tuple(sorted(d + os.sep for d in dirs if d))
+
+
+_SKIP_DIRS: Optional[tuple] = None
+
+
+def should_skip(code) -> bool:
+    """Library code (stdlib, torch, ember itself) runs eagerly; user code is captured."""
+    global _SKIP_DIRS
+    if _SKIP_DIRS is None:
+        _SKIP_DIRS = _skip_dirs()
+    if code in force_codes:
+        return False
+    if not code.co_flags & 0x02:  # CO_NEWLOCALS: class bodies and module code are not traced
+        return True
+    name = code.co_filename
+    if name.startswith("<ember transformed"):
+        return True
+    if code.co_name in ("<module>", "<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>"):
+        return True  # comprehension frames reached eagerly take a live iterator: run them as is
+    if name.startswith("<frozen") or name == "<string>":  # <string>: dataclass-generated code
+        return True
+    if "site-packages" in name and "ember" not in name:
+        return not any(lib in name for lib in ("transformers", "timm", "torchvision/models"))
+    return name.startswith(_SKIP_DIRS) and "/tests/" not in name
+
+
+def warn_once(key, message: str) -> None:
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(message, stacklevel=3)
+
+
+def make_callback(backend: Callable, fullgraph: bool, backend_name: str = "") -> Callable:
+    """The per-compile callback the C++ hook calls on a cache miss."""
+
+    def callback(code, fn, f_globals, f_builtins, args):
+        _touched_codes[code] = None
+        if should_skip(code):
+            return None
+        entries = _C.entries(code)
+        if entries is not None and len(entries) >= config.cache_size_limit:
+            warn_once(("limit", code), f"ember.compile: {code.co_name} ({code.co_filename}:"
+                      f"{code.co_firstlineno}) was recompiled {config.cache_size_limit} times "
+                      "(cache_size_limit); it runs eagerly from now on")  # fmt: skip
+            return None
+        return convert_frame(code, fn, f_globals, args, backend, fullgraph)
+
+    callback.backend = backend
+    callback.fullgraph = fullgraph
+    callback.backend_name = backend_name
+    return callback
+
+
+def convert_frame(code, fn, f_globals, args, backend, fullgraph):
+    stats.frames_converted += 1
+    rng = torch.random.get_rng_state()
+    grad = torch.is_grad_enabled()
+    try:
+        return _convert(code, fn, f_globals, args, backend, fullgraph)
+    except Unsupported as e:
+        where = e.where or f"{code.co_filename}:{code.co_firstlineno}"
+        if fullgraph:
+            raise GraphBreakError(f"ember.compile(fullgraph=True): {e.msg} at {where}") from None
+        stats.failures.append(BreakRecord(e.msg, where))
+        warn_once(("fail", code), f"ember.compile: {code.co_name} runs eagerly: {e.msg} ({where})")
+        return None
+    finally:
+        torch.random.set_rng_state(rng)
+        torch._C._set_grad_enabled(grad)
+
+
+def _convert(code, fn, f_globals, args, backend, fullgraph):
+    break_at, reason = None, None
+    grad = torch.is_grad_enabled()
+    while True:
+        output = OutputGraph(code, lambda: "?")
+        output.root_globals = f_globals
+        builder = Builder(output)
+        tx = RootTranslator(output, builder, code, fn, f_globals, args, break_at)
+        output.where = tx.where
+        try:
+            tx.run_root()
+            break
+        except RestartAnalysis as r:
+            if fullgraph:
+                raise Unsupported(r.reason.msg, r.reason.where) from None
+            break_at, reason = r.index, r.reason
+            torch._C._set_grad_enabled(grad)
+    return finish(tx, output, code, backend, reason)
+
+
+def finish(tx, output, code, backend, reason):
+    """Generate the transformed function for a translated frame."""
+    arg_names = [sanitize(n) for n in code.co_varnames[: len(tx.fn_args)]]
+    cg = CodeGen(output, arg_names)
+    kind = tx.result[0]
+    if kind == "return":
+        roots = [tx.result[1]]
+    else:
+        _, inst, stack, f_locals = tx.result
+        roots = [*stack, *f_locals.values()]
+        roots += [c.value for c in tx.cells.values() if isinstance(c, V.CellVT) and c.value]
+    for effect in output.side_effects:
+        for v in effect[1:]:
+            if isinstance(v, V.VT):
+                roots.append(v)
+            elif isinstance(v, (list, dict)):  # a replayed call's arguments
+                roots.extend(v.values() if isinstance(v, dict) else v)
+    roots.extend(output.mutated.values())
+    outputs = cg.collect_outputs(roots)
+    body: list[str] = []
+    gm = graph_module(output, outputs)
+    has_graph = _count_ops(gm) > 0 or bool(outputs)
+    if has_graph:
+        example_inputs = [vt.example for _, _, vt in output.inputs]
+        compiled = backend(gm, example_inputs)
+        if compiled is None:
+            raise Unsupported("the backend returned None")
+        call = cg.obj(_C.CompiledFunction(compiled, None), "graph")
+        inputs = ", ".join(cg.source(src) for src, _, _ in output.inputs)
+        cg.lines.append(f"___o = {call}({inputs})")
+    cg.side_effects()
+    if kind == "return":
+        body.append(f"return {cg.expr(tx.result[1])}")
+    else:
+        body += break_code(cg, tx, inst, stack)
+        stats.breaks.append(BreakRecord(reason.msg if reason else "graph break",
+                                        reason.where if reason else tx.where()))  # fmt: skip
+    fn = cg.build(f"___transformed_{code.co_name}".replace("<", "_").replace(">", "_"),
+                  tx.f_globals, body)  # fmt: skip
+    _C.mark_skip(fn.__code__)
+    program = output.guards.compile()
+    if has_graph:
+        stats.graphs.append(GraphRecord(gm, code.co_name, tx.where(), _count_ops(gm),
+                                        output.guards.describe()))  # fmt: skip
+    if config.verbose:
+        print(f"[ember.dynamo] {code.co_name}: graph {has_graph}\n{fn.__ember_source__}")
+    if not has_graph and kind == "return" and not output.side_effects and not output.mutated:
+        return program, None  # nothing to compile: run the original code under these guards
+    return program, fn
+
+
+def _count_ops(gm) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+
+
+def break_code(cg: CodeGen, tx, inst, stack) -> list[str]:
+    """Run the instruction the graph broke at in Python, then call the resume function."""
+    nxt = tx.insts[tx.offset_index[inst.offset] + 1].offset
+    name = inst.opname
+    if name == "CALL":
+        argc = inst.arg
+        args = stack[len(stack) - argc :]
+        first, second = stack[len(stack) - argc - 2], stack[len(stack) - argc - 1]
+        below = stack[: len(stack) - argc - 2]
+        fn, args = (second, args) if first is V.NULL else (first, [second, *args])
+        names = tx.kw_names
+        pos = args[: len(args) - len(names)]
+        kws = args[len(args) - len(names) :]
+        parts = [cg.expr(a) for a in pos] + [f"{k}={cg.expr(v)}" for k, v in zip(names, kws)]
+        call = f"{cg.expr(fn)}({', '.join(parts)})"
+        result = cg.temp(call)
+        return [f"return {resume_call(cg, tx, nxt, below, result)}"]
+    if name == "CALL_FUNCTION_EX":
+        has_kw = inst.arg & 1
+        kwargs = stack[-1] if has_kw else None
+        args = stack[-2] if has_kw else stack[-1]
+        fn = stack[-3] if has_kw else stack[-2]
+        below = stack[: len(stack) - (4 if has_kw else 3)]
+        call = f"{cg.expr(fn)}(*{cg.expr(args)}" + (f", **{cg.expr(kwargs)})" if has_kw else ")")
+        result = cg.temp(call)
+        return [f"return {resume_call(cg, tx, nxt, below, result)}"]
+    if name == "BINARY_SUBSCR":
+        result = cg.temp(f"{cg.expr(stack[-2])}[{cg.expr(stack[-1])}]")
+        return [f"return {resume_call(cg, tx, nxt, stack[:-2], result)}"]
+    if "POP_JUMP" in name:
+        cond = cg.expr(stack[-1])
+        below = stack[:-1]
+        target = inst.argval
+        jump_if_true = "IF_TRUE" in name
+        on_true = resume_call(cg, tx, target if jump_if_true else nxt, below)
+        on_false = resume_call(cg, tx, nxt if jump_if_true else target, below)
+        return [f"if {cond}:", f"    return {on_true}", f"return {on_false}"]
+    raise Unsupported(f"graph break at {name}")

@@ -1,0 +1,694 @@
+// The PEP 523 frame hook, the per-code cache and the guard VM of ember.dynamo (CPython 3.11, 3.12).
+//
+// A compiled function installs the hook on entry and restores it on exit (CompiledFunction).
+// While a thread's callback is set, every fresh Python frame it starts comes here: the code
+// object's cache of (guards, transformed function) entries is searched; a hit calls the
+// transformed function with the frame's arguments; a miss calls back into Python to convert the
+// frame. Code marked "skip" and any frame of a thread with no callback run through the default
+// evaluator, so unrelated code pays only a thread-local load while some other thread is inside
+// compiled code, and nothing at all otherwise (the hook is uninstalled).
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <structmember.h>
+
+#include <cstring>
+#include <vector>
+
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030D0000
+#error "ember.dynamo's frame hook supports CPython 3.11 and 3.12"
+#endif
+
+namespace {
+
+// Mirrors of CPython's private _PyInterpreterFrame (Include/internal/pycore_frame.h). The internal
+// headers do not compile as C++, and these layouts are fixed within a minor release.
+#if PY_VERSION_HEX >= 0x030C0000
+struct Frame {
+  PyCodeObject* f_code;
+  void* previous;
+  PyObject* f_funcobj;
+  PyObject* f_globals;
+  PyObject* f_builtins;
+  PyObject* f_locals;
+  PyFrameObject* frame_obj;
+  void* prev_instr;
+  int stacktop;
+  uint16_t return_offset;
+  char owner;
+  PyObject* localsplus[1];
+};
+inline PyObject* frame_func(Frame* f) { return f->f_funcobj; }
+#else
+struct Frame {
+  PyFunctionObject* f_func;
+  PyObject* f_globals;
+  PyObject* f_builtins;
+  PyObject* f_locals;
+  PyCodeObject* f_code;
+  PyFrameObject* frame_obj;
+  void* previous;
+  void* prev_instr;
+  int stacktop;
+  bool is_entry;
+  char owner;
+  PyObject* localsplus[1];
+};
+inline PyObject* frame_func(Frame* f) { return (PyObject*)f->f_func; }
+#endif
+constexpr char kOwnedByThread = 0;
+
+// ---------------------------------------------------------------------------------------------
+// Guard VM: a flat list of instructions over registers, compiled once per cache entry.
+
+enum GuardOp {
+  G_ARG = 0,        // r[dst] = args[idx]
+  G_GLOBAL = 1,     // r[dst] = globals[obj] or builtins[obj]
+  G_ATTR = 2,       // r[dst] = getattr(r[src], obj)
+  G_ITEM = 3,       // r[dst] = r[src][obj]
+  G_CELL = 4,       // r[dst] = r[src].__closure__[idx].cell_contents
+  G_CONST = 5,      // r[dst] = obj
+  G_ID = 10,        // r[src] is obj
+  G_TYPE = 11,      // type(r[src]) is obj
+  G_EQ = 12,        // type(r[src]) is type(obj) and r[src] == obj
+  G_LEN = 13,       // len(r[src]) == idx
+  G_TENSOR = 14,    // r[src] matches obj = (type, dtype, device, requires_grad, sizes, strides)
+  G_SAME = 15,      // r[src] is r[idx]
+  G_DICT_KEYS = 16, // list(r[src].keys()) == obj
+  G_GRAD_MODE = 17, // torch.is_grad_enabled() == bool(idx); obj is that function
+  G_NOT_ID = 18,    // r[src] is not obj
+  G_PARAM = 19,     // r[src] is obj[0] and its requires_grad is obj[1] and dtype is obj[2]
+  G_NO_HOOKS = 20,  // every attribute named in tuple obj of r[src] is an empty dict
+};
+
+struct GuardInstr {
+  int op, dst, src;
+  Py_ssize_t idx;
+  PyObject* obj;  // strong reference
+};
+
+struct GuardProgram {
+  PyObject_HEAD
+  std::vector<GuardInstr>* code;
+  int nregs;
+};
+
+PyObject *s_dtype, *s_device, *s_requires_grad, *s_shape, *s_stride, *s_closure, *s_keys;
+
+bool tensor_matches(PyObject* x, PyObject* spec) {
+  // spec: (type, dtype, device, requires_grad, sizes, strides)
+  if ((PyObject*)Py_TYPE(x) != PyTuple_GET_ITEM(spec, 0)) return false;
+  bool ok = false;
+  PyObject *dtype = nullptr, *rg = nullptr, *shape = nullptr, *stride = nullptr, *dev = nullptr;
+  dtype = PyObject_GetAttr(x, s_dtype);
+  if (!dtype || dtype != PyTuple_GET_ITEM(spec, 1)) goto done;
+  rg = PyObject_GetAttr(x, s_requires_grad);
+  if (!rg || rg != PyTuple_GET_ITEM(spec, 3)) goto done;
+  shape = PyObject_GetAttr(x, s_shape);
+  if (!shape || PyObject_RichCompareBool(shape, PyTuple_GET_ITEM(spec, 4), Py_EQ) != 1) goto done;
+  stride = PyObject_CallMethodNoArgs(x, s_stride);
+  if (!stride || PyObject_RichCompareBool(stride, PyTuple_GET_ITEM(spec, 5), Py_EQ) != 1) goto done;
+  dev = PyObject_GetAttr(x, s_device);
+  if (!dev || PyObject_RichCompareBool(dev, PyTuple_GET_ITEM(spec, 2), Py_EQ) != 1) goto done;
+  ok = true;
+done:
+  Py_XDECREF(dtype);
+  Py_XDECREF(rg);
+  Py_XDECREF(shape);
+  Py_XDECREF(stride);
+  Py_XDECREF(dev);
+  return ok;
+}
+
+bool run_check(const GuardInstr& in, PyObject** r) {
+  PyObject* v = r[in.src];
+  switch (in.op) {
+    case G_ID: return v == in.obj;
+    case G_NOT_ID: return v != in.obj;
+    case G_TYPE: return (PyObject*)Py_TYPE(v) == in.obj;
+    case G_EQ:
+      return Py_TYPE(v) == Py_TYPE(in.obj) && PyObject_RichCompareBool(v, in.obj, Py_EQ) == 1;
+    case G_LEN: return PyObject_Length(v) == in.idx;
+    case G_TENSOR: return tensor_matches(v, in.obj);
+    case G_NO_HOOKS: {
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(in.obj); i++) {
+        PyObject* d = PyObject_GetAttr(v, PyTuple_GET_ITEM(in.obj, i));
+        bool empty = d && PyDict_Check(d) && PyDict_GET_SIZE(d) == 0;
+        Py_XDECREF(d);
+        if (!empty) return false;
+      }
+      return true;
+    }
+    case G_PARAM: {
+      if (v != PyTuple_GET_ITEM(in.obj, 0)) return false;
+      PyObject* rg = PyObject_GetAttr(v, s_requires_grad);
+      PyObject* dt = rg ? PyObject_GetAttr(v, s_dtype) : nullptr;
+      bool ok = rg == PyTuple_GET_ITEM(in.obj, 1) && dt == PyTuple_GET_ITEM(in.obj, 2);
+      Py_XDECREF(rg);
+      Py_XDECREF(dt);
+      return ok;
+    }
+    case G_SAME: return v == r[in.idx];
+    case G_DICT_KEYS: {
+      if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(in.obj)) return false;
+      Py_ssize_t pos = 0, i = 0;
+      PyObject *k, *val;
+      while (PyDict_Next(v, &pos, &k, &val)) {
+        PyObject* want = PyTuple_GET_ITEM(in.obj, i++);
+        if (k != want && PyObject_RichCompareBool(k, want, Py_EQ) != 1) return false;
+      }
+      return true;
+    }
+    case G_GRAD_MODE: {
+      PyObject* res = PyObject_CallNoArgs(in.obj);
+      bool ok = res && ((res == Py_True) == (in.idx != 0));
+      Py_XDECREF(res);
+      return ok;
+    }
+  }
+  return false;
+}
+
+// Runs the program; returns the index of the first failing instruction, or -1 when all pass.
+Py_ssize_t run_guards(GuardProgram* p, PyObject* const* args, Py_ssize_t nargs, PyObject* globals,
+                      PyObject* builtins) {
+  PyObject* stack_regs[64];
+  std::vector<PyObject*> heap_regs;
+  PyObject** r = stack_regs;
+  if (p->nregs > 64) {
+    heap_regs.assign(p->nregs, nullptr);
+    r = heap_regs.data();
+  } else {
+    std::memset(stack_regs, 0, sizeof(PyObject*) * p->nregs);
+  }
+  Py_ssize_t failed = -1;
+  const std::vector<GuardInstr>& code = *p->code;
+  for (size_t i = 0; i < code.size(); i++) {
+    const GuardInstr& in = code[i];
+    PyObject* out = nullptr;
+    switch (in.op) {
+      case G_ARG:
+        if (in.idx >= nargs) break;
+        out = args[in.idx];
+        Py_INCREF(out);
+        break;
+      case G_GLOBAL:
+        out = PyDict_GetItemWithError(globals, in.obj);
+        if (!out && !PyErr_Occurred() && builtins && PyDict_Check(builtins))
+          out = PyDict_GetItemWithError(builtins, in.obj);
+        Py_XINCREF(out);
+        break;
+      case G_ATTR: out = PyObject_GetAttr(r[in.src], in.obj); break;
+      case G_CONST:
+        out = in.obj;
+        Py_INCREF(out);
+        break;
+      case G_ITEM:
+        if (PyDict_CheckExact(r[in.src])) {
+          out = PyDict_GetItemWithError(r[in.src], in.obj);
+          Py_XINCREF(out);
+        } else {
+          out = PyObject_GetItem(r[in.src], in.obj);
+        }
+        break;
+      case G_CELL: {
+        PyObject* clo = PyObject_GetAttr(r[in.src], s_closure);
+        if (clo && PyTuple_Check(clo) && in.idx < PyTuple_GET_SIZE(clo)) {
+          out = PyCell_Get(PyTuple_GET_ITEM(clo, in.idx));
+        }
+        Py_XDECREF(clo);
+        break;
+      }
+      default:
+        if (!run_check(in, r)) failed = (Py_ssize_t)i;
+        if (failed >= 0) goto finish;
+        continue;
+    }
+    if (!out) {
+      failed = (Py_ssize_t)i;
+      goto finish;
+    }
+    r[in.dst] = out;
+  }
+finish:
+  if (PyErr_Occurred()) PyErr_Clear();
+  for (int i = 0; i < p->nregs; i++) Py_XDECREF(r[i]);
+  return failed;
+}
+
+void GuardProgram_dealloc(GuardProgram* self) {
+  if (self->code) {
+    for (auto& in : *self->code) Py_XDECREF(in.obj);
+    delete self->code;
+  }
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+PyObject* GuardProgram_new(PyTypeObject* type, PyObject* args, PyObject*) {
+  PyObject* instrs;
+  int nregs;
+  if (!PyArg_ParseTuple(args, "Oi", &instrs, &nregs)) return nullptr;
+  PyObject* seq = PySequence_Fast(instrs, "instructions must be a sequence");
+  if (!seq) return nullptr;
+  auto* code = new std::vector<GuardInstr>();
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+    GuardInstr in{};
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iiinO", &in.op, &in.dst, &in.src,
+                          &in.idx, &in.obj)) {
+      for (auto& prev : *code) Py_XDECREF(prev.obj);
+      delete code;
+      Py_DECREF(seq);
+      return nullptr;
+    }
+    if (in.dst >= nregs || in.src >= nregs || in.dst < 0 || in.src < 0) {
+      PyErr_SetString(PyExc_ValueError, "guard instruction register out of range");
+      for (auto& prev : *code) Py_XDECREF(prev.obj);
+      delete code;
+      Py_DECREF(seq);
+      return nullptr;
+    }
+    Py_INCREF(in.obj);
+    code->push_back(in);
+  }
+  Py_DECREF(seq);
+  auto* self = (GuardProgram*)type->tp_alloc(type, 0);
+  if (!self) return nullptr;
+  self->code = code;
+  self->nregs = nregs;
+  return (PyObject*)self;
+}
+
+// check(args_tuple, globals, builtins) -> index of the first failing instruction or -1.
+PyObject* GuardProgram_check(GuardProgram* self, PyObject* args) {
+  PyObject *tup, *globals, *builtins;
+  if (!PyArg_ParseTuple(args, "O!O!O", &PyTuple_Type, &tup, &PyDict_Type, &globals, &builtins))
+    return nullptr;
+  Py_ssize_t failed = run_guards(self, &PyTuple_GET_ITEM(tup, 0), PyTuple_GET_SIZE(tup), globals,
+                                 builtins);
+  return PyLong_FromSsize_t(failed);
+}
+
+PyMethodDef GuardProgram_methods[] = {
+    {"check", (PyCFunction)GuardProgram_check, METH_VARARGS,
+     "check(args, globals, builtins) -> index of the first failing guard, or -1"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyObject* GuardProgram_len(GuardProgram* self, void*) {
+  return PyLong_FromSize_t(self->code->size());
+}
+
+PyGetSetDef GuardProgram_getset[] = {
+    {"size", (getter)GuardProgram_len, nullptr, "number of instructions", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject GuardProgramType = {PyVarObject_HEAD_INIT(nullptr, 0) "ember.dynamo._C.GuardProgram"};
+
+// ---------------------------------------------------------------------------------------------
+// Per-code cache, stored in the code object's extra slot.
+
+struct Entry {
+  PyObject* program;  // GuardProgram
+  PyObject* fn;       // transformed function, or None: run the original code
+  PyObject* owner;    // the compile context that made it (backend and options)
+  PyObject* globals;  // borrowed identity only: the globals dict the guards assumed
+};
+
+struct CodeState {
+  bool skip = false;
+  std::vector<Entry> entries;
+};
+
+Py_ssize_t extra_index = -1;
+
+void free_code_state(void* p) {
+  auto* st = (CodeState*)p;
+  for (auto& e : st->entries) {
+    Py_XDECREF(e.program);
+    Py_XDECREF(e.fn);
+    Py_XDECREF(e.owner);
+  }
+  delete st;
+}
+
+CodeState* get_state(PyObject* code, bool create) {
+  void* extra = nullptr;
+  if (_PyCode_GetExtra(code, extra_index, &extra) < 0) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  if (!extra && create) {
+    extra = new CodeState();
+    if (_PyCode_SetExtra(code, extra_index, extra) < 0) {
+      delete (CodeState*)extra;
+      return nullptr;
+    }
+  }
+  return (CodeState*)extra;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The hook.
+
+thread_local PyObject* tl_callback = nullptr;  // strong; nullptr or None: inactive
+int active_threads = 0;
+
+bool is_active(PyObject* cb) { return cb != nullptr && cb != Py_None; }
+
+#if PY_VERSION_HEX >= 0x030C0000
+// 3.12 makes the evaluator responsible for clearing and popping the frame it was handed.
+void clear_and_pop_frame(PyThreadState* ts, Frame* f) {
+  for (int i = 0; i < f->stacktop; i++) Py_XDECREF(f->localsplus[i]);
+  Py_XDECREF(f->f_locals);
+  Py_DECREF(f->f_funcobj);
+  Py_DECREF(f->f_code);
+  PyObject** base = (PyObject**)f;
+  _PyStackChunk* chunk = ts->datastack_chunk;
+  if (base == &chunk->data[0]) {
+    _PyStackChunk* prev = chunk->previous;
+    ts->datastack_top = &prev->data[prev->top];
+    ts->datastack_chunk = prev;
+    ts->datastack_limit = (PyObject**)(((char*)prev) + prev->size);
+    PyObjectArenaAllocator arena;
+    PyObject_GetArenaAllocator(&arena);
+    arena.free(arena.ctx, chunk, chunk->size);
+  } else {
+    ts->datastack_top = base;
+  }
+}
+#else
+void clear_and_pop_frame(PyThreadState*, Frame*) {}  // 3.11: the caller does it
+#endif
+
+Py_ssize_t frame_nargs(PyCodeObject* code) {
+  Py_ssize_t n = code->co_argcount + code->co_kwonlyargcount;
+  if (code->co_flags & CO_VARARGS) n++;
+  if (code->co_flags & CO_VARKEYWORDS) n++;
+  return n;
+}
+
+PyObject* call_entry_fn(PyObject* fn, PyObject* const* argv, Py_ssize_t n) {
+  return PyObject_Vectorcall(fn, argv, (size_t)n, nullptr);
+}
+
+PyObject* eval_hook(PyThreadState* ts, struct _PyInterpreterFrame* iframe, int throwflag) {
+  PyObject* cb = tl_callback;
+  Frame* f = (Frame*)iframe;
+  if (!is_active(cb) || throwflag) return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
+  PyCodeObject* code = f->f_code;
+  if ((code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) ||
+      f->prev_instr != (void*)((_Py_CODEUNIT*)code->co_code_adaptive - 1) ||
+      f->frame_obj != nullptr || f->owner != kOwnedByThread || frame_func(f) == nullptr) {
+    return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
+  }
+  CodeState* st = get_state((PyObject*)code, true);
+  if (!st || st->skip) return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
+
+  Py_ssize_t nargs = frame_nargs(code);
+  PyObject* small[16];
+  std::vector<PyObject*> big;
+  PyObject** argv = small;
+  if (nargs + 1 > 16) {
+    big.resize(nargs + 1);
+    argv = big.data();
+  }
+  argv[0] = frame_func(f);
+  for (Py_ssize_t i = 0; i < nargs; i++) argv[i + 1] = f->localsplus[i];
+
+  PyObject* cache_owner = cb;
+  for (size_t i = 0; i < st->entries.size(); i++) {
+    Entry& e = st->entries[i];
+    if (e.owner != cache_owner || e.globals != f->f_globals) continue;
+    // Guards may run Python (a property, a class's __getattribute__): never capture those frames.
+    tl_callback = nullptr;
+    Py_ssize_t failed =
+        run_guards((GuardProgram*)e.program, argv, nargs + 1, f->f_globals, f->f_builtins);
+    tl_callback = cb;
+    if (failed >= 0) continue;
+    if (i != 0) std::swap(st->entries[0], st->entries[i]);  // most recently used first
+    PyObject* fn = st->entries[0].fn;
+    if (fn == Py_None) return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
+    Py_INCREF(fn);
+    PyObject* result = call_entry_fn(fn, argv, nargs + 1);
+    Py_DECREF(fn);
+    clear_and_pop_frame(ts, f);
+    return result;
+  }
+
+  // Miss: convert with the hook inactive for this thread (the translator runs Python and torch).
+  PyObject* args = PyTuple_New(nargs);
+  if (!args) {
+    clear_and_pop_frame(ts, f);
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < nargs; i++) {
+    PyObject* v = f->localsplus[i];
+    if (!v) v = Py_None;
+    Py_INCREF(v);
+    PyTuple_SET_ITEM(args, i, v);
+  }
+  PyObject* saved = tl_callback;
+  tl_callback = nullptr;
+  PyObject* res = PyObject_CallFunction(cb, "OOOOO", (PyObject*)code, frame_func(f), f->f_globals,
+                                        f->f_builtins, args);
+  tl_callback = saved;
+  Py_DECREF(args);
+  if (!res) {
+    clear_and_pop_frame(ts, f);
+    return nullptr;
+  }
+  st = get_state((PyObject*)code, true);  // conversion may have reset the cache
+  if (res == Py_None || !st) {
+    Py_DECREF(res);
+    if (st) st->skip = true;
+    return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
+  }
+  PyObject *program, *fn;
+  if (!PyArg_ParseTuple(res, "O!O", &GuardProgramType, &program, &fn)) {
+    Py_DECREF(res);
+    clear_and_pop_frame(ts, f);
+    return nullptr;
+  }
+  Py_INCREF(program);
+  Py_INCREF(fn);
+  Py_INCREF(cache_owner);
+  st->entries.insert(st->entries.begin(), Entry{program, fn, cache_owner, f->f_globals});
+  Py_DECREF(res);
+  if (fn == Py_None) return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
+  Py_INCREF(fn);
+  PyObject* result = call_entry_fn(fn, argv, nargs + 1);
+  Py_DECREF(fn);
+  clear_and_pop_frame(ts, f);
+  return result;
+}
+
+// Sets this thread's callback (None or NULL: inactive) and returns the previous one (a new ref).
+PyObject* swap_callback(PyObject* cb) {
+  PyObject* prev = tl_callback;
+  bool was = is_active(prev), now = is_active(cb);
+  Py_XINCREF(cb);
+  tl_callback = cb;
+  PyInterpreterState* interp = PyThreadState_GET()->interp;
+  if (!was && now && active_threads++ == 0) {
+    _PyInterpreterState_SetEvalFrameFunc(interp, eval_hook);
+  } else if (was && !now && --active_threads == 0) {
+    _PyInterpreterState_SetEvalFrameFunc(interp, _PyEval_EvalFrameDefault);
+  }
+  if (!prev) Py_RETURN_NONE;
+  return prev;
+}
+
+// ---------------------------------------------------------------------------------------------
+// CompiledFunction: calls `fn` with this thread's callback set to `callback` (None disables).
+
+struct CompiledFunction {
+  PyObject_HEAD
+  PyObject* fn;
+  PyObject* callback;
+  PyObject* dict;
+  vectorcallfunc vectorcall;
+};
+
+PyObject* CompiledFunction_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf,
+                                      PyObject* kwnames) {
+  auto* self = (CompiledFunction*)self_;
+  PyObject* prev = swap_callback(self->callback);
+  PyObject* res = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+  PyObject* cur = swap_callback(prev);
+  Py_DECREF(prev);
+  Py_DECREF(cur);
+  return res;
+}
+
+PyObject* CompiledFunction_new(PyTypeObject* type, PyObject* args, PyObject*) {
+  PyObject *fn, *cb;
+  if (!PyArg_ParseTuple(args, "OO", &fn, &cb)) return nullptr;
+  auto* self = (CompiledFunction*)type->tp_alloc(type, 0);
+  if (!self) return nullptr;
+  Py_INCREF(fn);
+  Py_INCREF(cb);
+  self->fn = fn;
+  self->callback = cb;
+  self->dict = nullptr;
+  self->vectorcall = CompiledFunction_vectorcall;
+  return (PyObject*)self;
+}
+
+int CompiledFunction_traverse(CompiledFunction* self, visitproc visit, void* arg) {
+  Py_VISIT(self->fn);
+  Py_VISIT(self->callback);
+  Py_VISIT(self->dict);
+  return 0;
+}
+
+int CompiledFunction_clear(CompiledFunction* self) {
+  Py_CLEAR(self->fn);
+  Py_CLEAR(self->callback);
+  Py_CLEAR(self->dict);
+  return 0;
+}
+
+void CompiledFunction_dealloc(CompiledFunction* self) {
+  PyObject_GC_UnTrack(self);
+  CompiledFunction_clear(self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+PyObject* CompiledFunction_descr_get(PyObject* self, PyObject* obj, PyObject*) {
+  if (obj == nullptr || obj == Py_None) {
+    Py_INCREF(self);
+    return self;
+  }
+  return PyMethod_New(self, obj);
+}
+
+PyMemberDef CompiledFunction_members[] = {
+    {"_ember_fn", T_OBJECT, offsetof(CompiledFunction, fn), READONLY, "the wrapped callable"},
+    {"_ember_callback", T_OBJECT, offsetof(CompiledFunction, callback), READONLY, "the callback"},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyGetSetDef CompiledFunction_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject CompiledFunctionType = {
+    PyVarObject_HEAD_INIT(nullptr, 0) "ember.dynamo._C.CompiledFunction"};
+
+// ---------------------------------------------------------------------------------------------
+// Module functions.
+
+PyObject* py_set_callback(PyObject*, PyObject* cb) { return swap_callback(cb); }
+
+PyObject* py_get_callback(PyObject*, PyObject*) {
+  PyObject* cb = tl_callback ? tl_callback : Py_None;
+  Py_INCREF(cb);
+  return cb;
+}
+
+PyObject* py_mark_skip(PyObject*, PyObject* code) {
+  if (!PyCode_Check(code)) return PyErr_Format(PyExc_TypeError, "expected a code object");
+  CodeState* st = get_state(code, true);
+  if (!st) return nullptr;
+  st->skip = true;
+  Py_RETURN_NONE;
+}
+
+PyObject* py_clear_code(PyObject*, PyObject* code) {
+  if (!PyCode_Check(code)) return PyErr_Format(PyExc_TypeError, "expected a code object");
+  CodeState* st = get_state(code, false);
+  if (st) {
+    // Setting the slot frees the old state (CPython calls our free function); detach the entries
+    // first so their destructors run after the code no longer points at freed memory.
+    std::vector<Entry> entries;
+    entries.swap(st->entries);
+    _PyCode_SetExtra(code, extra_index, nullptr);
+    for (auto& e : entries) {
+      Py_XDECREF(e.program);
+      Py_XDECREF(e.fn);
+      Py_XDECREF(e.owner);
+    }
+  }
+  Py_RETURN_NONE;
+}
+
+// entries(code) -> [(program, fn, owner)], most recently used first; None when marked skip.
+PyObject* py_entries(PyObject*, PyObject* code) {
+  if (!PyCode_Check(code)) return PyErr_Format(PyExc_TypeError, "expected a code object");
+  CodeState* st = get_state(code, false);
+  if (st && st->skip) Py_RETURN_NONE;
+  PyObject* out = PyList_New(0);
+  if (!st || !out) return out;
+  for (auto& e : st->entries) {
+    PyObject* t = Py_BuildValue("(OOO)", e.program, e.fn, e.owner);
+    if (!t || PyList_Append(out, t) < 0) {
+      Py_XDECREF(t);
+      Py_DECREF(out);
+      return nullptr;
+    }
+    Py_DECREF(t);
+  }
+  return out;
+}
+
+PyObject* py_hook_installed(PyObject*, PyObject*) {
+  PyInterpreterState* interp = PyThreadState_GET()->interp;
+  return PyBool_FromLong(_PyInterpreterState_GetEvalFrameFunc(interp) == eval_hook);
+}
+
+PyMethodDef module_methods[] = {
+    {"set_callback", py_set_callback, METH_O, "set this thread's callback, return the previous"},
+    {"get_callback", py_get_callback, METH_NOARGS, "this thread's callback"},
+    {"mark_skip", py_mark_skip, METH_O, "run this code object eagerly from now on"},
+    {"clear_code", py_clear_code, METH_O, "drop a code object's cache entries and skip mark"},
+    {"entries", py_entries, METH_O, "a code object's cache entries"},
+    {"hook_installed", py_hook_installed, METH_NOARGS, "whether the frame hook is installed"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "ember.dynamo frame hook and guards", -1,
+                          module_methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__C(void) {
+  GuardProgramType.tp_basicsize = sizeof(GuardProgram);
+  GuardProgramType.tp_flags = Py_TPFLAGS_DEFAULT;
+  GuardProgramType.tp_new = GuardProgram_new;
+  GuardProgramType.tp_dealloc = (destructor)GuardProgram_dealloc;
+  GuardProgramType.tp_methods = GuardProgram_methods;
+  GuardProgramType.tp_getset = GuardProgram_getset;
+  GuardProgramType.tp_doc = "GuardProgram(instructions, nregs): a compiled list of guard checks";
+  if (PyType_Ready(&GuardProgramType) < 0) return nullptr;
+
+  CompiledFunctionType.tp_basicsize = sizeof(CompiledFunction);
+  CompiledFunctionType.tp_flags =
+      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  CompiledFunctionType.tp_new = CompiledFunction_new;
+  CompiledFunctionType.tp_dealloc = (destructor)CompiledFunction_dealloc;
+  CompiledFunctionType.tp_traverse = (traverseproc)CompiledFunction_traverse;
+  CompiledFunctionType.tp_clear = (inquiry)CompiledFunction_clear;
+  CompiledFunctionType.tp_call = PyVectorcall_Call;
+  CompiledFunctionType.tp_vectorcall_offset = offsetof(CompiledFunction, vectorcall);
+  CompiledFunctionType.tp_descr_get = CompiledFunction_descr_get;
+  CompiledFunctionType.tp_dictoffset = offsetof(CompiledFunction, dict);
+  CompiledFunctionType.tp_members = CompiledFunction_members;
+  CompiledFunctionType.tp_getset = CompiledFunction_getset;
+  CompiledFunctionType.tp_doc = "CompiledFunction(fn, callback): calls fn with the frame hook on";
+  if (PyType_Ready(&CompiledFunctionType) < 0) return nullptr;
+
+  extra_index = _PyEval_RequestCodeExtraIndex(free_code_state);
+  if (extra_index < 0) return PyErr_Format(PyExc_RuntimeError, "no code extra index left");
+  s_dtype = PyUnicode_InternFromString("dtype");
+  s_device = PyUnicode_InternFromString("device");
+  s_requires_grad = PyUnicode_InternFromString("requires_grad");
+  s_shape = PyUnicode_InternFromString("shape");
+  s_stride = PyUnicode_InternFromString("stride");
+  s_closure = PyUnicode_InternFromString("__closure__");
+  s_keys = PyUnicode_InternFromString("keys");
+
+  PyObject* m = PyModule_Create(&module_def);
+  if (!m) return nullptr;
+  Py_INCREF(&GuardProgramType);
+  PyModule_AddObject(m, "GuardProgram", (PyObject*)&GuardProgramType);
+  Py_INCREF(&CompiledFunctionType);
+  PyModule_AddObject(m, "CompiledFunction", (PyObject*)&CompiledFunctionType);
+  return m;
+}

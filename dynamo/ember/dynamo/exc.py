@@ -1,0 +1,45 @@
+"""Errors raised while capturing a frame."""
+
+
+class Unsupported(Exception):
+    """A construct the symbolic interpreter does not handle; `where` is the user's file:line."""
+
+    def __init__(self, msg: str, where: str = ""):
+        super().__init__(msg)
+        self.msg = msg
+        self.where = where
+
+    def __str__(self):
+        return f"{self.msg} (at {self.where})" if self.where else self.msg
+
+
+class PyExc(Unsupported):
+    """A Python exception the traced code raises, known at trace time (a missing dict key, an
+    explicit `raise`). Handlers in the exception tables of the traced frames may catch it; if
+    none does, it is unsupported like any other construct (the frame breaks or runs eagerly)."""
+
+    def __init__(self, exc_vt, msg: str = ""):
+        super().__init__(msg or f"raising {exc_vt.cls.__name__}")
+        self.exc_vt = exc_vt
+
+
+class AttrMissing(PyExc):
+    """getattr found no attribute (hasattr answers False, getattr returns its default)."""
+
+    def __init__(self, msg: str):
+        from .variables import ExcVT
+
+        super().__init__(ExcVT(AttributeError, []), msg)
+
+
+class GraphBreakError(RuntimeError):
+    """Raised under fullgraph=True when a graph break would be needed."""
+
+
+class RestartAnalysis(Exception):
+    """Internal: translate the frame again, breaking the graph at root instruction `index`."""
+
+    def __init__(self, index: int, reason: Unsupported):
+        super().__init__(str(reason))
+        self.index = index
+        self.reason = reason

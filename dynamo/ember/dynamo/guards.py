@@ -1,0 +1,175 @@
+"""Guards: the assumptions a compiled frame makes, compiled into the C++ guard VM's program."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import torch
+
+from . import source as S
+from ._native import _C
+from .config import config
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    """One check on the value of `source`: kind is ID, TYPE, EQ, LEN, TENSOR, SAME or DICT_KEYS."""
+
+    kind: str
+    source: Optional[S.Source]
+    value: Any = None
+
+    def describe(self) -> str:
+        where = self.source.name() if self.source is not None else ""
+        if self.kind == "ID":
+            return f"{where} is {_short(self.value)}"
+        if self.kind == "TYPE":
+            return f"type({where}) is {self.value.__qualname__}"
+        if self.kind == "EQ":
+            return f"{where} == {self.value!r}"
+        if self.kind == "LEN":
+            return f"len({where}) == {self.value}"
+        if self.kind == "TENSOR":
+            t, dtype, dev, rg, sizes, strides = self.value
+            return (f"{where}: {t.__name__} {dtype} {dev} sizes={list(sizes)} "
+                    f"strides={list(strides)} requires_grad={rg}")  # fmt: skip
+        if self.kind == "PARAM":
+            p, rg, dtype = self.value
+            return f"{where} is parameter {id(p):#x} ({dtype}, requires_grad={rg})"
+        if self.kind == "NO_HOOKS":
+            return f"{where} has no hooks ({', '.join(self.value)} empty)"
+        if self.kind == "SAME":
+            return f"{where} is {self.value.name()}"
+        if self.kind == "DICT_KEYS":
+            return f"keys({where}) == {list(self.value)}"
+        if self.kind == "GRAD_MODE":
+            return f"torch.is_grad_enabled() == {self.value}"
+        return f"{self.kind}({where}, {self.value!r})"
+
+
+def _short(value) -> str:
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    kind = type(value).__name__
+    return f"<{kind} {name}>" if name else f"<{kind} at {id(value):#x}>"
+
+
+def tensor_spec(t: torch.Tensor) -> tuple:
+    """What a TENSOR guard compares: exact type, dtype, device, requires_grad, sizes, strides."""
+    return (type(t), t.dtype, t.device, t.requires_grad, tuple(t.shape), tuple(t.stride()))
+
+
+class GuardSet:
+    """The guards of one frame conversion, in the order they were installed, deduplicated."""
+
+    def __init__(self):
+        self.guards: dict[Guard, None] = {}
+        # Objects an ID guard refers to must outlive the guard (ids are compared).
+        self.keepalive: list = []
+
+    def add(self, kind: str, source: Optional[S.Source], value=None) -> None:
+        if kind == "PARAM":
+            self.keepalive.append(value[0])
+            key = Guard(kind, source, (_IdBox(value[0]), value[1], value[2]))
+        elif kind in ("ID", "NOT_ID"):
+            self.keepalive.append(value)
+            key = Guard(kind, source, _IdBox(value))
+        elif kind == "EQ":
+            try:
+                hash(value)
+                key = Guard(kind, source, value)
+            except TypeError:
+                key = Guard(kind, source, _IdBox(value))
+        else:
+            key = Guard(kind, source, value)
+        self.guards.setdefault(key, None)
+
+    def __len__(self):
+        return len(self.guards)
+
+    def items(self) -> list[Guard]:
+        return [dataclasses.replace(g, value=_unbox(g.value)) for g in self.guards]
+
+    def describe(self) -> list[str]:
+        return [g.describe() for g in self.items()]
+
+    def compile(self) -> "_C.GuardProgram":
+        """The C++ program checking every guard; cheap checks (ids, types) are ordered first."""
+        instrs: list = []
+        loads = S.LoadCompiler(instrs)
+        order = {"ID": 0, "NOT_ID": 0, "TYPE": 1, "EQ": 2, "LEN": 2, "DICT_KEYS": 3, "SAME": 4,
+                 "PARAM": 5, "NO_HOOKS": 5, "TENSOR": 6}  # fmt: skip
+        for g in sorted(self.items(), key=lambda g: order.get(g.kind, 9)):
+            _emit(g, instrs, loads)
+        if config.guard_grad_mode:
+            grad = torch.is_grad_enabled()
+            instrs.append((S.G_GRAD_MODE, 0, 0, int(grad), torch.is_grad_enabled))
+        for query in _autocast_queries():  # a graph traced without autocast is not reused in it
+            instrs.append((S.G_GRAD_MODE, 0, 0, int(query()), query))
+        return _C.GuardProgram(instrs, max(loads.nregs, 1))
+
+
+_AUTOCAST: list = []
+
+
+def _autocast_queries() -> list:
+    """Zero-argument callables answering whether autocast is on, per device type."""
+    if not _AUTOCAST:
+        for device in ("cpu", "cuda"):
+            try:
+                torch.is_autocast_enabled(device)
+            except (TypeError, RuntimeError):
+                continue
+            _AUTOCAST.append(functools.partial(torch.is_autocast_enabled, device))
+    return _AUTOCAST
+
+
+class _IdBox:
+    """Hashes and compares by identity (for ID guards on unhashable objects)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, _IdBox) and other.obj is self.obj
+
+
+def _unbox(v):
+    if isinstance(v, tuple) and v and isinstance(v[0], _IdBox):
+        return (v[0].obj, *v[1:])
+    return v.obj if isinstance(v, _IdBox) else v
+
+
+def _emit(g: Guard, instrs: list, loads: S.LoadCompiler) -> None:
+    r = loads.reg(g.source)
+    if g.kind == "ID":
+        instrs.append((S.G_ID, 0, r, 0, g.value))
+    elif g.kind == "NOT_ID":
+        instrs.append((S.G_NOT_ID, 0, r, 0, g.value))
+    elif g.kind == "TYPE":
+        instrs.append((S.G_TYPE, 0, r, 0, g.value))
+    elif g.kind == "EQ":
+        if g.value is None or isinstance(g.value, bool):
+            instrs.append((S.G_ID, 0, r, 0, g.value))
+        else:
+            instrs.append((S.G_EQ, 0, r, 0, g.value))
+    elif g.kind == "LEN":
+        instrs.append((S.G_LEN, 0, r, g.value, None))
+    elif g.kind == "NO_HOOKS":
+        instrs.append((S.G_NO_HOOKS, 0, r, 0, tuple(g.value)))
+    elif g.kind == "PARAM":
+        instrs.append((S.G_PARAM, 0, r, 0, tuple(g.value)))
+    elif g.kind == "TENSOR":
+        instrs.append((S.G_TENSOR, 0, r, 0, g.value))
+    elif g.kind == "SAME":
+        instrs.append((S.G_SAME, 0, r, loads.reg(g.value), None))
+    elif g.kind == "DICT_KEYS":
+        instrs.append((S.G_DICT_KEYS, 0, r, 0, tuple(g.value)))
+    else:
+        raise ValueError(f"unknown guard kind {g.kind}")

@@ -1,0 +1,231 @@
+"""The output graph of one frame conversion: fx nodes, graph inputs, guards and side effects."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import torch
+import torch.fx as fx
+
+from ember.ir import NODE_META_KEY, TensorMeta
+
+from . import variables as V
+from .exc import Unsupported
+from .guards import GuardSet, tensor_spec
+from .source import Source
+
+# Python scalars that may appear as graph constants.
+_GRAPH_CONSTS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
+                 torch.layout, torch.memory_format, slice, type(Ellipsis), torch.Size)  # fmt: skip
+
+
+def _example_clone(t: torch.Tensor) -> torch.Tensor:
+    """A private copy to run ops on while tracing, so tracing never mutates the user's tensors."""
+    with torch.no_grad():
+        ex = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        ex.copy_(t)
+    return ex.requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex() else ex
+
+
+class OutputGraph:
+    """Collects the fx graph, its inputs (by source), guards and side effects of one frame."""
+
+    def __init__(self, code, where_fn):
+        self.graph = fx.Graph()
+        self.code = code
+        self.where = where_fn  # () -> "file:line" of the instruction being traced
+        self.guards = GuardSet()
+        self.inputs: list[tuple[Source, torch.Tensor, V.TensorVT]] = []
+        self._input_by_id: dict[int, V.TensorVT] = {}
+        self._input_by_source: dict[Source, V.TensorVT] = {}
+        self.side_effects: list[tuple] = []
+        self.mutated: dict[int, V.VT] = {}  # pre-existing lists/dicts changed while tracing
+        self.pending_attrs: dict[tuple, V.VT] = {}  # (id(obj), name) -> value set while tracing
+        self.root_globals: dict = {}
+        self.names: set[str] = set()
+        self.op_count = 0
+
+    # -- inputs -------------------------------------------------------------------------------
+    def add_input(self, value: torch.Tensor, source: Source) -> V.TensorVT:
+        """The TensorVT for a real tensor read from `source` (one placeholder per tensor object)."""
+        if source in self._input_by_source:
+            return self._input_by_source[source]
+        if not _plain_tensor_type(type(value)):
+            raise Unsupported(f"tensor subclass {type(value).__name__} as a graph input")
+        if isinstance(value, torch.nn.Parameter) and source.is_module_param():
+            # A module's parameter: identity, requires_grad and dtype are checked (replacing a
+            # parameter recompiles); in-place shape changes through .data are not detected.
+            self.guards.add("PARAM", source, (value, value.requires_grad, value.dtype))
+        else:
+            self.guards.add("TENSOR", source, tensor_spec(value))
+        prev = self._input_by_id.get(id(value))
+        if prev is not None:
+            self.guards.add("SAME", source, prev.source)
+            self._input_by_source[source] = prev
+            return prev
+        name = self._placeholder_name(source)
+        node = self._insert_placeholder(name)
+        example = _example_clone(value)
+        node.meta["example_value"] = example
+        node.meta[NODE_META_KEY] = TensorMeta.from_tensor(value)
+        vt = V.TensorVT(node, example, source, type(value))
+        vt.real = value  # identity only (set membership, `is`), never read for values
+        self.inputs.append((source, value, vt))
+        self._input_by_id[id(value)] = vt
+        self._input_by_source[source] = vt
+        return vt
+
+    def _insert_placeholder(self, name):
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        if placeholders:
+            with self.graph.inserting_after(placeholders[-1]):
+                return self.graph.placeholder(name)
+        with self.graph.inserting_before(next(iter(self.graph.nodes), None)):
+            return self.graph.placeholder(name)
+
+    def _placeholder_name(self, source: Source) -> str:
+        base = re.sub(r"\W+", "_", source.name()).strip("_").lower() or "input"
+        base = base[:60]
+        name, i = base, 1
+        while name in self.names:
+            name, i = f"{base}_{i}", i + 1
+        self.names.add(name)
+        return name
+
+    # -- ops ----------------------------------------------------------------------------------
+    def call(self, kind: str, target, args: tuple, kwargs: dict) -> V.VT:
+        """Add a torch-level call to the graph, running it on example values to learn its result."""
+        node_args = _map(args, _to_node)
+        node_kwargs = _map(kwargs, _to_node)
+        ex_args = _map(args, _to_example)
+        ex_kwargs = _map(kwargs, _to_example)
+        try:
+            if kind == "call_method":
+                result = getattr(ex_args[0], target)(*ex_args[1:], **ex_kwargs)
+            else:
+                result = target(*ex_args, **ex_kwargs)
+        except Exception as e:  # the user's code would raise the same in eager: run it eagerly
+            name = getattr(target, "__name__", target)
+            raise Unsupported(f"{name} raised {type(e).__name__} on example inputs: {e}") from e
+        scalar = isinstance(result, (bool, int, float, str, torch.dtype, torch.device))
+        if scalar and not _has_tensor((args, kwargs)):
+            return V.ConstVT(result)  # a query of global state or metadata, not of tensor data
+        node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
+        node.meta["ember_where"] = self.where()
+        self.op_count += 1
+        return self.wrap_result(node, result)
+
+    def wrap_result(self, node: fx.Node, result) -> V.VT:
+        if isinstance(result, torch.Tensor):
+            node.meta["example_value"] = result
+            node.meta[NODE_META_KEY] = TensorMeta.from_tensor(result)
+            return V.TensorVT(node, result)
+        if isinstance(result, (tuple, list)) and all(
+            isinstance(r, (torch.Tensor, *_GRAPH_CONSTS)) for r in result
+        ):
+            node.meta["example_value"] = result
+            items = []
+            for i, r in enumerate(result):
+                if isinstance(r, torch.Tensor):
+                    items.append(self.wrap_result(self.graph.call_function(_getitem, (node, i)), r))
+                else:
+                    items.append(V.ConstVT(r))
+            if isinstance(result, list):
+                return V.ListVT(items)
+            fields = getattr(type(result), "_fields", None) or _structseq_fields(result)
+            if fields:
+                return V.NamedTupleVT(type(result), items, fields)
+            return V.TupleVT(items)
+        if result is None:
+            return V.ConstVT(None)
+        if isinstance(result, (bool, int, float)) and not isinstance(result, torch.SymInt):
+            raise Unsupported(f"{node.target} returns a Python {type(result).__name__} "
+                              "that depends on tensor data")  # fmt: skip
+        raise Unsupported(f"{node.target} returned a {type(result).__name__}, not a tensor")
+
+    def record_side_effect(self, *effect) -> None:
+        self.side_effects.append(effect)
+
+
+_getitem = __import__("operator").getitem
+_TF = torch.Tensor.__torch_function__.__func__
+
+
+def _plain_tensor_type(cls) -> bool:
+    """Tensor, Parameter, Buffer and subclasses that do not override __torch_function__."""
+    tf = getattr(cls.__torch_function__, "__func__", cls.__torch_function__)
+    return tf is _TF or tf is torch._C._disabled_torch_function_impl
+
+
+def _structseq_fields(result) -> Optional[tuple]:
+    """Field names of a structseq (torch.return_types.max has .values and .indices)."""
+    n = getattr(type(result), "n_sequence_fields", None)
+    if n is None:
+        return None
+    names = getattr(type(result), "__match_args__", None)
+    if names and len(names) >= n:
+        return tuple(names[:n])
+    return None
+
+
+def _has_tensor(x) -> bool:
+    if isinstance(x, V.TensorVT):
+        return True
+    if isinstance(x, (list, tuple)):
+        return any(_has_tensor(i) for i in x)
+    if isinstance(x, dict):
+        return any(_has_tensor(i) for i in x.values())
+    if isinstance(x, V.ListVT):
+        return any(_has_tensor(i) for i in x.items)
+    if isinstance(x, V.DictVT):
+        return any(_has_tensor(i) for i in x.items.values())
+    return False
+
+
+def _map(x, fn):
+    if isinstance(x, dict):
+        return {k: fn(v) for k, v in x.items()}
+    return [fn(v) for v in x]
+
+
+def _to_node(v):
+    if isinstance(v, V.TensorVT):
+        return v.node
+    if isinstance(v, V.ConstVT):
+        if isinstance(v.value, _GRAPH_CONSTS) or _is_const_tuple(v.value):
+            return v.value
+    if isinstance(v, V.ListVT):
+        items = [_to_node(i) for i in v.items]
+        return tuple(items) if v.is_tuple else items
+    if isinstance(v, V.DictVT) and v.cls is dict:
+        return {k: _to_node(i) for k, i in v.items.items()}
+    if isinstance(v, V.ConstVT):
+        return v.value
+    raise Unsupported(f"a {type(v).__name__} ({_describe(v)}) cannot be an argument of a graph op")
+
+
+def _to_example(v):
+    if isinstance(v, V.TensorVT):
+        return v.example
+    if isinstance(v, V.ConstVT):
+        return v.value
+    if isinstance(v, V.ListVT):
+        items = [_to_example(i) for i in v.items]
+        return tuple(items) if v.is_tuple else items
+    if isinstance(v, V.DictVT):
+        return {k: _to_example(i) for k, i in v.items.items()}
+    raise Unsupported(f"a {type(v).__name__} cannot be an argument of a graph op")
+
+
+def _is_const_tuple(value) -> bool:
+    return isinstance(value, tuple) and all(
+        isinstance(x, _GRAPH_CONSTS) or _is_const_tuple(x) for x in value
+    )
+
+
+def _describe(v) -> str:
+    for attr in ("module", "obj", "fn", "cls"):
+        if hasattr(v, attr):
+            return type(getattr(v, attr)).__name__
+    return type(v).__name__
