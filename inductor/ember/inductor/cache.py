@@ -1,0 +1,119 @@
+"""The on-disk compile cache: a compiled program by graph text, inputs, configuration and versions.
+
+An entry is one JSON file written atomically, holding its own key, a format version, the
+component versions and a SHA-256 checksum of its payload; anything that does not check out (a
+corrupt, truncated, foreign or stale entry) is ignored, counted as a miss and recompiled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+import torch
+from torch import fx
+
+from ember.ir import NODE_META_KEY, CompiledArtifact, from_json, target_name, to_json
+
+from . import metrics
+from .codegen_common import KernelSource
+from .config import config, fingerprint
+from .runtime import atomic_write, cache_dir
+from .wrapper import Program
+
+log = logging.getLogger("ember.inductor")
+FORMAT = 1
+
+
+def _versions() -> str:
+    import ember.inductor
+
+    return (
+        f"ir={ember.ir.__version__} inductor={ember.inductor.__version__} torch={torch.__version__}"
+    )
+
+
+def graph_text(gm: fx.GraphModule) -> str:
+    """The graph with targets by qualified name and every node's meta: what the key hashes."""
+    lines = []
+    for n in gm.graph.nodes:
+        target = target_name(n.target) if n.op == "call_function" else str(n.target)
+        lines.append(
+            f"{n.name} = {n.op} {target} {n.args!r} {n.kwargs!r} :: {n.meta.get(NODE_META_KEY)!r}"
+        )
+    return "\n".join(lines)
+
+
+def graph_key(gm: fx.GraphModule, example_inputs) -> str:
+    """The cache key of compiling `gm` for these inputs with this configuration."""
+    inputs = [(tuple(t.shape), t.stride(), t.dtype, str(t.device)) if isinstance(t, torch.Tensor)
+              else repr(t) for t in example_inputs]  # fmt: skip
+    text = "\n".join([graph_text(gm), repr(inputs), fingerprint(), _versions(), f"format={FORMAT}"])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _path(key: str):
+    return cache_dir() / "graphs" / f"{key}.json"
+
+
+def _payload(program: Program) -> dict:
+    return {
+        "source": program.source,
+        "num_outputs": program.num_outputs,
+        "out_spec": program.out_spec,
+        "kernels": [
+            dict(
+                name=k.name,
+                language=k.language,
+                source=k.source,
+                args=list(k.args),
+                arg_types=list(k.arg_types),
+            )
+            for k in program.kernels
+        ],  # fmt: skip
+        "artifact": to_json(program.artifact),
+    }
+
+
+def store(key: str, program: Program) -> None:
+    """Write `program` under `key` (atomically)."""
+    if not config.cache:
+        return
+    payload = _payload(program)
+    body = json.dumps(payload, sort_keys=True)
+    entry = {"format": FORMAT, "key": key, "versions": _versions(),
+             "checksum": hashlib.sha256(body.encode()).hexdigest(), "payload": payload}  # fmt: skip
+    try:
+        atomic_write(_path(key), json.dumps(entry, sort_keys=True))
+    except OSError as e:  # a read-only or full cache must not fail the compile
+        log.warning("ember.inductor: cannot write compile cache entry: %s", e)
+
+
+def load(key: str) -> Program | None:
+    """The program stored under `key`, or None when absent or not trustworthy."""
+    if not config.cache:
+        return None
+    path = _path(key)
+    try:
+        entry = json.loads(path.read_text())
+        payload = entry["payload"]
+        body = json.dumps(payload, sort_keys=True)
+        ok = (entry.get("format") == FORMAT and entry.get("key") == key
+              and entry.get("versions") == _versions()
+              and entry.get("checksum") == hashlib.sha256(body.encode()).hexdigest())  # fmt: skip
+        if not ok:
+            raise ValueError("checksum, key or version mismatch")
+        kernels = [KernelSource(k["name"], k["language"], k["source"], tuple(k["args"]),
+                                tuple(k["arg_types"])) for k in payload["kernels"]]  # fmt: skip
+        program = Program(payload["source"], kernels, from_json(CompiledArtifact, payload["artifact"]),
+                          payload["num_outputs"], payload["out_spec"])  # fmt: skip
+    except FileNotFoundError:
+        metrics.cache_misses += 1
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("ember.inductor: ignoring a bad compile cache entry %s (%s)", path.name, e)
+        metrics.cache_misses += 1
+        return None
+    metrics.cache_hits += 1
+    return program

@@ -1,0 +1,298 @@
+"""What the C++ and Triton renderers share: index simplification and printing, loop merging,
+kernel arguments, and the ops-handler plumbing with common-subexpression elimination.
+
+A renderer is the `ops` handler while member bodies run: each op call emits one line and returns
+a `CSEVar`. Subclasses set capability flags and override only what their language spells
+differently (loads, stores, reductions, loop structure, op spellings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import sympy
+import torch
+
+from ember.ir import FloorDiv, ModularIndexing
+
+from .loop_ir import COMPARE_OPS, ExternBuffer, MultiOutput, compute_dtype, set_handler
+from .scheduler import Kernel
+
+
+class CantRender(Exception):
+    """This variant (e.g. the vectorized loop) cannot express the kernel; use another."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSource:
+    """A rendered kernel: entry name, language, source, and the buffers it takes, in order."""
+
+    name: str
+    language: str
+    source: str
+    args: tuple  # buffer names
+    arg_types: tuple  # "*fp32" etc. (ir KernelIR form)
+    grid: tuple = ()
+    meta: tuple = ()  # (("XBLOCK", 1024), ...) launch constants for Triton
+    num_warps: int = 4
+
+
+class CSEVar:
+    """A value in generated code: its name, dtype and whether it is a vector."""
+
+    def __init__(self, name: str, dtype: torch.dtype, vec: bool = False):
+        self.name, self.dtype, self.vec = name, dtype, vec
+
+    def __str__(self):
+        return self.name
+
+    __repr__ = __str__
+
+
+# --- index expressions ---------------------------------------------------------------------------
+
+
+def _bound(expr, ranges):
+    """An exclusive upper bound of a non-negative affine `expr` over `ranges`, or None."""
+    total = sympy.S.One
+    for term in sympy.Add.make_args(sympy.expand(expr)):
+        c, rest = term.as_coeff_Mul()
+        if rest == 1 and c >= 0:
+            total += c
+        elif rest in ranges and c > 0 and ranges[rest].is_Integer:
+            total += c * (ranges[rest] - 1)
+        else:
+            return None
+    return total
+
+
+def _split_multiples(expr, d):
+    """(sum of terms with integer coefficients divisible by d, the rest)."""
+    keep, rest = sympy.S.Zero, sympy.S.Zero
+    for term in sympy.Add.make_args(sympy.expand(expr)):
+        c, _ = term.as_coeff_Mul()
+        if c.is_Integer and d.is_Integer and int(c) % int(d) == 0:
+            keep += term
+        else:
+            rest += term
+    return keep, rest
+
+
+def simplify_index(expr, ranges: dict):
+    """Remove FloorDiv/ModularIndexing that the loop ranges make trivial (e.g. after a reshape)."""
+
+    def div(x, d):
+        if not d.is_Integer:
+            return FloorDiv(x, d)
+        mult, rest = _split_multiples(x, d)
+        b = _bound(rest, ranges)
+        if b is not None and b <= d:
+            return sympy.expand(mult / d)
+        return sympy.expand(mult / d) + FloorDiv(rest, d)
+
+    def mod(x, d, m):
+        if not (d.is_Integer and m.is_Integer):
+            return ModularIndexing(x, d, m)
+        _, rest = _split_multiples(x, d * m)
+        b = _bound(rest, ranges)
+        if b is not None and b <= d * m:
+            return div(rest, d)
+        return ModularIndexing(rest, d, m)
+
+    expr = sympy.sympify(expr)
+    if not expr.has(FloorDiv, ModularIndexing):
+        return expr
+    return sympy.expand(expr.replace(ModularIndexing, mod).replace(FloorDiv, div))
+
+
+def print_index(expr, floordiv="/", mod="%") -> str:
+    """An integer expression in C/Python syntax (non-negative operands assumed for / and %)."""
+
+    def p(e):
+        if e.is_Integer or e.is_Symbol:
+            return str(e)
+        if isinstance(e, sympy.Add):
+            terms = sorted(e.args, key=sympy.default_sort_key)
+            out = p(terms[0])
+            for t in terms[1:]:
+                c, rest = t.as_coeff_Mul()
+                out += f" - {p(-t)}" if c < 0 else f" + {p(t)}"
+            return out
+        if isinstance(e, sympy.Mul):
+            return " * ".join(_paren(p(a), a) for a in e.args)
+        if isinstance(e, FloorDiv):
+            return f"(({p(e.args[0])}) {floordiv} {_paren(p(e.args[1]), e.args[1])})"
+        if isinstance(e, ModularIndexing):
+            x, d, m = e.args
+            inner = p(x) if d == 1 else f"({p(x)}) {floordiv} {_paren(p(d), d)}"
+            return f"(({inner}) {mod} {_paren(p(m), m)})"
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 0:
+            return " * ".join([_paren(p(e.base), e.base)] * int(e.exp))
+        if isinstance(e, (sympy.Max, sympy.Min)):
+            return _minmax(e, p)
+        raise NotImplementedError(f"cannot print index expression {e}")
+
+    return p(sympy.sympify(expr))
+
+
+def _minmax(e, p):
+    fn = "max" if isinstance(e, sympy.Max) else "min"
+    out = p(e.args[0])
+    for a in e.args[1:]:
+        out = f"{fn}({out}, {p(a)})"
+    return out
+
+
+def _paren(text, e):
+    return text if (e.is_Atom or isinstance(e, (FloorDiv, ModularIndexing))) else f"({text})"
+
+
+def merge_dims(sizes, vars_, exprs):
+    """Merge adjacent loop dims that every index in `exprs` walks as one.
+
+    Returns (new sizes, new vars, assignment): passing `assignment` (one expression per old var)
+    in place of the old vars leaves every affine index unchanged.
+    """
+    assign = {v: v for v in vars_}
+    size = dict(zip(vars_, sizes))
+    live = [v for v in vars_ if size[v] != 1]
+    for v in vars_:
+        if size[v] == 1:
+            assign[v] = sympy.S.Zero
+    exprs = [sympy.expand(sympy.sympify(e).subs(assign)) for e in exprs]
+    k = len(live) - 2
+    while k >= 0:
+        a, b = live[k], live[k + 1]
+        if all(_mergeable(e, a, b, size[b]) for e in exprs):
+            exprs = [sympy.expand(e.subs(a, 0)) for e in exprs]
+            assign[a] = sympy.S.Zero
+            size[b] = size[a] * size[b]
+            live.pop(k)
+        k -= 1
+    names = itertools.count()
+    rename = {v: sympy.Symbol(f"{str(v)[0]}{next(names)}", integer=True, nonnegative=True)
+              for v in live}  # fmt: skip
+    final = {old: sympy.sympify(e).subs(rename) for old, e in assign.items()}
+    return [size[v] for v in live], [rename[v] for v in live], [final[v] for v in vars_]
+
+
+def _mergeable(e, a, b, size_b) -> bool:
+    if not (e.has(a) or e.has(b)):
+        return True
+    ca, cb = e.coeff(a), e.coeff(b)
+    if ca.has(a, b) or cb.has(a, b):
+        return False
+    rest = sympy.expand(e - ca * a - cb * b)
+    return not rest.has(a, b) and sympy.expand(ca - cb * size_b) == 0
+
+
+# --- the renderer base ---------------------------------------------------------------------------
+
+
+class Renderer:
+    """Renders one scheduled Kernel; subclasses spell the language."""
+
+    language = ""
+    vectorizes = False  # renders an explicit vector loop (C++)
+    block_values = False  # values are whole blocks, reductions are block reductions (Triton)
+
+    def __init__(self, kernel: Kernel, buffers: dict, name: str):
+        self.kernel, self.buffers, self.name = kernel, buffers, name
+        self.lines: list[str] = []
+        self.cse: dict = {}
+        self.locals: dict = {}  # (buffer, index) -> CSEVar valid in the whole x iteration
+        self._ids = itertools.count()
+        self.args: dict[str, str] = {}  # buffer name -> parameter name
+        self.mask_stack: list = []
+        self._collect_args()
+
+    # arguments: every buffer read from memory, and every stored non-local member
+    def _collect_args(self):
+        k = self.kernel
+        reads, stores = [], []
+        for m in k.members:
+            rec = k.record(m)
+            reads += [n for n, _ in rec.loads if n not in k.names]
+            stores += [n for n, _ in rec.stores if n not in k.local]
+        stored_and_read = [n for n in k.names if n not in k.local]
+        for n in dict.fromkeys(reads):
+            self.args[n] = f"in_ptr{len(self.args)}"
+        for n in dict.fromkeys(stores + stored_and_read):
+            self.args.setdefault(n, f"out_ptr{len(self.args)}")
+
+    def arg_buffer(self, name):
+        return self.buffers[name]
+
+    # --- CSE ------------------------------------------------------------------------------------
+    def newvar(self, dtype, vec=False) -> CSEVar:
+        return CSEVar(f"tmp{next(self._ids)}", dtype, vec)
+
+    def emit(self, text: str, dtype, vec=None, key=None) -> CSEVar:
+        key = key or text
+        if key in self.cse:
+            return self.cse[key]
+        var = self.newvar(dtype, self.vector_mode if vec is None else vec)
+        self.lines.append(self.assign(var, text))
+        self.cse[key] = var
+        return var
+
+    vector_mode = False
+
+    def assign(self, var: CSEVar, text: str) -> str:
+        raise NotImplementedError
+
+    # --- the ops handler ------------------------------------------------------------------------
+    def __getattr__(self, name):
+        from .loop_ir import BINARY_OPS, UNARY_OPS
+
+        if name in UNARY_OPS or name in BINARY_OPS:
+
+            def op(*args):
+                dtype = torch.bool if name in COMPARE_OPS else args[0].dtype
+                return self.emit(self.op_text(name, args), dtype)
+
+            return op
+        raise AttributeError(name)
+
+    def op_text(self, name, args) -> str:
+        raise NotImplementedError
+
+    def index_text(self, expr) -> str:
+        return print_index(simplify_index(expr, self.ranges))
+
+    def run_members(self, members, xs, rs):
+        """Emit the bodies of `members` into self.lines with kernel variables xs, rs."""
+        with set_handler(self):
+            for m in members:
+                self.member = m
+                m.node.body(*self.kernel.member_index(m, xs, rs))
+
+    def is_local_value(self, name, index):
+        return (name, sympy.expand(index)) in self.locals
+
+    def dtype_of(self, name) -> torch.dtype:
+        return self.buffers[name].dtype
+
+
+def buffer_ptr_type(dtype: torch.dtype) -> str:
+    """The ir KernelIR argument type of a buffer pointer ("*fp32")."""
+    return "*" + {
+        torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
+        torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.int16: "i16",
+        torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1",
+    }[dtype]  # fmt: skip
+
+
+def is_float(dtype) -> bool:
+    return dtype.is_floating_point
+
+
+def compute_type(dtype):
+    return compute_dtype(dtype)
+
+
+__all__ = [
+    "CSEVar", "CantRender", "ExternBuffer", "KernelSource", "MultiOutput", "Renderer",
+    "buffer_ptr_type", "merge_dims", "print_index", "simplify_index",
+]  # fmt: skip

@@ -1,0 +1,427 @@
+"""The C++/OpenMP renderer: parallel outer loops, an explicit vector inner loop plus a scalar tail.
+
+The vector loop is rendered first; a kernel it cannot express (integer math, masked or indirect
+loads, strided stores) raises CantRender and keeps only the scalar loop. Vector code uses the GCC
+vector types of csrc/ember_cpu.h, whose width and intrinsics follow the ISA the kernel is built for.
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from .codegen_common import CantRender, CSEVar, KernelSource, Renderer, buffer_ptr_type, merge_dims
+from .loop_ir import COMPARE_OPS, compute_dtype
+
+CTYPE = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "uint16_t",
+    torch.bfloat16: "uint16_t", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}  # fmt: skip
+PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread
+CHUNK = 4096  # elements per OpenMP work item in one-dimensional loops
+
+SCALAR_UNARY = {
+    "neg": "-{0}", "abs": "std::abs({0})", "exp": "std::exp({0})", "exp2": "std::exp2({0})",
+    "expm1": "std::expm1({0})", "log": "std::log({0})", "log1p": "std::log1p({0})",
+    "log2": "std::log2({0})", "log10": "std::log10({0})", "sqrt": "std::sqrt({0})",
+    "rsqrt": "{one} / std::sqrt({0})", "sin": "std::sin({0})", "cos": "std::cos({0})",
+    "tan": "std::tan({0})", "tanh": "std::tanh({0})", "asin": "std::asin({0})",
+    "acos": "std::acos({0})", "atan": "std::atan({0})", "sinh": "std::sinh({0})",
+    "cosh": "std::cosh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})",
+    "atanh": "std::atanh({0})", "erf": "std::erf({0})", "erfc": "std::erfc({0})",
+    "erfinv": "ember::erfinv({0})", "lgamma": "std::lgamma({0})", "reciprocal": "{one} / {0}",
+    "floor": "std::floor({0})", "ceil": "std::ceil({0})", "trunc": "std::trunc({0})",
+    "round": "std::nearbyint({0})", "sign": "ember::sign({0})", "signbit": "std::signbit({0})",
+    "isnan": "std::isnan({0})", "isinf": "std::isinf({0})", "isfinite": "std::isfinite({0})",
+    "logical_not": "!{0}", "bitwise_not": "~{0}", "sigmoid": "ember::sigmoid({0})",
+    "relu": "ember::max_prop({0}, decltype({0})(0))",
+}  # fmt: skip
+SCALAR_BINARY = {
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "truediv": "{0} / {1}",
+    "floordiv": "ember::floordiv({0}, {1})", "truncdiv": "{0} / {1}",
+    "remainder": "ember::pymod({0}, {1})", "fmod": "std::fmod({0}, {1})",
+    "maximum": "ember::max_prop({0}, {1})", "minimum": "ember::min_prop({0}, {1})",
+    "pow": "std::pow({0}, {1})", "atan2": "std::atan2({0}, {1})", "hypot": "std::hypot({0}, {1})",
+    "eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0} <= {1}",
+    "gt": "{0} > {1}", "ge": "{0} >= {1}", "logical_and": "{0} && {1}", "logical_or": "{0} || {1}",
+    "logical_xor": "bool({0}) != bool({1})", "bitwise_and": "{0} & {1}", "bitwise_or": "{0} | {1}",
+    "bitwise_xor": "{0} ^ {1}", "shift_left": "{0} << {1}", "shift_right": "{0} >> {1}",
+}  # fmt: skip
+VECTOR_OPS = {
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "truediv": "{0} / {1}",
+    "neg": "-{0}", "maximum": "ember::vmax({0}, {1})", "minimum": "ember::vmin({0}, {1})",
+    "abs": "ember::vabs({0})", "exp": "ember::vexp({0})", "tanh": "ember::vtanh({0})",
+    "sigmoid": "ember::vsigmoid({0})", "erf": "ember::verf({0})", "sqrt": "ember::vsqrt({0})",
+    "rsqrt": "1.0f / ember::vsqrt({0})", "reciprocal": "1.0f / {0}", "floor": "ember::vfloor({0})",
+    "relu": "ember::vmax({0}, ember::vbcast(0.0f))", "eq": "{0} == {1}", "ne": "{0} != {1}",
+    "lt": "{0} < {1}", "le": "{0} <= {1}", "gt": "{0} > {1}", "ge": "{0} >= {1}",
+}  # fmt: skip
+MASK_OPS = {"logical_and": "{0} & {1}", "logical_or": "{0} | {1}", "logical_not": "~{0}",
+            "logical_xor": "{0} ^ {1}", "eq": "{0} == {1}", "ne": "{0} != {1}"}  # fmt: skip
+REDUCE_INIT = {"sum": "0", "prod": "1", "any": "false"}
+SCALAR_COMBINE = {"sum": "{0} + {1}", "prod": "{0} * {1}", "max": "ember::max_prop({0}, {1})",
+                  "min": "ember::min_prop({0}, {1})", "any": "{0} || {1}"}  # fmt: skip
+VECTOR_COMBINE = {"sum": "{0} + {1}", "prod": "{0} * {1}", "max": "ember::vmax({0}, {1})",
+                  "min": "ember::vmin({0}, {1})"}  # fmt: skip
+HORIZONTAL = {"sum": "hsum", "prod": "hprod", "max": "hmax", "min": "hmin"}
+
+
+def ctype(dtype) -> str:
+    return CTYPE[compute_dtype(dtype)]
+
+
+def c_constant(value, dtype) -> str:
+    t = ctype(dtype)
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        value = float(value)
+        if math.isnan(value):
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
+        if math.isinf(value):
+            return ("-" if value < 0 else "") + f"std::numeric_limits<{t}>::infinity()"
+        return f"{t}({value!r})"
+    return f"{t}({int(value)})"
+
+
+class _PendingReduction(CSEVar):
+    """The result of a reduction, known only after its loop: stores of it are deferred."""
+
+
+class CppRenderer(Renderer):
+    language = "cpp"
+    vectorizes = True
+
+    def assign(self, var, text):
+        return f"auto {var} = {text};"
+
+    # --- loads and stores ---------------------------------------------------------------------
+    def _ptr(self, name):
+        return self.args[name]
+
+    def load(self, name, index):
+        key = ("load", name, sympy.expand(index))
+        if key in self.cse:
+            return self.cse[key]
+        if key in self.locals:
+            v = self.locals[key]
+            if not self.vector_mode:
+                return v
+            if v.dtype != torch.float32:
+                raise CantRender("non-float value broadcast into the vector loop")
+            return self.emit(f"ember::vbcast({v})", v.dtype, key=key)
+        dtype = self.dtype_of(name)
+        idx = self.index_text(index)
+        ptr = self._ptr(name)
+        if not self.vector_mode:
+            text = f"{ptr}[{idx}]"
+            text = {
+                torch.float16: f"ember::h2f({text})",
+                torch.bfloat16: f"ember::bf2f({text})",
+            }.get(dtype, text)
+            return self.emit(text, compute_dtype(dtype), key=key)
+        stride = self._vec_stride(index)
+        if dtype == torch.bool and stride == 1:
+            return self.emit(f"ember::vload_mask({ptr} + {idx})", torch.bool, key=key)
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise CantRender(f"vector load of {dtype}")
+        scalar = {torch.float16: f"ember::h2f({ptr}[{idx}])",
+                  torch.bfloat16: f"ember::bf2f({ptr}[{idx}])"}.get(dtype, f"{ptr}[{idx}]")  # fmt: skip
+        if stride == 0:
+            text = f"ember::vbcast({scalar})"
+        elif stride == 1:
+            fn = {torch.float16: "vload_h", torch.bfloat16: "vload_bf"}.get(dtype, "vload")
+            text = f"ember::{fn}({ptr} + {idx})"
+        elif dtype == torch.float32:
+            text = f"ember::vgather({ptr} + {idx}, {stride})"
+        else:
+            raise CantRender("strided half load")
+        return self.emit(text, torch.float32, key=key)
+
+    def _vec_stride(self, index):
+        e = sympy.expand(index)
+        v = self.vec_var
+        c = e.coeff(v)
+        if c.has(v) or sympy.expand(e - c * v).has(v) or not c.is_Integer:
+            raise CantRender(f"index {index} is not affine in the vector variable")
+        return int(c)
+
+    def store(self, name, index, value):
+        key = ("load", name, sympy.expand(index))
+        if isinstance(value, _PendingReduction):
+            self.deferred[name] = (index, value)
+            return
+        self.cse[key] = value
+        if self.at_x_level:
+            self.locals[key] = value
+        if name in self.kernel.local:
+            return
+        dtype, ptr, idx = self.dtype_of(name), self._ptr(name), self.index_text(index)
+        if not self.vector_mode:
+            conv = {torch.float16: "ember::f2h", torch.bfloat16: "ember::f2bf"}.get(
+                dtype, f"static_cast<{CTYPE[dtype]}>"
+            )
+            self.lines.append(f"{ptr}[{idx}] = {conv}({value});")
+            return
+        if self._vec_stride(index) != 1:
+            raise CantRender("strided vector store")
+        fn = {torch.float32: "vstore", torch.float16: "vstore_h", torch.bfloat16: "vstore_bf",
+              torch.bool: "vstore_mask"}.get(dtype)  # fmt: skip
+        if fn is None:
+            raise CantRender(f"vector store of {dtype}")
+        self.lines.append(f"ember::{fn}({ptr} + {idx}, {value});")
+
+    # --- values ---------------------------------------------------------------------------------
+    def constant(self, value, dtype):
+        if self.vector_mode:
+            if compute_dtype(dtype) != torch.float32:
+                raise CantRender("non-float constant in the vector loop")
+            return self.emit(f"ember::vbcast({c_constant(value, torch.float32)})", torch.float32)
+        return self.emit(c_constant(value, dtype), compute_dtype(dtype))
+
+    def index_expr(self, expr, dtype):
+        if self.vector_mode:
+            raise CantRender("index_expr in the vector loop")
+        return self.emit(
+            f"static_cast<{ctype(dtype)}>({self.index_text(expr)})", compute_dtype(dtype)
+        )
+
+    def to_dtype(self, value, dtype):
+        src = value.dtype
+        if self.vector_mode:
+            if dtype == torch.float32 and src == torch.float32:
+                return value
+            table = {(torch.float32, torch.float16): "ember::vround_half({0})",
+                     (torch.float32, torch.bfloat16): "ember::vround_bf16({0})",
+                     (torch.bool, torch.float32): "ember::vm2f({0})",
+                     (torch.float32, torch.bool): "ember::vf2m({0})",
+                     (torch.bool, torch.bool): "{0}"}  # fmt: skip
+            if (src, dtype) not in table:
+                raise CantRender(f"vector cast {src} -> {dtype}")
+            return self.emit(table[(src, dtype)].format(value), compute_dtype(dtype))
+        if dtype == torch.float16:
+            return self.emit(f"ember::round_half(static_cast<float>({value}))", torch.float32)
+        if dtype == torch.bfloat16:
+            return self.emit(f"ember::round_bf16(static_cast<float>({value}))", torch.float32)
+        return self.emit(f"static_cast<{ctype(dtype)}>({value})", compute_dtype(dtype))
+
+    def where(self, cond, a, b):
+        if self.vector_mode:
+            if not (cond.dtype == torch.bool and a.dtype == b.dtype):
+                raise CantRender("vector where")
+            fn = "ember::vwhere({0}, {1}, {2})" if a.dtype == torch.float32 else "{0} ? {1} : {2}"
+            return self.emit(fn.format(cond, a, b), a.dtype)
+        return self.emit(f"{cond} ? {a} : {b}", a.dtype)
+
+    def op_text(self, name, args):
+        if self.vector_mode:
+            dts = {a.dtype for a in args}
+            if dts == {torch.bool} and name in MASK_OPS:
+                return MASK_OPS[name].format(*args)
+            if dts != {torch.float32}:
+                raise CantRender(f"vector {name} on {dts}")
+            if name in VECTOR_OPS:
+                return VECTOR_OPS[name].format(*args)
+            if name in COMPARE_OPS or name.startswith(("bitwise", "logical", "shift")):
+                raise CantRender(f"vector {name}")
+            scalar = (SCALAR_UNARY.get(name) or SCALAR_BINARY[name]).format("a", "b", one="1.0f")
+            lam = (
+                "[](float a) { return %s; }"
+                if len(args) == 1
+                else "[](float a, float b) { return %s; }"
+            )
+            fn = "ember::vmap" if len(args) == 1 else "ember::vmap2"
+            return f"{fn}({', '.join(map(str, args))}, {lam % scalar})"
+        dtype = args[0].dtype
+        one = c_constant(1, dtype) if dtype != torch.bool else "1"
+        if name == "fmod" and not dtype.is_floating_point:
+            return f"{args[0]} % {args[1]}"
+        if name == "bitwise_not" and dtype == torch.bool:
+            return f"!{args[0]}"
+        table = SCALAR_UNARY if len(args) == 1 else SCALAR_BINARY
+        return table[name].format(*args, one=one)
+
+    def masked(self, mask, body, other):
+        if self.vector_mode:
+            raise CantRender("masked load in the vector loop")
+        saved_lines, saved_cse = self.lines, dict(self.cse)
+        self.lines = []
+        result = body()
+        inner, self.lines, self.cse = self.lines, saved_lines, saved_cse
+        t = ctype(result.dtype)
+        lam = " ".join(inner + [f"return {result};"])
+        return self.emit(f"{mask} ? [&]() -> {t} {{ {lam} }}() : {c_constant(other, result.dtype)}",
+                         result.dtype)  # fmt: skip
+
+    def indirect_indexing(self, value, size):
+        if self.vector_mode:
+            raise CantRender("indirect indexing in the vector loop")
+        var = self.emit(f"static_cast<int64_t>({value})", torch.int64)
+        self.lines.append(f"{var} = {var} < 0 ? {var} + {size} : {var};")
+        return sympy.Symbol(str(var), integer=True)
+
+    def reduction(self, dtype, src_dtype, rtype, value):
+        j = len(self.reds)
+        acc = f"acc{self.phase}_{j}"
+        self.reds.append((rtype, dtype, value.dtype))
+        if rtype in ("argmax", "argmin"):
+            if self.vector_mode:
+                raise CantRender("vector argmax")
+            cmp = ">" if rtype == "argmax" else "<"
+            self.lines.append(f"if ({value} {cmp} {acc}_v || ({value} != {value} && {acc}_v == {acc}_v)) "
+                              f"{{ {acc}_v = {value}; {acc} = {self.rflat}; }}")  # fmt: skip
+        elif self.vector_mode:
+            if rtype not in VECTOR_COMBINE or value.dtype != torch.float32:
+                raise CantRender(f"vector {rtype} reduction")
+            self.lines.append(f"v{acc} = {VECTOR_COMBINE[rtype].format('v' + acc, value)};")
+        else:
+            self.lines.append(f"{acc} = {SCALAR_COMBINE[rtype].format(acc, value)};")
+        return _PendingReduction(f"red{self.phase}_{j}", compute_dtype(dtype))
+
+    # --- structure ------------------------------------------------------------------------------
+    def render(self) -> KernelSource:
+        k = self.kernel
+        xs, rs = k.vars()
+        exprs = []
+        for m in k.members:
+            rec = k.record(m)
+            exprs += [i for _, i in rec.loads + rec.stores] + rec.index_exprs
+        self.xsizes, self.xvars, self.xassign = merge_dims(k.xsizes, xs, exprs)
+        self.rsizes, self.rvars, self.rassign = merge_dims(k.rsizes, rs, exprs)
+        self.ranges = dict(zip(self.xvars + self.rvars, self.xsizes + self.rsizes))
+        self.locals, self.deferred = {}, {}
+        body = self._pointwise_body() if not k.rsizes else self._reduction_body()
+        params = [f"    auto* {p} = static_cast<{'const ' if p.startswith('in') else ''}"
+                  f"{CTYPE[self.dtype_of(n)]}*>(args[{i}]);" for i, (n, p) in enumerate(self.args.items())]  # fmt: skip
+        src = "\n".join(['#include "ember_cpu.h"', "", f"EMBER_EXPORT void {self.name}(void** args) {{",
+                         *params, *body, "}", ""])  # fmt: skip
+        types = tuple(buffer_ptr_type(self.dtype_of(n)) for n in self.args)
+        return KernelSource(self.name, "cpp", src, tuple(self.args), types)
+
+    def _body(self, members, xassign, rassign, vector, vec_var=None, x_level=False):
+        """Lines of one loop body (vector or scalar), with a fresh CSE scope."""
+        self.lines, self.cse, self.vector_mode, self.vec_var = [], {}, vector, vec_var
+        self.at_x_level, self.reds = x_level, []
+        self.run_members(members, xassign, rassign)
+        lines, self.vector_mode = self.lines, False
+        return lines
+
+    def _try_vector(self, members, xassign, rassign, vec_var):
+        try:
+            return self._body(members, xassign, rassign, True, vec_var), self.reds
+        except CantRender:
+            return None, None
+        finally:
+            self.vector_mode = False
+
+    def _loop(self, var, lo, hi, body, step="1"):
+        inc = f"++{var}" if step == "1" else f"{var} += {step}"
+        return [f"for (int64_t {var} = {lo}; {var} < {hi}; {inc}) {{", *_indent(body), "}"]
+
+    def _vector_loop(self, var, lo, hi, vec, scalar):
+        """The innermost loop: vector steps, then a scalar tail."""
+        if vec is None:
+            return self._loop(var, lo, hi, scalar)
+        return [f"int64_t {var} = {lo};",
+                f"for (; {var} + ember::W <= {hi}; {var} += ember::W) {{", *_indent(vec), "}",
+                f"for (; {var} < {hi}; ++{var}) {{", *_indent(scalar), "}"]  # fmt: skip
+
+    def _pointwise_body(self):
+        members, xv, sizes = self.kernel.members, self.xvars, self.xsizes
+        if not xv:
+            return _indent(self._body(members, self.xassign, [], False))
+        inner = xv[-1]
+        vec, _ = self._try_vector(members, self.xassign, [], inner)
+        scalar = self._body(members, self.xassign, [], False)
+        total = sympy.Mul(*sizes)
+        par = "" if total.is_Integer and total < PARALLEL_MIN else "#pragma omp parallel for"
+        if len(xv) == 1:
+            n = sizes[0]
+            chunks = f"({n} + {CHUNK - 1}) / {CHUNK}"
+            inner_loop = self._vector_loop(inner, "lo", "hi", vec, scalar)
+            body = [
+                f"const int64_t lo = c * {CHUNK}, hi = std::min<int64_t>(lo + {CHUNK}, {n});",
+                *inner_loop,
+            ]
+            return _indent(([par] if par else []) + self._loop("c", 0, chunks, body))
+        loops = self._vector_loop(inner, 0, sizes[-1], vec, scalar)
+        for v, s in reversed(list(zip(xv[:-1], sizes[:-1]))):
+            loops = self._loop(v, 0, s, loops)
+        collapse = f" collapse({len(xv) - 1})" if len(xv) > 2 else ""
+        return _indent(([par + collapse] if par else []) + loops)
+
+    def _reduction_body(self):
+        k = self.kernel
+        out = []
+        for i, (loop_members, post) in enumerate(k.phases):
+            out += self._phase(i, loop_members, post)
+        for v, s in reversed(list(zip(self.xvars, self.xsizes))):
+            out = self._loop(v, 0, s, out)
+        total = sympy.Mul(*self.xsizes) * sympy.Mul(*self.rsizes)
+        par = self.xvars and not (total.is_Integer and total < PARALLEL_MIN)
+        collapse = f" collapse({len(self.xvars)})" if len(self.xvars) > 1 else ""
+        return _indent((["#pragma omp parallel for" + collapse] if par else []) + out)
+
+    def _phase(self, i, loop_members, post):
+        self.phase = i
+        rv, rs = self.rvars, self.rsizes
+        strides = [sympy.Mul(*rs[j + 1 :]) for j in range(len(rs))]
+        self.rflat = " + ".join(f"{v} * {s}" for v, s in zip(rv, strides)) or "0"
+        vec, vreds = (
+            self._try_vector(loop_members, self.xassign, self.rassign, rv[-1])
+            if rv
+            else (None, None)
+        )
+        scalar = self._body(loop_members, self.xassign, self.rassign, False)
+        reds = self.reds
+        lines = []
+        for j, (rtype, dtype, vdtype) in enumerate(reds):
+            t = ctype(dtype)
+            init = REDUCE_INIT.get(rtype) or (
+                f"-std::numeric_limits<{t}>::infinity()" if rtype in ("max", "argmax") and dtype.is_floating_point
+                else f"std::numeric_limits<{t}>::infinity()" if dtype.is_floating_point
+                else f"std::numeric_limits<{t}>::{'lowest' if 'max' in rtype else 'max'}()")  # fmt: skip
+            if rtype in ("argmax", "argmin"):
+                vt = ctype(vdtype)
+                vinit = f"{'-' if rtype == 'argmax' else ''}std::numeric_limits<{vt}>::infinity()"
+                lines += [f"int64_t acc{i}_{j} = 0;", f"{vt} acc{i}_{j}_v = {vinit};"]
+                continue
+            lines.append(f"{t} acc{i}_{j} = {init};")
+            if vec is not None:
+                lines.append(f"ember::vf vacc{i}_{j} = ember::vbcast({init});")
+        if rv:
+            loops = self._vector_loop(rv[-1], 0, rs[-1], vec, scalar)
+            for v, s in reversed(list(zip(rv[:-1], rs[:-1]))):
+                loops = self._loop(v, 0, s, loops)
+            lines += ["{", *_indent(loops), "}"]
+        else:
+            lines += scalar
+        for j, (rtype, dtype, _) in enumerate(reds):
+            acc = f"acc{i}_{j}"
+            final = (
+                acc
+                if vec is None or rtype not in HORIZONTAL
+                else SCALAR_COMBINE[rtype].format(acc, f"ember::{HORIZONTAL[rtype]}(v{acc})")
+            )
+            lines.append(f"auto red{i}_{j} = {final};")
+        for name, (index, value) in self.deferred.items():
+            key = ("load", name, sympy.expand(index))
+            self.locals[key] = value
+            if name not in self.kernel.local:
+                conv = {torch.float16: "ember::f2h", torch.bfloat16: "ember::f2bf"}.get(
+                    self.dtype_of(name), f"static_cast<{CTYPE[self.dtype_of(name)]}>"
+                )
+                lines.append(f"{self.args[name]}[{self.index_text(index)}] = {conv}({value});")
+        self.deferred = {}
+        if post:
+            lines += self._body(
+                post, self.xassign, [sympy.S.Zero] * len(self.kernel.rsizes), False, x_level=True
+            )
+        return lines
+
+
+def _indent(lines, n=1):
+    return ["    " * n + line for line in lines]

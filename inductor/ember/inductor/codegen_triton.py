@@ -1,0 +1,319 @@
+"""The Triton renderer: the same kernel IR as C++, as block programs over x (and r) indices.
+
+Pointwise kernels are one-dimensional over the flattened x space; reductions are two-dimensional
+[XBLOCK, RBLOCK] blocks, persistent (one block holds the whole row) when rows are short, else
+looped over r. Loads and stores are masked; indices are 64-bit when a buffer needs it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import sympy
+import torch
+
+from ember.ir import CeilDiv
+
+from .codegen_common import (
+    CantRender,
+    CSEVar,
+    KernelSource,
+    Renderer,
+    buffer_ptr_type,
+    merge_dims,
+    print_index,
+    simplify_index,
+)
+from .config import config
+from .loop_ir import compute_dtype
+
+TL = {
+    torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
+    torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}  # fmt: skip
+NAN_ALL = "propagate_nan=tl.PropagateNan.ALL"
+OPS = {
+    "neg": "-{0}", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})",
+    "expm1": "libdevice.expm1({0})", "log": "tl.log({0})", "log1p": "libdevice.log1p({0})",
+    "log2": "tl.log2({0})", "log10": "libdevice.log10({0})", "sqrt": "tl.sqrt({0})",
+    "rsqrt": "tl.rsqrt({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tan": "libdevice.tan({0})",
+    "tanh": "libdevice.tanh({0})", "asin": "libdevice.asin({0})", "acos": "libdevice.acos({0})",
+    "atan": "libdevice.atan({0})", "sinh": "libdevice.sinh({0})", "cosh": "libdevice.cosh({0})",
+    "asinh": "libdevice.asinh({0})", "acosh": "libdevice.acosh({0})", "atanh": "libdevice.atanh({0})",
+    "erf": "tl.erf({0})", "erfc": "libdevice.erfc({0})", "erfinv": "libdevice.erfinv({0})",
+    "lgamma": "libdevice.lgamma({0})", "reciprocal": "1.0 / {0}", "floor": "tl.floor({0})",
+    "ceil": "tl.ceil({0})", "trunc": "libdevice.trunc({0})", "round": "libdevice.nearbyint({0})",
+    "sign": "(({0} > 0).to({t}) - ({0} < 0).to({t}))", "signbit": "libdevice.signbit({0}) != 0",
+    "isnan": "{0} != {0}", "isinf": "tl.abs({0}) == float('inf')",
+    "isfinite": "tl.abs({0}) < float('inf')", "logical_not": "{0} == 0", "bitwise_not": "~{0}",
+    "sigmoid": "tl.sigmoid({0})", "relu": f"tl.maximum({{0}}, 0.0, {NAN_ALL})",
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "truediv": "{0} / {1}",
+    "floordiv": "tl.where(({0} % {1} != 0) & (({0} < 0) != ({1} < 0)), {0} // {1} - 1, {0} // {1})",
+    "truncdiv": "{0} // {1}", "fmod": "libdevice.fmod({0}, {1})",
+    "remainder": "tl.where(({0} % {1} != 0) & (({0} % {1} < 0) != ({1} < 0)), {0} % {1} + {1}, {0} % {1})",
+    "maximum": f"tl.maximum({{0}}, {{1}}, {NAN_ALL})", "minimum": f"tl.minimum({{0}}, {{1}}, {NAN_ALL})",
+    "pow": "libdevice.pow({0}, {1})", "atan2": "libdevice.atan2({0}, {1})",
+    "hypot": "libdevice.hypot({0}, {1})", "eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}",
+    "le": "{0} <= {1}", "gt": "{0} > {1}", "ge": "{0} >= {1}", "logical_and": "({0} != 0) & ({1} != 0)",
+    "logical_or": "({0} != 0) | ({1} != 0)", "logical_xor": "({0} != 0) ^ ({1} != 0)",
+    "bitwise_and": "{0} & {1}", "bitwise_or": "{0} | {1}", "bitwise_xor": "{0} ^ {1}",
+    "shift_left": "{0} << {1}", "shift_right": "{0} >> {1}",
+}  # fmt: skip
+# Triton's CPU interpreter has no libdevice: these spell the common ones with tl ops instead.
+INTERPRET_OPS = {
+    "tanh": "tl.where({0} < 0, -1.0, 1.0) * (1.0 - tl.exp(-2.0 * tl.abs({0}))) / (1.0 + tl.exp(-2.0 * tl.abs({0})))",
+    "expm1": "tl.exp({0}) - 1.0", "log1p": "tl.log(1.0 + {0})", "log10": "tl.log({0}) * 0.4342944819032518",
+    "tan": "tl.sin({0}) / tl.cos({0})", "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
+    "pow": "tl.exp(tl.log({0}) * {1})", "fmod": "{0} - {1} * tl.where({0} / {1} < 0, tl.ceil({0} / {1}), tl.floor({0} / {1}))",
+}  # fmt: skip
+REDUCE = {"sum": ("0", "tl.sum({0}, 1)[:, None]", "{0} + {1}"),
+          "max": ("float('-inf')", "tl.max({0}, 1)[:, None]", f"tl.maximum({{0}}, {{1}}, {NAN_ALL})"),
+          "min": ("float('inf')", "tl.min({0}, 1)[:, None]", f"tl.minimum({{0}}, {{1}}, {NAN_ALL})"),
+          "any": ("0", "tl.max({0}, 1)[:, None]", "tl.maximum({0}, {1})")}  # fmt: skip
+
+
+def tl_constant(value, dtype) -> str:
+    if dtype == torch.bool:
+        return "1" if value else "0"
+    if dtype.is_floating_point:
+        v = float(value)
+        return f"float('{v}')" if not math.isfinite(v) else repr(v)
+    return f"tl.full([1], {int(value)}, {TL[dtype]})"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+class TritonRenderer(Renderer):
+    language = "triton"
+    block_values = True
+
+    def assign(self, var, text):
+        return f"{var} = {text}"
+
+    def _mask(self):
+        parts = [self.base_mask] + [str(m) for m in self.mask_stack]
+        return " & ".join(p for p in parts if p)
+
+    def load(self, name, index):
+        key = ("load", name, sympy.expand(index))
+        if key in self.cse:
+            return self.cse[key]
+        if key in self.locals:
+            return self.locals[key]
+        dtype = self.dtype_of(name)
+        other = ", other=0.0" if self.mask_stack or self.kernel.rsizes else ""
+        text = f"tl.load({self.args[name]} + ({self.index_text(index)}), {self._mask()}{other})"
+        if dtype in (torch.float16, torch.bfloat16):
+            text += ".to(tl.float32)"
+        return self.emit(text, compute_dtype(dtype), key=key)
+
+    def store(self, name, index, value):
+        key = ("load", name, sympy.expand(index))
+        if isinstance(value, _Pending):
+            self.deferred[name] = (index, value)
+            return
+        self.cse[key] = value
+        if self.at_x_level or self.persistent:
+            self.locals[key] = value
+        if name not in self.kernel.local:
+            self.lines.append(self._store_line(name, index, value, self._mask()))
+
+    def _store_line(self, name, index, value, mask):
+        dtype = self.dtype_of(name)
+        v = (
+            f"{value}.to({TL[dtype]})"
+            if dtype != value.dtype or dtype in (torch.float16, torch.bfloat16)
+            else str(value)
+        )
+        return f"tl.store({self.args[name]} + ({self.index_text(index)}), {v}, {mask})"
+
+    def constant(self, value, dtype):
+        return self.emit(tl_constant(value, compute_dtype(dtype)), compute_dtype(dtype))
+
+    def index_expr(self, expr, dtype):
+        text = self.index_text(expr)
+        return self.emit(
+            f"({text}) + tl.zeros([1], {TL[compute_dtype(dtype)]})", compute_dtype(dtype)
+        )
+
+    def to_dtype(self, value, dtype):
+        if dtype == torch.bool:
+            return self.emit(f"{value} != 0", torch.bool)
+        if dtype in (torch.float16, torch.bfloat16):
+            return self.emit(f"{value}.to({TL[dtype]}).to(tl.float32)", torch.float32)
+        return self.emit(f"{value}.to({TL[dtype]})", dtype)
+
+    def where(self, cond, a, b):
+        return self.emit(f"tl.where({cond}, {a}, {b})", a.dtype)
+
+    def op_text(self, name, args):
+        t = TL.get(args[0].dtype, "tl.float32")
+        if os.environ.get("TRITON_INTERPRET") == "1" and name in INTERPRET_OPS:
+            return INTERPRET_OPS[name].format(*args)
+        return OPS[name].format(*args, t=t)
+
+    def masked(self, mask, body, other):
+        self.mask_stack.append(mask)
+        saved = dict(self.cse)
+        try:
+            result = body()
+        finally:
+            self.mask_stack.pop()
+            self.cse = saved
+        return self.emit(
+            f"tl.where({mask}, {result}, {tl_constant(other, result.dtype)})", result.dtype
+        )
+
+    def indirect_indexing(self, value, size):
+        var = self.emit(f"{value}.to(tl.int64)", torch.int64)
+        var2 = self.emit(f"tl.where({var} < 0, {var} + {size}, {var})", torch.int64)
+        return sympy.Symbol(str(var2), integer=True)
+
+    def reduction(self, dtype, src_dtype, rtype, value):
+        j = len(self.reds)
+        self.reds.append((rtype, dtype))
+        out = _Pending(f"red{self.phase}_{j}", compute_dtype(dtype))
+        if rtype in ("argmax", "argmin", "prod"):
+            if not self.persistent or rtype == "prod":
+                raise NotImplementedError(
+                    f"Triton {rtype} reduction (only persistent arg reductions)"
+                )
+            fill = "float('-inf')" if rtype == "argmax" else "float('inf')"
+            masked = self.emit(f"tl.where({self._mask()}, {value}, {fill})", value.dtype)
+            self.lines.append(f"{out} = tl.{rtype}({masked}, 1)[:, None].to(tl.int64)")
+            return out
+        init, final, combine = REDUCE[rtype]
+        masked = self.emit(f"tl.where({self._mask()}, {value}, {init})", value.dtype)
+        if self.persistent:
+            self.lines.append(f"{out} = {final.format(masked)}")
+        else:
+            acc = f"acc{self.phase}_{j}"
+            self.pre.append(
+                f"{acc} = tl.full([XBLOCK, RBLOCK], {init}, {TL[compute_dtype(dtype)]})"
+            )
+            self.lines.append(f"{acc} = {combine.format(acc, masked)}")
+            self.post.append(f"{out} = {final.format(acc)}")
+        return out
+
+    # --- structure ------------------------------------------------------------------------------
+    def index_text(self, expr):
+        return print_index(simplify_index(expr, self.ranges), floordiv="//", mod="%")
+
+    def _decompose(self, flat, vars_, sizes):
+        lines = []
+        for j, (v, s) in enumerate(zip(vars_, sizes)):
+            inner = sympy.Mul(*sizes[j + 1 :])
+            e = f"{flat} // {inner}" if inner != 1 else flat
+            lines.append(f"{v} = {e}" + (f" % {s}" if j else ""))
+        return lines
+
+    def render(self) -> KernelSource:
+        k = self.kernel
+        xs, rs = k.vars()
+        exprs = []
+        for m in k.members:
+            rec = k.record(m)
+            exprs += [i for _, i in rec.loads + rec.stores] + rec.index_exprs
+        xsizes, xvars, xassign = merge_dims(k.xsizes, xs, exprs)
+        rsizes, rvars, rassign = merge_dims(k.rsizes, rs, exprs)
+        self.ranges = dict(zip(xvars + rvars, xsizes + rsizes))
+        xnumel, rnumel = sympy.Mul(*xsizes), sympy.Mul(*rsizes)
+        if not (xnumel.is_Integer and rnumel.is_Integer):
+            raise NotImplementedError("Triton kernels with dynamic sizes")
+        big = (
+            any(int(self.buffers[n].layout.storage_size()) >= 2**31 for n in self.args)
+            or xnumel * rnumel >= 2**31
+        )
+        self.persistent = bool(rsizes) and bool(rnumel <= config.persistent_reduction_max)
+        self.locals, self.deferred, self.mask_stack = {}, {}, []
+        reduction = bool(k.rsizes)
+        pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+        xshape = "[:, None]" if reduction else ""
+        head = [f"xoffset = {pid} * XBLOCK", f"xindex = xoffset + tl.arange(0, XBLOCK){xshape}",
+                "xmask = xindex < xnumel", *self._decompose("xindex", xvars, xsizes)]  # fmt: skip
+        if not reduction:
+            body = self._body(k.members, xassign, [], "xmask", x_level=True)
+        else:
+            body = ["rbase = tl.arange(0, RBLOCK)[None, :]"]
+            for i, (loop_members, post) in enumerate(k.phases):
+                body += self._phase(i, loop_members, post, xassign, rassign, rvars, rsizes)
+        params = [*self.args.values(), "xnumel"] + (["rnumel"] if reduction else [])
+        consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if reduction else [])
+        src = "\n".join([
+            "import triton", "import triton.language as tl",
+            "from triton.language.extra import libdevice", "", "", "@triton.jit",
+            f"def {self.name}({', '.join(params + consts)}):", *_indent(head + body), "",
+        ])  # fmt: skip
+        types = tuple(buffer_ptr_type(self.dtype_of(n)) for n in self.args) + ("i64",) * (
+            1 + reduction
+        )
+        return KernelSource(self.name, "triton", src, tuple(self.args), types,
+                            meta=(("xnumel", int(xnumel)), ("rnumel", int(rnumel)),
+                                  ("persistent", int(self.persistent)), ("reduction", int(reduction))))  # fmt: skip
+
+    def _body(self, members, xassign, rassign, mask, x_level=False, keep_cse=False):
+        self.lines, self.base_mask, self.at_x_level = [], mask, x_level
+        self.cse = self.cse if keep_cse else {}
+        self.reds, self.pre, self.post = [], [], []
+        self.run_members(members, xassign, rassign)
+        return self.lines
+
+    def _phase(self, i, loop_members, post, xassign, rassign, rvars, rsizes):
+        self.phase = i
+        # a persistent row stays in registers: later phases reuse earlier loads and values
+        loop = self._body(
+            loop_members, xassign, rassign, "xmask & rmask", keep_cse=self.persistent and i > 0
+        )
+        pre, fin = self.pre, self.post
+        rhead = ["rmask = rindex < rnumel", *self._decompose("rindex", rvars, rsizes)]
+        if self.persistent:
+            lines = (["rindex = rbase", *rhead] if i == 0 else []) + loop
+        else:
+            lines = pre + [f"for roffset in range(0, {sympy.Mul(*rsizes)}, RBLOCK):",
+                           *_indent(["rindex = roffset + rbase", *rhead, *loop]), *fin]  # fmt: skip
+        for name, (index, value) in self.deferred.items():
+            self.locals[("load", name, sympy.expand(index))] = value
+            if name not in self.kernel.local:
+                lines.append(self._store_line(name, index, value, "xmask"))
+        self.deferred = {}
+        if post:
+            saved = self.cse
+            lines += self._body(post, xassign, [sympy.S.Zero] * len(rassign), "xmask", x_level=True)
+            self.cse = saved  # x-level values are reachable again through self.locals
+        return lines
+
+
+class _Pending(CSEVar):
+    """A reduction result: stores of it happen after its loop."""
+
+
+def _indent(lines):
+    return ["    " + line for line in lines]
+
+
+def launch_configs(src: KernelSource) -> list[dict]:
+    """Candidate block sizes and warps for autotuning (the first is the untuned default)."""
+    meta = dict(src.meta)
+    x, r = meta["xnumel"], meta["rnumel"]
+    if not meta["reduction"]:
+        return [{"XBLOCK": min(1024, next_pow2(x)), "num_warps": 4},
+                {"XBLOCK": min(256, next_pow2(x)), "num_warps": 2},
+                {"XBLOCK": min(2048, next_pow2(x)), "num_warps": 8}]  # fmt: skip
+    if meta["persistent"]:
+        rb = next_pow2(r)
+        return [{"XBLOCK": max(1, min(8, 4096 // rb, next_pow2(x))), "RBLOCK": rb, "num_warps": w}
+                for w in (4, 8, 2)]  # fmt: skip
+    return [{"XBLOCK": 1, "RBLOCK": 2048, "num_warps": 8}, {"XBLOCK": 8, "RBLOCK": 256, "num_warps": 4},
+            {"XBLOCK": 1, "RBLOCK": 512, "num_warps": 4}]  # fmt: skip
+
+
+def grid_of(src: KernelSource, cfg: dict) -> tuple:
+    """The launch grid as sympy expressions."""
+    return (CeilDiv(sympy.Integer(dict(src.meta)["xnumel"]), sympy.Integer(cfg["XBLOCK"])),)
+
+
+__all__ = ["CantRender", "TritonRenderer", "grid_of", "launch_configs"]

@@ -1,0 +1,68 @@
+"""ember.inductor's configuration: every knob in one object, with documented env-var overrides.
+
+Overrides (read once at import):
+  EMBER_INDUCTOR_CACHE=0          disable the on-disk compile cache (`cache`)
+  EMBER_INDUCTOR_CPU_BACKEND=...  "cpp" (default) or "triton" (render CPU graphs as Triton, for
+                                  testing the Triton renderer with TRITON_INTERPRET=1)
+  EMBER_INDUCTOR_AUTOTUNE=0       disable Triton block-size autotuning (`autotune`)
+  EMBER_ISA=avx2|avx512|generic   force the C++ vector ISA instead of ember.ir.toolchain.cpu_isa()
+  EMBER_LOGS=output_code          print each generated wrapper and its kernels
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+@dataclasses.dataclass
+class Config:
+    """The knobs of the lowering, the scheduler and both code generators."""
+
+    # lowering: a value used more than once is computed into a buffer (not recomputed) when its
+    # body reads more than `realize_reads_threshold` buffers or has more ops than this
+    realize_reads_threshold: int = 4
+    realize_ops_threshold: int = 30
+    # a lazily inlined body larger than this is realized, to bound code size
+    max_inline_ops: int = 200
+    # scheduler
+    fuse: bool = True
+    reuse_buffers: bool = True
+    inplace_buffers: bool = True
+    # C++ backend
+    cpu_backend: str = "cpp"  # or "triton"
+    isa: str = ""  # "" means ember.ir.toolchain.cpu_isa()
+    openmp: bool = True
+    cpp_pch: bool = True  # precompile ember_cpu.h once per build configuration
+    cpp_flags: tuple = ("-O3", "-ffp-contract=fast", "-fno-math-errno")
+    # Triton backend
+    persistent_reduction_max: int = 1024  # rows this short are reduced in one block
+    autotune: bool = True
+    # compile cache
+    cache: bool = True
+    output_code: bool = False
+
+
+def _from_env(cfg: Config) -> Config:
+    env = os.environ
+    if env.get("EMBER_INDUCTOR_CACHE") == "0":
+        cfg.cache = False
+    if env.get("EMBER_INDUCTOR_CPU_BACKEND"):
+        cfg.cpu_backend = env["EMBER_INDUCTOR_CPU_BACKEND"]
+    if env.get("EMBER_INDUCTOR_AUTOTUNE") == "0":
+        cfg.autotune = False
+    if env.get("EMBER_ISA"):
+        cfg.isa = env["EMBER_ISA"]
+    if "output_code" in env.get("EMBER_LOGS", "").split(","):
+        cfg.output_code = True
+    return cfg
+
+
+config = _from_env(Config())
+
+
+def fingerprint() -> str:
+    """The configuration as text, part of every compile-cache key."""
+    fields = dataclasses.asdict(config)
+    fields.pop("output_code")
+    return repr(sorted(fields.items()))

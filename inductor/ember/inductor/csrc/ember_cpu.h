@@ -1,0 +1,248 @@
+// Runtime helpers for ember.inductor's generated C++ kernels: half/bfloat16 conversion, NaN-aware
+// min/max, and a small vector library over GCC vector extensions with explicit AVX2 and AVX512
+// paths (EMBER_VEC_WIDTH is 16 for AVX512, 8 for AVX2, 4 for generic SSE2).
+#ifndef EMBER_CPU_H_INCLUDED  // a guard, not #pragma once: artifacts inline this text
+#define EMBER_CPU_H_INCLUDED
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#ifndef EMBER_EXPORT  // ember.ir.toolchain defines it; standalone builds get the same
+#define EMBER_EXPORT extern "C" __attribute__((visibility("default")))
+#endif
+
+#ifndef EMBER_VEC_WIDTH  // ember.inductor defines it; otherwise follow the compiler's ISA
+#if defined(__AVX512F__)
+#define EMBER_VEC_WIDTH 16
+#elif defined(__AVX2__)
+#define EMBER_VEC_WIDTH 8
+#else
+#define EMBER_VEC_WIDTH 4
+#endif
+#endif
+
+namespace ember {
+
+// --- scalars -----------------------------------------------------------------------------------
+inline float bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t float_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+inline float h2f(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  if (exp == 0) {  // zero or subnormal
+    float v = std::ldexp((float)man, -24);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return bits_to_float(sign | 0x7f800000u | (man << 13));
+  return bits_to_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+inline uint16_t f2h(float f) {
+  uint32_t u = float_to_bits(f), sign = (u >> 16) & 0x8000;
+  uint32_t a = u & 0x7fffffff;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00);          // NaN
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);         // overflow -> inf
+  if (a < 0x38800000u) {                                          // subnormal or zero
+    float v = bits_to_float(a) * 16777216.0f;                       // scale by 2^24
+    return (uint16_t)(sign | (uint32_t)std::nearbyint(v));
+  }
+  uint32_t r = a + 0xfff + ((a >> 13) & 1);                        // round to nearest even
+  return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}
+
+inline float bf2f(uint16_t b) { return bits_to_float((uint32_t)b << 16); }
+inline uint16_t f2bf(float f) {
+  uint32_t u = float_to_bits(f);
+  if ((u & 0x7fffffff) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+inline float round_half(float f) { return h2f(f2h(f)); }
+inline float round_bf16(float f) { return bf2f(f2bf(f)); }
+
+template <class T> inline T max_prop(T a, T b) { return (a != a || a > b) ? a : b; }
+template <class T> inline T min_prop(T a, T b) { return (a != a || a < b) ? a : b; }
+template <class T> inline T floordiv(T a, T b) {
+  T q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+template <class T> inline T pymod(T a, T b) {
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+inline float pymod(float a, float b) {
+  float r = std::fmod(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+inline double pymod(double a, double b) {
+  double r = std::fmod(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <class T> inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+template <class T> inline T sign(T x) { return (T)((x > T(0)) - (x < T(0))); }
+inline float erfinv(float y) {  // Giles' single-precision approximation, then two Newton steps
+  float w = -std::log((1.0f - y) * (1.0f + y)), x;
+  if (w < 5.0f) {
+    w -= 2.5f;
+    x = 2.81022636e-08f;
+    for (float c : {3.43273939e-07f, -3.5233877e-06f, -4.39150654e-06f, 0.00021858087f,
+                    -0.00125372503f, -0.00417768164f, 0.246640727f, 1.50140941f})
+      x = c + x * w;
+  } else {
+    w = std::sqrt(w) - 3.0f;
+    x = -0.000200214257f;
+    for (float c : {0.000100950558f, 0.00134934322f, -0.00367342844f, 0.00573950773f,
+                    -0.0076224613f, 0.00943887047f, 1.00167406f, 2.83297682f})
+      x = c + x * w;
+  }
+  x *= y;
+  for (int i = 0; i < 2; ++i)
+    x -= (std::erf(x) - y) / (1.1283791670955126f * std::exp(-x * x));
+  return x;
+}
+
+// --- vectors -----------------------------------------------------------------------------------
+constexpr int W = EMBER_VEC_WIDTH;
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef int32_t vm __attribute__((vector_size(W * 4)));  // lane masks: -1 true, 0 false
+
+inline vf vbcast(float x) { return vf{} + x; }
+inline vf vload(const float* p) { vf v; std::memcpy(&v, p, sizeof(vf)); return v; }
+inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof(vf)); }
+inline vf viota() { vf v; for (int i = 0; i < W; ++i) v[i] = (float)i; return v; }
+inline vf vgather(const float* p, int64_t stride) {
+  vf v; for (int i = 0; i < W; ++i) v[i] = p[i * stride]; return v;
+}
+template <class F> inline vf vmap(vf x, F f) { vf r; for (int i = 0; i < W; ++i) r[i] = f(x[i]); return r; }
+template <class F> inline vf vmap2(vf x, vf y, F f) {
+  vf r; for (int i = 0; i < W; ++i) r[i] = f(x[i], y[i]); return r;
+}
+
+// half and bfloat16 storage: explicit F16C/AVX512 conversions where the ISA has them
+inline vf vload_h(const uint16_t* p) {
+#if defined(__AVX512F__) && EMBER_VEC_WIDTH == 16
+  return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+#elif defined(__F16C__) && EMBER_VEC_WIDTH == 8
+  return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+#else
+  vf v; for (int i = 0; i < W; ++i) v[i] = h2f(p[i]); return v;
+#endif
+}
+inline void vstore_h(uint16_t* p, vf v) {
+#if defined(__AVX512F__) && EMBER_VEC_WIDTH == 16
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT));
+#elif defined(__F16C__) && EMBER_VEC_WIDTH == 8
+  _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT));
+#else
+  for (int i = 0; i < W; ++i) p[i] = f2h(v[i]);
+#endif
+}
+typedef uint16_t vh16 __attribute__((vector_size(W * 2)));
+inline vf vload_bf(const uint16_t* p) {
+  vh16 h; std::memcpy(&h, p, sizeof(h));
+  return (vf)(__builtin_convertvector(h, vm) << 16);
+}
+inline void vstore_bf(uint16_t* p, vf v) {
+  vm u = (vm)v;
+  vm r = (u + 0x7fff + ((u >> 16) & 1)) >> 16;
+  r = ((u & 0x7fffffff) > 0x7f800000) ? ((u >> 16) | 0x40) : r;
+  vh16 h = __builtin_convertvector(r & 0xffff, vh16);
+  std::memcpy(p, &h, sizeof(h));
+}
+inline vf vround_half(vf v) { uint16_t t[W]; vstore_h(t, v); return vload_h(t); }
+inline vf vround_bf16(vf v) { uint16_t t[W]; vstore_bf(t, v); return vload_bf(t); }
+inline vf vload_b(const bool* p) { vf v; for (int i = 0; i < W; ++i) v[i] = p[i]; return v; }
+inline vm vload_mask(const bool* p) { vm v; for (int i = 0; i < W; ++i) v[i] = p[i] ? -1 : 0; return v; }
+inline void vstore_mask(bool* p, vm m) { for (int i = 0; i < W; ++i) p[i] = m[i] != 0; }
+
+inline bool hany(vm m) {
+#if defined(__AVX512F__) && EMBER_VEC_WIDTH == 16
+  return _mm512_test_epi32_mask((__m512i)m, (__m512i)m) != 0;
+#elif defined(__AVX2__) && EMBER_VEC_WIDTH == 8
+  return !_mm256_testz_si256((__m256i)m, (__m256i)m);
+#else
+  for (int i = 0; i < W; ++i) if (m[i]) return true;
+  return false;
+#endif
+}
+inline vf vwhere(vm m, vf a, vf b) { return m ? a : b; }
+inline vf vm2f(vm m) { return m ? vbcast(1.0f) : vbcast(0.0f); }
+inline vm vf2m(vf x) { return x != 0; }
+inline vf vmax(vf a, vf b) { return (a != a || a > b) ? a : b; }
+inline vf vmin(vf a, vf b) { return (a != a || a < b) ? a : b; }
+inline vf vabs(vf x) { return (vf)((vm)x & 0x7fffffff); }
+inline vf vsqrt(vf x) {
+#if defined(__AVX512F__) && EMBER_VEC_WIDTH == 16
+  return (vf)_mm512_sqrt_ps((__m512)x);
+#elif defined(__AVX2__) && EMBER_VEC_WIDTH == 8
+  return (vf)_mm256_sqrt_ps((__m256)x);
+#else
+  return vmap(x, [](float a) { return std::sqrt(a); });
+#endif
+}
+inline vf vfloor(vf x) {
+  vf t = __builtin_convertvector(__builtin_convertvector(x, vm), vf);
+  t = (t > x) ? t - 1.0f : t;
+  return (vabs(x) < 8388608.0f) ? t : x;  // large values (and NaN, inf) are already integral
+}
+
+// exp: Cody-Waite range reduction and a degree-6 polynomial (about 1 ulp on [-87.3, 88.3]);
+// lanes outside that range (overflow, subnormal results) are rare and go to std::exp.
+inline vf vexp(vf x) {
+  vm n = __builtin_convertvector(x * 1.44269504088896341f + 128.5f, vm) - 128;  // floor(t + .5)
+  vf nf = __builtin_convertvector(n, vf);
+  vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  vf y = vbcast(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  vf out = y * (vf)((n + 127) << 23);
+  vm slow = (x < -87.3365478515625f) | (x > 88.3762626647949f);
+  if (hany(slow)) out = slow ? vmap(x, [](float a) { return std::exp(a); }) : out;
+  return (x != x) ? x : out;
+}
+inline vf vtanh(vf x) {
+  vf x2 = x * x;  // near zero, 1 - 2 / (e^2x + 1) cancels: use the odd Taylor series there
+  vf small = x + x * x2 * (-0.333333333f + x2 * (0.133333333f - x2 * 0.0539682540f));
+  vf big = 1.0f - 2.0f / (vexp(x + x) + 1.0f);
+  return (vabs(x) < 0.0625f) ? small : big;
+}
+inline vf vsigmoid(vf x) { return 1.0f / (1.0f + vexp(-x)); }
+inline vf verf(vf x) {  // Abramowitz-Stegun 7.1.26 (absolute error below 1.5e-7)
+  vf a = vabs(x), t = 1.0f / (1.0f + 0.3275911f * a);
+  vf y = vbcast(1.061405429f);
+  y = y * t - 1.453152027f;
+  y = y * t + 1.421413741f;
+  y = y * t - 0.284496736f;
+  y = y * t + 0.254829592f;
+  y = 1.0f - y * t * vexp(-a * a);
+  return (x < 0.0f) ? -y : y;
+}
+
+// horizontal reductions
+inline float hsum(vf v) {
+#if defined(__AVX512F__) && EMBER_VEC_WIDTH == 16
+  return _mm512_reduce_add_ps((__m512)v);
+#elif defined(__AVX2__) && EMBER_VEC_WIDTH == 8
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+#else
+  float s = 0; for (int i = 0; i < W; ++i) s += v[i]; return s;
+#endif
+}
+inline float hprod(vf v) { float s = 1; for (int i = 0; i < W; ++i) s *= v[i]; return s; }
+inline float hmax(vf v) { float s = v[0]; for (int i = 1; i < W; ++i) s = max_prop(s, v[i]); return s; }
+inline float hmin(vf v) { float s = v[0]; for (int i = 1; i < W; ++i) s = min_prop(s, v[i]); return s; }
+
+}  // namespace ember
+#endif  // EMBER_CPU_H_INCLUDED

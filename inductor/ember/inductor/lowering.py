@@ -1,0 +1,529 @@
+"""Lowering: a prim-level fx graph becomes a program of loop-IR buffers.
+
+Each prim has a lowering in `LOWERINGS`, keyed by its vocabulary name ("prims.add"). Values during
+lowering are `View`s (a realized buffer seen through sizes/strides/offset: views stay views) or
+`Lazy`s (an unrealized pointwise body, inlined into whoever reads it). A value is realized into a
+buffer when a reduction, an extern or the graph output needs it, or when recomputing it in each
+reader would cost too much. A prim without a lowering runs its reference implementation as an
+extern call (one warning per prim).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+
+import sympy
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides, lookup, target_name
+
+from . import metrics
+from .config import config
+from .loop_ir import (
+    BINARY_OPS,
+    COMPARE_OPS,
+    UNARY_OPS,
+    AliasBuffer,
+    Buffer,
+    ComputedBuffer,
+    ExternBuffer,
+    InputBuffer,
+    Layout,
+    MultiOutput,
+    Pointwise,
+    Reduction,
+    TextHandler,
+    compute_dtype,
+    loop_vars,
+    ops,
+    set_handler,
+)  # fmt: skip
+
+log = logging.getLogger("ember.inductor")
+# Recomputing these in every reader costs more than storing and re-reading a (cached) row.
+TRANSCENDENTAL = ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sin", "cos", "expm1", "log1p")
+LOWERINGS: dict[str, Callable] = {}
+_warned: set = set()
+
+
+def register(*names):
+    """Register a lowering under one or more prim names (with or without the "prims." prefix)."""
+
+    def deco(fn):
+        for n in names:
+            LOWERINGS[n if "." in n else f"prims.{n}"] = fn
+        return fn
+
+    return deco
+
+
+# --- values ------------------------------------------------------------------------------------
+
+
+class View:
+    """A realized buffer read through `sizes`, `strides` and `offset` (no copy)."""
+
+    def __init__(self, buffer: Buffer, sizes, strides, offset=sympy.S.Zero):
+        self.buffer, self.sizes, self.strides = buffer, tuple(sizes), tuple(strides)
+        self.offset, self.dtype, self.device = (
+            sympy.sympify(offset),
+            buffer.dtype,
+            buffer.layout.device,
+        )
+
+    @classmethod
+    def of(cls, buf: Buffer) -> View:
+        lay = buf.layout
+        return cls(buf, lay.sizes, lay.strides, lay.offset)
+
+    def index(self, idx) -> sympy.Expr:
+        return self.offset + sum((i * s for i, s in zip(idx, self.strides)), sympy.S.Zero)
+
+    def load(self, idx):
+        return ops.load(self.buffer.name, self.index(idx))
+
+    def is_whole(self) -> bool:
+        lay = self.buffer.layout
+        return (self.sizes, self.strides, self.offset) == (lay.sizes, lay.strides, lay.offset)
+
+
+class Lazy:
+    """An unrealized pointwise value: `fn(idx)` computes the element at `idx`."""
+
+    def __init__(self, sizes, dtype, device, fn):
+        self.sizes, self.dtype, self.device, self.fn = tuple(sizes), dtype, device, fn
+        self._cost = None
+
+    def load(self, idx):
+        return self.fn(list(idx))
+
+    def cost(self) -> tuple[int, int, bool]:
+        """(ops, loads, uses a transcendental) of one element, from a dry run of the body."""
+        if self._cost is None:
+            with set_handler(TextHandler()) as h:
+                self.fn(loop_vars("i", len(self.sizes)))
+            loads = sum(" = load(" in line for line in h.lines)
+            pricey = any(f" = {op}(" in line for line in h.lines for op in TRANSCENDENTAL)
+            self._cost = (len(h.lines), loads, pricey)
+        return self._cost
+
+
+def is_tensor(v) -> bool:
+    return isinstance(v, (View, Lazy))
+
+
+def _linear(expr, vars_) -> tuple | None:
+    """(coefficients, constant) when `expr` is affine in `vars_`, else None."""
+    expr = sympy.expand(expr)
+    coeffs = [expr.coeff(v) for v in vars_]
+    const = expr.subs({v: 0 for v in vars_})
+    if any(c.free_symbols & set(vars_) for c in coeffs):
+        return None
+    if sympy.expand(const + sum(c * v for c, v in zip(coeffs, vars_)) - expr) != 0:
+        return None
+    return coeffs, const
+
+
+def remap_view(x, out_sizes, remap: Callable):
+    """A view of `x` whose element `idx` is x's element `remap(idx)`: a View when affine."""
+    out_sizes = tuple(sympy.sympify(s) for s in out_sizes)
+    if isinstance(x, View):
+        vs = loop_vars("v", len(out_sizes))
+        lin = _linear(x.index(remap(vs)), vs)
+        if lin is not None and all(c.is_nonnegative is not False for c in lin[0]):
+            strides = [c if s != 1 else sympy.S.Zero for c, s in zip(lin[0], out_sizes)]
+            return View(x.buffer, out_sizes, strides, lin[1])
+    return Lazy(out_sizes, x.dtype, x.device, lambda idx: x.load(remap(idx)))
+
+
+def broadcast_to(x, sizes):
+    """`x` read at the index of a value of shape `sizes` (right-aligned broadcasting)."""
+    if tuple(x.sizes) == tuple(sizes):
+        return x
+    lead = len(sizes) - len(x.sizes)
+
+    def remap(idx):
+        return [sympy.S.Zero if s == 1 and sizes[lead + k] != 1 else idx[lead + k]
+                for k, s in enumerate(x.sizes)]  # fmt: skip
+
+    return remap_view(x, sizes, remap)
+
+
+def load_as(x, idx, dtype):
+    """Element `idx` of tensor or scalar `x`, converted to `dtype`'s compute type."""
+    if not is_tensor(x):
+        return ops.constant(x, dtype)
+    v = x.load(idx)
+    if compute_dtype(x.dtype) != compute_dtype(dtype):
+        v = ops.to_dtype(v, dtype)
+    return v
+
+
+# --- the lowerer ---------------------------------------------------------------------------------
+
+
+class Lowerer(fx.Interpreter):
+    """Walks a prim graph, producing `self.buffers` (program order) and `self.outputs`."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs):
+        super().__init__(gm)
+        self.example_inputs = list(example_inputs)
+        self.buffers: list[Buffer] = []
+        self.inputs: list[InputBuffer] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        self.outputs: list = []
+        self._ids = itertools.count()
+        self.current: fx.Node | None = None
+        self._reductions: dict = {}
+
+    def new_name(self) -> str:
+        return f"buf{next(self._ids)}"
+
+    def meta(self):
+        return self.current.meta.get(NODE_META_KEY) if self.current is not None else None
+
+    def run_node(self, n: fx.Node):
+        self.current = n
+        for m in pytree.tree_leaves(n.meta.get(NODE_META_KEY)):
+            if isinstance(m, TensorMeta) and (m.dtype.is_complex or not m.is_static()):
+                raise NotImplementedError(
+                    f"ember.inductor: {n.format_node()} produces a {m.dtype} tensor of sizes "
+                    f"{m.sizes}; complex dtypes and data-dependent sizes are not supported"
+                )
+        value = super().run_node(n)
+        if isinstance(value, Lazy):
+            ops_count, loads, pricey = value.cost()
+            heavy = (pricey or ops_count > config.realize_ops_threshold
+                     or loads > config.realize_reads_threshold)  # fmt: skip
+            if ops_count > config.max_inline_ops or (len(n.users) > 1 and heavy):
+                value = self.realize(value, self._meta_strides(value))
+        return value
+
+    def placeholder(self, target, args, kwargs):
+        i = len(self.inputs)
+        meta = self.meta() or TensorMeta.from_tensor(self.example_inputs[i])
+        if isinstance(meta, TensorMeta) and not meta.is_static():
+            raise NotImplementedError(f"ember.inductor compiles static shapes only; input {target} is "
+                                      f"{meta.describe()} (compile with static sizes instead)")  # fmt: skip
+        if not isinstance(meta, TensorMeta):  # a symbolic or Python scalar input
+            self.inputs.append(None)
+            return self.example_inputs[i]
+        # offset 0: kernels get data pointers, which already point at the first element
+        buf = InputBuffer(f"arg{i}", Layout(meta.dtype, meta.device, meta.sizes, meta.strides))
+        self.inputs.append(buf)
+        return View.of(buf)
+
+    def get_attr(self, target, args, kwargs):
+        t = getattr(self.module, target)
+        if not isinstance(t, torch.Tensor):
+            return t
+        name = f"const{len(self.constants)}"
+        self.constants[name] = t
+        buf = InputBuffer(name, Layout(t.dtype, str(t.device), tuple(t.shape), t.stride()))
+        self.buffers.append(buf)
+        return View.of(buf)
+
+    def call_function(self, target, args, kwargs):
+        if target.__module__ == "_operator" and target.__name__ == "getitem":
+            return args[0][args[1]]
+        name = target_name(target)
+        args, kwonly = normalize_args(name, args, kwargs)
+        fn = LOWERINGS.get(name)
+        if fn is not None:
+            try:
+                return fn(self, *args, **kwonly)
+            except NotImplementedError as e:
+                reason = str(e)
+        else:
+            reason = "no lowering"
+        return self.fallback(name, target, args, kwonly, reason)
+
+    def call_module(self, target, args, kwargs):
+        raise NotImplementedError(f"call_module {target} in a prim graph (expected prims only)")
+
+    def call_method(self, target, args, kwargs):
+        raise NotImplementedError(f"call_method {target} in a prim graph (expected prims only)")
+
+    def output(self, target, args, kwargs):
+        outs = args[0]
+        seq, self.out_spec = pytree.tree_flatten(outs)
+        node_seq = pytree.tree_leaves(self.current.args[0])
+        for v, node in zip(seq, node_seq):
+            if isinstance(v, Lazy):
+                meta = node.meta.get(NODE_META_KEY) if isinstance(node, fx.Node) else None
+                v = self.realize(v, meta.strides if isinstance(meta, TensorMeta) else None)
+            self.outputs.append(self.realize_as_buffer(v) if is_tensor(v) else v)
+        return outs
+
+    # --- helpers used by the lowerings --------------------------------------------------------
+
+    def _meta_strides(self, value):
+        meta = self.meta()
+        if isinstance(meta, TensorMeta) and tuple(meta.sizes) == tuple(value.sizes):
+            return meta.strides
+        return None
+
+    def realize(self, x, strides=None) -> View:
+        """Compute `x` into a buffer (dense, with `strides` when they are a dense permutation)."""
+        if isinstance(x, View):
+            return x
+        if strides is None or not _is_dense(x.sizes, strides):
+            strides = contiguous_strides(x.sizes)
+        buf = ComputedBuffer(self.new_name(), Layout(x.dtype, x.device, x.sizes, tuple(strides)),
+                             Pointwise(x.sizes, x.fn, x.dtype))  # fmt: skip
+        self.buffers.append(buf)
+        return View.of(buf)
+
+    def realize_as_buffer(self, x) -> Buffer:
+        """A Buffer whose layout is exactly `x` (an AliasBuffer for a strided view)."""
+        v = self.realize(x)
+        if v.is_whole():
+            return v.buffer
+        alias = AliasBuffer(self.new_name(), Layout(v.dtype, v.device, v.sizes, v.strides, v.offset),
+                            source=v.buffer)  # fmt: skip
+        self.buffers.append(alias)
+        return alias
+
+    def reduction(self, x, dims, rtype, out_dtype, fn=None):
+        """A reduction buffer over `dims` of `x` (`fn(idx)` overrides the element read)."""
+        nd = len(x.sizes)
+        dims = sorted({d % nd for d in dims}) if nd else []
+        kept = [d for d in range(nd) if d not in dims]
+        ranges = [x.sizes[d] for d in kept]
+        rranges = [x.sizes[d] for d in dims]
+        read = fn or (lambda idx: load_as(x, idx, out_dtype))
+
+        def inner(index, rindex):
+            full = [None] * nd
+            for d, v in zip(kept, index):
+                full[d] = v
+            for d, v in zip(dims, rindex):
+                full[d] = v
+            return read(full)
+
+        src = compute_dtype(out_dtype) if rtype not in ("argmax", "argmin") else x.dtype
+        data = Reduction(tuple(ranges), tuple(rranges), rtype, inner, out_dtype, src)
+        with set_handler(TextHandler()) as h:  # the same reduction twice (mean and var) is one
+            inner(loop_vars("i", len(ranges)), loop_vars("r", len(rranges)))
+        key = (tuple(ranges), tuple(rranges), rtype, out_dtype, tuple(h.lines))
+        if key in self._reductions:
+            return self._reductions[key]
+        buf = ComputedBuffer(
+            self.new_name(),
+            Layout(out_dtype, x.device, tuple(ranges), contiguous_strides(ranges)),
+            data,
+        )
+        self.buffers.append(buf)
+        self._reductions[key] = View.of(buf)
+        return self._reductions[key]
+
+    def fallback(self, name, target, args, kwargs, reason):
+        """Run the prim's reference implementation as an extern call (logged once per prim)."""
+        if name not in _warned and not name.startswith("extern."):
+            _warned.add(name)
+            log.warning(
+                "ember.inductor: %s has no lowering (%s); running its reference", name, reason
+            )
+        if not name.startswith("extern."):
+            metrics.fallbacks.append(name)
+        fn = getattr(target, "ref", None) or target
+        return self.extern(name, fn, args, kwargs)
+
+    def extern(self, name, fn, args, kwargs=None, meta=None):
+        """An extern kernel call: tensor arguments are realized; outputs get the node's meta."""
+        meta = meta if meta is not None else self.meta()
+
+        def arg(a):
+            if is_tensor(a):
+                return self.realize_as_buffer(a)
+            if isinstance(a, (list, tuple)) and any(is_tensor(x) for x in a):
+                return type(a)(arg(x) for x in a)
+            return a
+
+        call_args = tuple(arg(a) for a in args)
+        metas = meta if isinstance(meta, (list, tuple)) else (meta,)
+        first = next((m for m in metas if isinstance(m, TensorMeta)), None)
+        if first is None:
+            raise NotImplementedError(f"{name}: an extern needs a TensorMeta output on its node")
+        ext = ExternBuffer(self.new_name(), _layout(first), op=name, fn=fn, args=call_args,
+                           kwargs=dict(kwargs or {}))  # fmt: skip
+        self.buffers.append(ext)
+        if not isinstance(meta, (list, tuple)):
+            return View.of(ext)
+        outs = []
+        for i, m in enumerate(metas):
+            if not isinstance(m, TensorMeta):
+                outs.append(None)  # a None or non-tensor output: read it from the call's result
+                continue
+            mo = MultiOutput(self.new_name(), _layout(m), source=ext, index=i)
+            self.buffers.append(mo)
+            outs.append(View.of(mo))
+        ext.outputs = tuple(o.buffer.name for o in outs if o is not None)
+        return tuple(outs)
+
+
+def _layout(meta: TensorMeta) -> Layout:
+    return Layout(meta.dtype, meta.device, meta.sizes, meta.strides)  # data pointers: offset 0
+
+
+def _is_dense(sizes, strides) -> bool:
+    """Whether `strides` lay `sizes` out densely in some dimension order."""
+    if not all(sympy.sympify(s).is_Integer for s in (*sizes, *strides)):
+        return tuple(strides) == tuple(contiguous_strides(sizes))
+    dims = sorted((int(st), int(sz)) for sz, st in zip(sizes, strides) if int(sz) != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def normalize_args(name: str, args, kwargs) -> tuple[list, dict]:
+    """(positional arguments in schema order with defaults filled in, keyword-only arguments)."""
+    try:
+        schema = lookup(name)
+    except KeyError:
+        return list(args), dict(kwargs)
+    pos, kwonly = list(args), {}
+    for spec in schema.args[len(args) :]:
+        if spec.name not in kwargs and not spec.has_default:
+            raise TypeError(f"{name}: missing argument {spec.name!r}")
+        value = kwargs.get(spec.name, spec.default)
+        if spec.kwarg_only:
+            kwonly[spec.name] = value
+        else:
+            pos.append(value)
+    return pos, kwonly
+
+
+def lower_graph(gm: fx.GraphModule, example_inputs) -> Lowerer:
+    """Lower a prim graph; the result holds buffers, inputs, constants and outputs."""
+    lowerer = Lowerer(gm, example_inputs)
+    lowerer.run(*example_inputs)
+    return lowerer
+
+
+# --- pointwise lowerings -------------------------------------------------------------------------
+
+
+def out_meta(L) -> TensorMeta:
+    meta = L.meta()
+    if not isinstance(meta, TensorMeta):
+        raise NotImplementedError("pointwise lowering needs a TensorMeta on the node")
+    return meta
+
+
+def make_pointwise(L, op: Callable, args, dtype=None, compute=None):
+    """A Lazy computing `op(*values)` elementwise over the broadcast of tensor `args`."""
+    meta = L.meta()
+    tensors = [a for a in args if is_tensor(a)]
+    if isinstance(meta, TensorMeta):
+        sizes, dtype, device = meta.sizes, dtype or meta.dtype, meta.device
+    else:
+        sizes = torch.broadcast_shapes(*(tuple(int(s) for s in t.sizes) for t in tensors))
+        dtype, device = dtype or tensors[0].dtype, tensors[0].device
+    compute = compute or dtype
+    loaders = [broadcast_to(a, sizes) if is_tensor(a) else a for a in args]
+
+    def fn(idx):
+        return op(*(load_as(a, idx, compute) for a in loaders))
+
+    return Lazy(sizes, dtype, device, fn)
+
+
+def _simple(opname):
+    def lower(L, *args):
+        tensors = [a for a in args if is_tensor(a)]
+        compute = tensors[0].dtype if opname in COMPARE_OPS and tensors else None
+        return make_pointwise(L, lambda *v: getattr(ops, opname)(*v), args, compute=compute)
+
+    return lower
+
+
+for _op in UNARY_OPS + BINARY_OPS:
+    register(_op)(_simple(_op))
+register("div")(_simple("truediv"))
+register("shift_right_arithmetic")(_simple("shift_right"))
+register("sgn")(_simple("sign"))
+
+
+@register("floor_div", "trunc_div")
+def _int_div(L, a, b):
+    name = "floordiv" if L.current.target.name == "floor_div" else "truncdiv"
+    if out_meta(L).dtype.is_floating_point:  # floor(a / b) / trunc(a / b) on floats
+        rnd = "floor" if name == "floordiv" else "trunc"
+        return make_pointwise(L, lambda x, y: getattr(ops, rnd)(ops.truediv(x, y)), (a, b))
+    return make_pointwise(L, lambda x, y: getattr(ops, name)(x, y), (a, b))
+
+
+@register("frac")
+def _frac(L, a):
+    return make_pointwise(L, lambda x: ops.sub(x, ops.trunc(x)), (a,))
+
+
+@register("where")
+def _where(L, pred, a, b):
+    meta = out_meta(L)
+    if not is_tensor(pred):
+        return make_pointwise(L, lambda x, y: x if pred else y, (a, b))
+    p, a, b = (broadcast_to(v, meta.sizes) if is_tensor(v) else v for v in (pred, a, b))
+    return Lazy(
+        meta.sizes,
+        meta.dtype,
+        meta.device,
+        lambda idx: ops.where(
+            load_as(p, idx, torch.bool), load_as(a, idx, meta.dtype), load_as(b, idx, meta.dtype)
+        ),
+    )
+
+
+@register("convert_element_type")
+def _convert(L, a, dtype):
+    if not is_tensor(a):
+        return make_pointwise(L, lambda: ops.constant(a, dtype), (), dtype=dtype)
+    return Lazy(a.sizes, dtype, a.device, lambda idx: ops.to_dtype(a.load(idx), dtype))
+
+
+@register("clone", "view_of", "copy")
+def _clone(L, a, *rest):
+    if isinstance(a, View):
+        return Lazy(a.sizes, a.dtype, a.device, a.load)
+    return a
+
+
+@register("copy_strided")
+def _copy_strided(L, a, stride):
+    return L.realize(Lazy(a.sizes, a.dtype, a.device, a.load), stride)
+
+
+@register("full")
+def _full(L, shape, fill_value, *rest):  # (shape, fill_value, dtype, device)
+    meta = out_meta(L)
+    return Lazy(
+        meta.sizes, meta.dtype, meta.device, lambda idx: ops.constant(fill_value, meta.dtype)
+    )
+
+
+@register("scalar_tensor")
+def _scalar_tensor(L, value, *rest):
+    meta = out_meta(L)
+    return Lazy((), meta.dtype, meta.device, lambda idx: ops.constant(value, meta.dtype))
+
+
+@register("empty_strided", "empty_permuted", "empty")
+def _empty(L, *args):
+    meta = out_meta(L)  # any contents are right for an empty tensor; zeros keep runs reproducible
+    return L.realize(Lazy(meta.sizes, meta.dtype, meta.device,
+                          lambda idx: ops.constant(0, meta.dtype)), meta.strides)  # fmt: skip
+
+
+@register("iota")
+def _iota(L, length, start=0, step=1, *rest):
+    meta = out_meta(L)
+    return Lazy(meta.sizes, meta.dtype, meta.device,
+                lambda idx: ops.index_expr(start + idx[0] * step, meta.dtype))  # fmt: skip

@@ -1,0 +1,366 @@
+"""Lowerings of view, layout, reduction and extern prims (pointwise ones live in lowering.py)."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ember.ir import FloorDiv, ModularIndexing, contiguous_strides
+
+from .loop_ir import compute_dtype, ops
+from .lowering import (
+    Lazy,
+    View,
+    broadcast_to,
+    load_as,
+    out_meta,
+    register,
+    remap_view,
+)  # fmt: skip
+
+S = sympy.sympify
+
+
+@register("broadcast_in_dim")
+def _broadcast_in_dim(L, a, shape, broadcast_dimensions):
+    shape = tuple(S(s) for s in shape)
+    if (
+        isinstance(a, Lazy)
+        and a.cost()[0] > a.cost()[1] + 1
+        and sympy.Mul(*shape) != sympy.Mul(*a.sizes)
+    ):
+        # computing a row statistic (rsqrt(var + eps)) once per row, not once per element
+        a = L.realize(a)
+
+    def remap(idx):
+        return [sympy.S.Zero if a.sizes[j] == 1 and shape[d] != 1 else idx[d]
+                for j, d in enumerate(broadcast_dimensions)]  # fmt: skip
+
+    return remap_view(a, shape, remap)
+
+
+@register("expand")
+def _expand(L, a, shape):
+    return broadcast_to(a, tuple(S(s) for s in shape))
+
+
+def view_strides(old_sizes, old_strides, new_sizes):
+    """Strides that view `old` as `new_sizes` without a copy, or None (static sizes only)."""
+    if not all(S(x).is_Integer for x in (*old_sizes, *old_strides, *new_sizes)):
+        return None
+    old_sizes, old_strides = [int(x) for x in old_sizes], [int(x) for x in old_strides]
+    new_sizes = [int(x) for x in new_sizes]
+    if 0 in old_sizes or not old_sizes:
+        return list(contiguous_strides(new_sizes))
+    new_strides, view_d = [0] * len(new_sizes), len(new_sizes) - 1
+    base, tensor_numel, view_numel = old_strides[-1], 1, 1
+    for d in reversed(range(len(old_sizes))):
+        tensor_numel *= old_sizes[d]
+        if d == 0 or (old_sizes[d - 1] != 1 and old_strides[d - 1] != tensor_numel * base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_sizes[view_d] == 1):
+                new_strides[view_d] = view_numel * base
+                view_numel *= new_sizes[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                base, tensor_numel, view_numel = old_strides[d - 1], 1, 1
+    return new_strides if view_d == -1 else None
+
+
+def reshape(a, new_sizes):
+    """`a` with new sizes: a View when strides allow, else index rewriting through a flat index."""
+    new_sizes = tuple(S(s) for s in new_sizes)
+    if tuple(a.sizes) == new_sizes:
+        return a
+    if isinstance(a, View):
+        strides = view_strides(a.sizes, a.strides, new_sizes)
+        if strides is not None:
+            return View(a.buffer, new_sizes, strides, a.offset)
+    out_st, in_st = contiguous_strides(new_sizes), contiguous_strides(a.sizes)
+
+    def remap(idx):
+        flat = sum((i * s for i, s in zip(idx, out_st)), sympy.S.Zero)
+        return [ModularIndexing(flat, st, sz) if k else FloorDiv(flat, st)
+                for k, (st, sz) in enumerate(zip(in_st, a.sizes))]  # fmt: skip
+
+    return Lazy(new_sizes, a.dtype, a.device, lambda idx: a.load(remap(idx)))
+
+
+@register("reshape", "view")
+def _reshape(L, a, shape):
+    return reshape(a, shape)
+
+
+@register("collapse_view", "collapse")
+def _collapse(L, a, start, end):
+    sizes = list(a.sizes)
+    merged = sympy.Mul(*sizes[start:end]) if end > start else sympy.S.One
+    return reshape(a, sizes[:start] + [merged] + sizes[end:])
+
+
+@register("split_dim")
+def _split_dim(L, a, dim, outer_length):
+    sizes = list(a.sizes)
+    inner = sizes[dim] // outer_length
+    return reshape(a, sizes[:dim] + [S(outer_length), inner] + sizes[dim + 1 :])
+
+
+@register("squeeze")
+def _squeeze(L, a, dimensions):
+    nd = len(a.sizes)
+    dims = {d % nd for d in dimensions}
+    return reshape(a, [s for d, s in enumerate(a.sizes) if d not in dims])
+
+
+@register("expand_dims", "unsqueeze")
+def _expand_dims(L, a, dimensions, ndim=None):
+    out_nd = len(a.sizes) + len(dimensions)
+    dims = sorted(d % out_nd for d in dimensions)
+    sizes = list(a.sizes)
+    for d in dims:
+        sizes.insert(d, sympy.S.One)
+    return reshape(a, sizes)
+
+
+@register("transpose", "permute")
+def _permute(L, a, permutation):
+    perm = [p % max(len(a.sizes), 1) for p in permutation]
+    inv = [perm.index(d) for d in range(len(perm))]
+    return remap_view(
+        a, [a.sizes[p] for p in perm], lambda idx: [idx[inv[d]] for d in range(len(perm))]
+    )
+
+
+@register("slice")
+def _slice(L, a, start_indices, limit_indices, strides=None):
+    strides = strides or [1] * len(start_indices)
+    sizes = [
+        CeilDivInt(S(hi) - S(lo), st) for lo, hi, st in zip(start_indices, limit_indices, strides)
+    ]
+    return remap_view(
+        a, sizes, lambda idx: [lo + i * st for i, lo, st in zip(idx, start_indices, strides)]
+    )
+
+
+def CeilDivInt(n, d):
+    return (n + d - 1) // d if S(n).is_Integer else sympy.ceiling(n / d)
+
+
+@register("slice_in_dim")
+def _slice_in_dim(L, a, start_index, limit_index, stride=1, axis=0):
+    lo, hi, st = [0] * len(a.sizes), list(a.sizes), [1] * len(a.sizes)
+    lo[axis], hi[axis], st[axis] = start_index, limit_index, stride
+    return _slice(L, a, lo, hi, st)
+
+
+@register("rev", "flip")
+def _rev(L, a, dims):
+    nd = len(a.sizes)
+    dims = {d % nd for d in dims}
+    return remap_view(a, a.sizes, lambda idx: [a.sizes[d] - 1 - i if d in dims else i
+                                               for d, i in enumerate(idx)])  # fmt: skip
+
+
+@register("as_strided")
+def _as_strided(L, a, size, stride, storage_offset=0):
+    base = L.realize(a)
+    return View(base.buffer, [S(s) for s in size], [S(s) for s in stride], S(storage_offset))
+
+
+@register("cat")
+def _cat(L, tensors, dim):
+    meta = out_meta(L)
+    tensors = [t for t in tensors if not (len(t.sizes) == 1 and t.sizes[0] == 0)]
+    dim = dim % len(meta.sizes)
+    starts, acc = [], sympy.S.Zero
+    for t in tensors:
+        starts.append(acc)
+        acc = acc + t.sizes[dim]
+
+    def fn(idx):
+        # the last input needs no mask: every earlier one has claimed its range
+        value = load_as(tensors[-1], _shift(idx, dim, starts[-1]), meta.dtype)
+        for t, lo in reversed(list(zip(tensors[:-1], starts[:-1]))):
+            inside = ops.lt(ops.index_expr(idx[dim], torch.int64),
+                            ops.constant(int(lo + t.sizes[dim]), torch.int64))  # fmt: skip
+            part = ops.masked(
+                inside, lambda t=t, lo=lo: load_as(t, _shift(idx, dim, lo), meta.dtype), 0
+            )
+            value = ops.where(inside, part, value)
+        return value
+
+    return Lazy(meta.sizes, meta.dtype, meta.device, fn)
+
+
+def _shift(idx, dim, by):
+    return [i - by if d == dim else i for d, i in enumerate(idx)]
+
+
+@register("pad")
+def _pad(L, a, padding_value, low, high, interior):
+    """lax-style pad: `low`/`high` elements before/after each dim (may be negative), `interior`
+    elements between neighbours."""
+    meta = out_meta(L)
+
+    def fn(idx):
+        src, conds = [], []
+        for i, lo, hi, step, size in zip(idx, low, high, interior, a.sizes):
+            shifted = i - lo
+            src.append(FloorDiv(shifted, step + 1) if step else shifted)
+            if lo > 0 or hi > 0 or step:
+                conds.append((shifted, step, size))
+        mask = None
+        for shifted, step, size in conds:
+            e = ops.index_expr(shifted, torch.int64)
+            ok = ops.logical_and(
+                ops.ge(e, ops.constant(0, torch.int64)),
+                ops.lt(e, ops.constant(int(size) * (step + 1) - step, torch.int64)),
+            )
+            if step:
+                rem = ops.remainder(e, ops.constant(step + 1, torch.int64))
+                ok = ops.logical_and(ok, ops.eq(rem, ops.constant(0, torch.int64)))
+            mask = ok if mask is None else ops.logical_and(mask, ok)
+        if mask is None:
+            return load_as(a, src, meta.dtype)
+        return ops.masked(mask, lambda: load_as(a, src, meta.dtype), padding_value)
+
+    return Lazy(meta.sizes, meta.dtype, meta.device, fn)
+
+
+@register("gather")
+def _gather(L, a, dim, index):
+    meta = out_meta(L)
+    dim = dim % max(len(a.sizes), 1)
+
+    def fn(idx):
+        pos = ops.indirect_indexing(index.load(idx), a.sizes[dim])
+        return load_as(a, [pos if d == dim else i for d, i in enumerate(idx)], meta.dtype)
+
+    return Lazy(meta.sizes, meta.dtype, meta.device, fn)
+
+
+@register("index_select")
+def _index_select(L, a, dim, index):
+    meta = out_meta(L)
+    dim = dim % max(len(a.sizes), 1)
+
+    def fn(idx):
+        pos = ops.indirect_indexing(index.load([idx[dim]]), a.sizes[dim])
+        return load_as(a, [pos if d == dim else i for d, i in enumerate(idx)], meta.dtype)
+
+    return Lazy(meta.sizes, meta.dtype, meta.device, fn)
+
+
+@register("index")
+def _index(L, a, indices):
+    """Advanced indexing a[i0, :, i2...]: index tensors broadcast together; their dims replace the
+    indexed dims in place when those are adjacent, else they lead."""
+    meta = out_meta(L)
+    indices = list(indices) + [None] * (len(a.sizes) - len(indices))
+    pos = [d for d, t in enumerate(indices) if t is not None]
+    bshape = torch.broadcast_shapes(*(tuple(int(s) for s in indices[d].sizes) for d in pos))
+    nb = len(bshape)
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    start = pos[0] if adjacent else 0
+    tensors = {d: broadcast_to(indices[d], bshape) for d in pos}
+
+    def fn(idx):
+        bidx = idx[start : start + nb]
+        rest = iter(idx[:start] + idx[start + nb :])
+        src = []
+        for d, size in enumerate(a.sizes):
+            if d in tensors:
+                src.append(ops.indirect_indexing(tensors[d].load(bidx), size))
+            else:
+                src.append(next(rest))
+        return load_as(a, src, meta.dtype)
+
+    return Lazy(meta.sizes, meta.dtype, meta.device, fn)
+
+
+# --- reductions ----------------------------------------------------------------------------------
+
+
+def _reduce(rtype):
+    def lower(L, inp, dims, output_dtype=None, *rest):
+        meta = out_meta(L)
+        dims = range(len(inp.sizes)) if dims is None else dims
+        out = L.reduction(inp, dims, rtype, meta.dtype)
+        return reshape(out, meta.sizes)  # keepdim-style outputs differ only by size-1 dims
+
+    return lower
+
+
+for _name, _rtype in (("sum", "sum"), ("prod", "prod"), ("amax", "max"), ("amin", "min"),
+                      ("any", "any")):  # fmt: skip
+    register(_name)(_reduce(_rtype))
+
+
+@register("all")
+def _all(L, a, dims):
+    meta = out_meta(L)
+    neg = Lazy(
+        a.sizes, torch.bool, a.device, lambda idx: ops.logical_not(load_as(a, idx, torch.bool))
+    )
+    out = L.reduction(neg, dims, "any", torch.bool)
+    res = Lazy(out.sizes, torch.bool, out.device, lambda idx: ops.logical_not(out.load(idx)))
+    return reshape(res, meta.sizes)
+
+
+@register("argmax", "argmin")
+def _argreduce(L, a, dim=None):
+    meta = out_meta(L)
+    rtype = L.current.target.name
+    if dim is None:
+        a = reshape(a, [sympy.Mul(*a.sizes)]) if a.sizes else reshape(a, [1])
+        dim = 0
+    read = lambda idx: load_as(a, idx, a.dtype)
+    out = L.reduction(a, [dim], rtype, torch.int64, fn=read)
+    return reshape(out, meta.sizes)
+
+
+@register("var")
+def _var(L, inp, dims, correction=1, output_dtype=None):
+    """Two passes over each row (mean, then squared deviations): both fuse into one kernel."""
+    meta = out_meta(L)
+    nd = len(inp.sizes)
+    dims = sorted({d % nd for d in (range(nd) if dims is None else dims)})
+    kept = [d for d in range(nd) if d not in dims]
+    n = sympy.Mul(*[inp.sizes[d] for d in dims]) if dims else sympy.S.One
+    cdt = compute_dtype(meta.dtype)
+    total = L.reduction(inp, dims, "sum", cdt)
+
+    def centered_sq(idx):
+        mean = ops.truediv(total.load([idx[d] for d in kept]), ops.constant(float(n), cdt))
+        d = ops.sub(load_as(inp, idx, cdt), mean)
+        return ops.mul(d, d)
+
+    sq = L.reduction(inp, dims, "sum", cdt, fn=centered_sq)
+    denom = sympy.Max(n - correction, 0)
+    out = Lazy(sq.sizes, meta.dtype, sq.device,
+               lambda idx: ops.truediv(sq.load(idx), ops.constant(float(denom), cdt)))  # fmt: skip
+    return reshape(out, meta.sizes)
+
+
+# --- extern kernels ------------------------------------------------------------------------------
+# Torch's eager kernels, called from the wrapper; the argument order is the vocabulary schema's.
+
+EXTERN_KERNELS = {
+    "extern.mm": torch.mm,
+    "extern.bmm": torch.bmm,
+    "extern.addmm": torch.addmm,
+    "extern.baddbmm": torch.baddbmm,
+    "extern.convolution": torch.convolution,
+}
+
+
+def _extern(name):
+    def lower(L, *args, **kwargs):
+        return L.extern(name, EXTERN_KERNELS[name], args, kwargs)
+
+    return lower
+
+
+for _name in EXTERN_KERNELS:
+    register(_name)(_extern(_name))

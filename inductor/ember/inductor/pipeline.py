@@ -1,0 +1,123 @@
+"""The pipeline: prim graph -> loop IR -> fused kernels -> C++/Triton source -> callable.
+
+`compile_fx` is the torch.compile-style backend (aot_autograd with `compile_prims` as forward and
+backward compiler); `compile_prims` is the inductor proper, one flat list of stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from ember.ir import NODE_META_KEY
+
+from . import (
+    cache,
+    lowering_views,  # noqa: F401  (registers the view, reduction and extern lowerings)
+    metrics,
+)
+from .codegen_cpp import CppRenderer
+from .codegen_triton import TritonRenderer, grid_of, launch_configs
+from .config import config
+from .loop_ir import verify
+from .lowering import lower_graph
+from .scheduler import Kernel, schedule
+from .wrapper import Program, generate
+
+log = logging.getLogger("ember.inductor")
+
+
+def compile_fx(gm: fx.GraphModule, example_inputs):
+    """A torch.compile backend: aot_autograd, with inductor compiling forward and backward."""
+    from ember.aot_autograd import aot_module_simplified
+
+    return aot_module_simplified(gm, list(example_inputs), fw_compiler=compile_prims,
+                                 bw_compiler=compile_prims)  # fmt: skip
+
+
+def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
+    """Compile one prim-level graph into a callable taking the graph's inputs positionally."""
+    key = cache.graph_key(gm, example_inputs)
+    program, constants = cache.load(key), {}
+    if program is None:
+        lowered = lower_graph(gm, example_inputs)  # 1. prims -> loop-IR buffers
+        verify([b for b in lowered.inputs if b is not None] + lowered.buffers)  # 2. loop-IR checks
+        out_names = [o.name for o in lowered.outputs if hasattr(o, "name")]
+        steps = schedule(lowered.buffers, out_names)  # 3. dead code, fusion, phases, locals
+        buffers = {b.name: b for b in [*lowered.inputs, *lowered.buffers] if b is not None}
+        kernels = render_kernels(steps, buffers, _device(lowered))  # 4. kernel source
+        program = generate(lowered, steps, kernels)  # 5. wrapper + artifact, memory plan
+        constants = lowered.constants
+        if not constants:  # tensors held by the graph are not part of the cache entry
+            cache.store(key, program)
+    return CompiledGraph(program, constants)  # 6. build kernels, load the wrapper
+
+
+def _device(lowered) -> str:
+    for b in [*lowered.inputs, *lowered.buffers]:
+        if b is not None:
+            return b.layout.device
+    return "cpu"
+
+
+def render_kernels(steps, buffers: dict, device: str) -> dict:
+    """One KernelSource per scheduled Kernel, by the renderer the device calls for."""
+    use_triton = device.startswith("cuda") or config.cpu_backend == "triton"
+    out = {}
+    for s in steps:
+        if not isinstance(s, Kernel):
+            continue
+        if use_triton:
+            src = TritonRenderer(s, buffers, s.name).render()
+            configs = launch_configs(src)
+            src = dataclasses.replace(src, grid=grid_of(src, configs[0]), num_warps=configs[0]["num_warps"],
+                                      meta=src.meta + (("configs", tuple(configs)),))  # fmt: skip
+        else:
+            src = CppRenderer(s, buffers, s.name).render()
+        out[s.name] = src
+    return out
+
+
+class CompiledGraph:
+    """The callable a compiled graph is: `graph(*inputs) -> outputs` through the wrapper's call()."""
+
+    def __init__(self, program: Program, constants: dict):
+        self.program = program
+        self.artifact = program.artifact
+        if config.output_code:
+            print(program.source)
+        namespace: dict = dict(constants)  # get_attr tensors, by their buffer names
+        code = compile(
+            program.source, f"<ember.inductor wrapper {_digest(program.source)}>", "exec"
+        )
+        exec(code, namespace)
+        self._call = namespace["call"]
+        self._spec = pytree.treespec_loads(program.out_spec) if program.out_spec else None
+        self._flat = self._spec is None or self._spec == pytree.tree_structure(
+            tuple(range(program.num_outputs))
+        )
+        metrics.generated_kernel_count += len(program.kernels)
+
+    @property
+    def source(self) -> str:
+        return self.program.source
+
+    def __call__(self, *args):
+        out = self._call(list(args))
+        return out if self._flat else pytree.tree_unflatten(out, self._spec)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def example_metas(gm):
+    return [n.meta.get(NODE_META_KEY) for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+__all__ = ["CompiledGraph", "compile_fx", "compile_prims", "render_kernels", "torch"]

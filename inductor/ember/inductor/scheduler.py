@@ -1,0 +1,324 @@
+"""Scheduling: dead-code removal, fusion of buffers into kernels, phases and kernel-local buffers.
+
+A kernel iterates `xsizes` (parallel) and, for reductions, `rsizes` (reduced). Each member buffer
+has a role: "red" (a reduction over x by r), "x" (a pointwise value per x: an epilogue such as
+mean = sum / n) or "xr" (a pointwise value per (x, r), e.g. softmax's output). A node joins a
+kernel when its iteration space matches (up to a permutation of its own dimensions) and every
+value it reads from that kernel is read at exactly the index where it was stored, so fusion never
+needs a value from another iteration. Members are grouped into phases: one r-loop each, followed
+by its x-level epilogues; a member that needs a reduction of the current phase opens a new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import sympy
+
+from .config import config
+from .loop_ir import (
+    AliasBuffer,
+    Buffer,
+    ComputedBuffer,
+    ExternBuffer,
+    MultiOutput,
+    TextHandler,
+    loop_vars,
+    set_handler,
+)  # fmt: skip
+
+
+class _Recorder(TextHandler):
+    """Records the (buffer, index) of every load and store of a body."""
+
+    def __init__(self):
+        super().__init__()
+        self.loads: list[tuple[str, sympy.Expr]] = []
+        self.stores: list[tuple[str, sympy.Expr]] = []
+        self.index_exprs: list[sympy.Expr] = []
+
+    def load(self, name, index):
+        self.loads.append((name, sympy.expand(index)))
+        return super().load(name, index)
+
+    def store(self, name, index, value):
+        self.stores.append((name, sympy.expand(index)))
+
+    def index_expr(self, expr, dtype):
+        self.index_exprs.append(sympy.expand(expr))
+        return super().index_expr(expr, dtype)
+
+
+def record(buf: ComputedBuffer, index, rindex=()) -> _Recorder:
+    with set_handler(_Recorder()) as rec:
+        buf.body(index, rindex)
+    return rec
+
+
+def reads_of(buf: Buffer) -> set:
+    """Names of the buffers `buf` reads."""
+    if isinstance(buf, ComputedBuffer):
+        rec = record(
+            buf, loop_vars("i", len(buf.ranges)), loop_vars("r", len(buf.reduction_ranges))
+        )
+        return {name for name, _ in rec.loads}
+    if isinstance(buf, AliasBuffer):
+        return {buf.source.name}
+    if isinstance(buf, MultiOutput):
+        return {buf.source.name}
+    if isinstance(buf, ExternBuffer):
+        out = set()
+        for a in buf.args:
+            for x in a if isinstance(a, (list, tuple)) else (a,):
+                if isinstance(x, Buffer):
+                    out.add(x.name)
+        return out
+    return set()
+
+
+def remove_dead(buffers, output_names) -> list:
+    """Buffers that the outputs need, in program order."""
+    live = set(output_names)
+    keep = []
+    for b in reversed(buffers):
+        if b.name in live or (isinstance(b, ExternBuffer) and set(b.outputs) & live):
+            keep.append(b)
+            live |= reads_of(b)
+    return keep[::-1]
+
+
+@dataclasses.dataclass
+class Member:
+    node: ComputedBuffer
+    role: str  # "red", "x" or "xr"
+    perm: tuple  # kernel dimension k feeds the node's dimension perm[k]
+
+
+@dataclasses.dataclass(eq=False)
+class Kernel:
+    """A fused loop nest over (xsizes, rsizes) computing several buffers."""
+
+    name: str
+    xsizes: tuple
+    rsizes: tuple
+    members: list = dataclasses.field(default_factory=list)
+    stores: dict = dataclasses.field(default_factory=dict)  # buffer -> store index (kernel vars)
+    roles: dict = dataclasses.field(default_factory=dict)
+    phases: list = dataclasses.field(default_factory=list)  # [(loop members, x members)]
+    local: set = dataclasses.field(default_factory=set)  # buffers never written to memory
+
+    @property
+    def names(self) -> list:
+        return [m.node.name for m in self.members]
+
+    def vars(self):
+        return loop_vars("x", len(self.xsizes)), loop_vars("r", len(self.rsizes))
+
+    def member_index(self, m: Member, xs, rs):
+        """The (index, rindex) to run member `m`'s body with, from kernel variables xs, rs."""
+        if m.role == "red":
+            return list(xs), list(rs)
+        kvars = list(xs) + (list(rs) if m.role == "xr" else [])
+        idx = [sympy.S.Zero] * len(m.node.ranges)
+        for k, d in enumerate(m.perm):
+            if d is not None:
+                idx[d] = kvars[k]
+        return idx, []
+
+    def record(self, m: Member) -> _Recorder:
+        xs, rs = self.vars()
+        return record(m.node, *self.member_index(m, xs, rs))
+
+
+def _perms(sizes, target) -> list:
+    """Ways to read the dimensions of `sizes` as `target`: for each target dim, the node dim that
+    feeds it (None for a size-1 target dim); the node's size-1 dims are left at index 0."""
+    sizes, target = list(sizes), list(target)
+    dims = [d for d, s in enumerate(sizes) if s != 1]
+    slots = [k for k, t in enumerate(target) if t != 1]
+    if len(dims) != len(slots) or len(dims) > 5:
+        return []
+    out = []
+    for p in itertools.permutations(dims):
+        if all(sizes[d] == target[k] for d, k in zip(p, slots)):
+            perm = [None] * len(target)
+            for d, k in zip(p, slots):
+                perm[k] = d
+            out.append(tuple(perm))
+    return out
+
+
+def _stride_order(node: ComputedBuffer) -> tuple:
+    """The node's dimensions outermost first, by decreasing stride of its layout."""
+    strides = node.layout.strides
+    try:
+        return tuple(sorted(range(len(strides)), key=lambda d: -int(strides[d])))
+    except TypeError:  # symbolic strides: keep the logical order
+        return tuple(range(len(strides)))
+
+
+def _candidates(kernel: Kernel, node: ComputedBuffer) -> list:
+    """Ways `node` could join `kernel`: (role, perm, new xsizes, new rsizes)."""
+    out = []
+    if node.is_reduction():
+        ident = tuple(range(len(node.ranges)))
+        if kernel.rsizes and (node.ranges, node.reduction_ranges) == (kernel.xsizes, kernel.rsizes):
+            out.append(("red", ident, kernel.xsizes, kernel.rsizes))
+        if not kernel.rsizes and kernel.xsizes == node.ranges:
+            out.append(("red", ident, node.ranges, node.reduction_ranges))
+        if not kernel.rsizes and kernel.xsizes == node.ranges + node.reduction_ranges:
+            out.append(("red", ident, node.ranges, node.reduction_ranges))  # x members become xr
+        return out
+    full = kernel.xsizes + kernel.rsizes
+    order = _stride_order(node)
+    for role, target in (("xr", full), ("x", kernel.xsizes)) if kernel.rsizes else (("x", full),):
+        perms = sorted(
+            _perms(node.ranges, target),
+            key=lambda p: (
+                [d for d in p if d is not None] != [d for d in order if node.ranges[d] != 1]
+            ),
+        )
+        out += [(role, p, kernel.xsizes, kernel.rsizes) for p in perms]
+    return out
+
+
+def _retarget(kernel: Kernel, xsizes, rsizes) -> Kernel:
+    """A copy of `kernel` over new sizes (its x members become xr when x splits into x+r)."""
+    k = Kernel(kernel.name, tuple(xsizes), tuple(rsizes))
+    split = not kernel.rsizes and rsizes and len(kernel.xsizes) > len(xsizes)
+    for m in kernel.members:
+        k.members.append(Member(m.node, "xr" if split and m.role == "x" else m.role, m.perm))
+    for m in k.members:
+        k.roles[m.node.name] = m.role
+        for name, index in k.record(m).stores:
+            k.stores[name] = index
+    return k
+
+
+def try_fuse(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
+    """The kernel with `node` added, when legal; else None."""
+    for role, perm, xsizes, rsizes in _candidates(kernel, node):
+        k = (
+            _retarget(kernel, xsizes, rsizes)
+            if (xsizes, rsizes) != (kernel.xsizes, kernel.rsizes)
+            else kernel
+        )
+        m = Member(node, role, perm)
+        rec = k.record(m)
+        ok = True
+        for name, index in rec.loads:
+            if name in k.stores:
+                prod_role = k.roles[name]
+                # a row-level value ("x") cannot need a per-element value of its own row
+                if sympy.expand(index - k.stores[name]) != 0 or (prod_role == "xr" and role == "x"):
+                    ok = False
+                    break
+        if ok:
+            k = k if k is not kernel else _retarget(kernel, xsizes, rsizes)
+            k.members.append(m)
+            k.roles[node.name] = role
+            for name, index in rec.stores:
+                k.stores[name] = index
+            return k
+    return None
+
+
+def new_kernel(name: str, node: ComputedBuffer) -> Kernel:
+    if node.is_reduction():
+        k = Kernel(name, node.ranges, node.reduction_ranges)
+        k.members.append(Member(node, "red", tuple(range(len(node.ranges)))))
+    else:
+        perm = tuple(d for d in _stride_order(node) if node.ranges[d] != 1)  # size-1 dims: no loop
+        k = Kernel(name, tuple(node.ranges[d] for d in perm), ())
+        k.members.append(Member(node, "x", perm))
+    return _retarget(k, k.xsizes, k.rsizes)
+
+
+def _produces(step) -> set:
+    if isinstance(step, Kernel):
+        return set(step.names)
+    if isinstance(step, ExternBuffer):
+        return {step.name, *step.outputs}
+    return {step.name}
+
+
+def schedule(buffers, output_names) -> list:
+    """The program as a list of steps: Kernels, ExternBuffers, MultiOutputs and AliasBuffers."""
+    buffers = remove_dead(buffers, output_names)
+    steps: list = []
+    counter = itertools.count()
+    for b in buffers:
+        if not isinstance(b, ComputedBuffer):
+            steps.append(b)
+            continue
+        reads = reads_of(b)
+        placed = False
+        for j in range(len(steps) - 1, -1, -1) if config.fuse else ():
+            s = steps[j]
+            if isinstance(s, Kernel):
+                fused = try_fuse(s, b)
+                if fused is not None:
+                    steps[j] = fused
+                    placed = True
+                    break
+            if _produces(s) & reads:
+                break
+        if not placed:
+            steps.append(new_kernel(f"kernel{next(counter)}", b))
+    readers: dict[str, set] = {}
+    for s in steps:
+        for name in _step_reads(s):
+            readers.setdefault(name, set()).add(id(s))
+    for s in steps:
+        if isinstance(s, Kernel):
+            plan_phases(s)
+            plan_locals(s, readers, set(output_names))
+    return steps
+
+
+def _step_reads(step) -> set:
+    if isinstance(step, Kernel):
+        return set().union(*(reads_of(m.node) for m in step.members)) - set()
+    return reads_of(step)
+
+
+def plan_phases(k: Kernel) -> None:
+    """Group members into r-loops: a member needing a reduction of the open loop starts a new one."""
+    k.phases = [([], [])]
+    placed_in: dict[str, tuple[int, str]] = {}
+    for m in k.members:
+        rec = k.record(m)
+        deps = [placed_in[n] for n, _ in rec.loads if n in placed_in]
+        cur = len(k.phases) - 1
+        if m.role == "x" or not k.rsizes:
+            k.phases[cur][1 if k.rsizes else 0].append(m)
+            placed_in[m.node.name] = (cur, "post")
+            continue
+        if any(p == cur and (where == "post" or k.roles[n] == "red")
+               for (p, where), n in zip(deps, [n for n, _ in rec.loads if n in placed_in])):  # fmt: skip
+            k.phases.append(([], []))
+            cur += 1
+        k.phases[cur][0].append(m)
+        placed_in[m.node.name] = (cur, "loop")
+
+
+def plan_locals(k: Kernel, readers: dict, outputs: set) -> None:
+    """Buffers only this kernel reads, each read served from a register, are never stored."""
+    phase_of = {}
+    for i, (loop, post) in enumerate(k.phases):
+        for m in loop + post:
+            phase_of[m.node.name] = i
+    for m in k.members:
+        name = m.node.name
+        if name in outputs or readers.get(name, set()) - {id(k)}:
+            continue
+        ok = True
+        if m.role == "xr" and k.rsizes:  # per-element values survive only within their own loop
+            for other in k.members:
+                if name in {n for n, _ in k.record(other).loads} and (
+                    phase_of[other.node.name] != phase_of[name] or other.role != "xr"
+                ):
+                    ok = False
+        if ok:
+            k.local.add(name)

@@ -1,0 +1,329 @@
+"""The Python wrapper: readable generated source that allocates buffers, launches kernels and calls
+externs, plus the same plan as an `ember.ir.CompiledArtifact` for the C++ wrapper.
+
+Memory planning happens here: a buffer whose last reader has run goes to a pool, and a later
+allocation of the same storage size, dtype and device takes it; a pointwise kernel may write its
+output over an input that dies in that kernel when both are read and written at the same index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+import torch
+from torch.utils import _pytree as pytree
+
+from ember.ir import BufferIR, KernelIR, StepIR, TensorMeta, new_artifact
+from ember.ir.codec import value_to_json
+
+from .config import config
+from .loop_ir import AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput
+from .scheduler import Kernel, _step_reads
+
+
+@dataclasses.dataclass
+class Program:
+    """Everything a compiled graph is: wrapper source, kernel sources and the IR artifact."""
+
+    source: str
+    kernels: list  # KernelSource
+    artifact: object
+    num_outputs: int
+    out_spec: str = ""  # pytree spec (treespec_dumps) of the graph's output structure
+
+
+def _ints(xs) -> tuple:
+    return tuple(int(x) for x in xs)
+
+
+def _meta(lay) -> TensorMeta:
+    return TensorMeta(lay.dtype, lay.sizes, lay.strides, lay.offset, lay.device)
+
+
+class WrapperBuilder:
+    """Walks the schedule once, writing wrapper lines and artifact steps side by side."""
+
+    def __init__(self, lowered, steps, kernel_sources: dict):
+        self.lowered, self.steps, self.ks = lowered, steps, kernel_sources
+        self.lines: list[str] = []
+        self.art_steps: list[StepIR] = []
+        self.art_buffers: dict[str, BufferIR] = {}
+        self.pool: dict[tuple, list[str]] = {}
+        self.storage: dict[str, str] = {}  # buffer -> the Python variable holding its memory
+        self.outputs = [o.name if isinstance(o, Buffer) else None for o in lowered.outputs]
+        self.buffers = {b.name: b for b in lowered.buffers}
+        for b in lowered.inputs:
+            if b is not None:
+                self.buffers[b.name] = b
+
+    def _last_uses(self) -> dict:
+        last = {}
+        for i, s in enumerate(self.steps):
+            for name in _step_reads(s):
+                b = self.buffers.get(name)
+                last[name] = i
+                while isinstance(b, (AliasBuffer, MultiOutput)):  # a view keeps its base alive
+                    b = b.source
+                    last[b.name] = i
+        return last
+
+    def _key(self, b: Buffer):
+        lay = b.layout
+        return (lay.dtype, lay.device, int(lay.storage_size()))
+
+    def _alloc(self, b: Buffer, inplace_of=None):
+        lay = b.layout
+        sizes, strides = _ints(lay.sizes), _ints(lay.strides)
+        donor = inplace_of
+        if donor is None and config.reuse_buffers and self.pool.get(self._key(b)):
+            donor = self.pool[self._key(b)].pop()
+        if donor is not None:
+            self.lines.append(f"{b.name} = reinterpret({donor}, {sizes}, {strides}, {int(lay.offset)})"
+                              f"  # reuses {donor}")  # fmt: skip
+            self.art_steps.append(
+                StepIR(
+                    "view",
+                    "",
+                    [donor, [list(sizes), list(strides), int(lay.offset)]],
+                    {},
+                    (b.name,),
+                )
+            )
+        else:
+            self.lines.append(
+                f"{b.name} = empty_strided({sizes}, {strides}, {lay.dtype}, '{lay.device}')"
+            )
+            self.art_steps.append(StepIR("alloc", "", [], {}, (b.name,)))
+        self.art_buffers[b.name] = BufferIR(
+            b.name, "output" if b.name in self.outputs else "intermediate", _meta(lay)
+        )
+
+    def _inplace_donor(self, k: Kernel, b: ComputedBuffer, i: int, last: dict):
+        """A buffer that dies in kernel `k`, read only where `b` is stored: `b` may overwrite it.
+
+        Either an input of a pointwise kernel, or (softmax's exp, say) an earlier per-element member
+        of the same reduction kernel whose readers all run no later than `b`'s phase.
+        """
+        if not config.inplace_buffers:
+            return None
+        reads, phase_of = {}, {}
+        for p, (loop, post) in enumerate(k.phases):
+            for m in loop + post:
+                phase_of[m.node.name] = p
+        for m in k.members:
+            for name, index in k.record(m).loads:
+                reads.setdefault(name, []).append((sympy.expand(index), m.node.name))
+        want = sympy.expand(k.stores[b.name])
+        for name, uses in reads.items():
+            src = self.buffers.get(name)
+            if not (isinstance(src, ComputedBuffer) and last.get(name) == i and name not in self.outputs
+                    and name not in self.donated and src.layout == b.layout
+                    and all(idx == want for idx, _ in uses)):  # fmt: skip
+                continue
+            if name == b.name:
+                continue
+            if name in k.names:
+                ok = (k.rsizes and k.names.index(name) < k.names.index(b.name) and k.roles[name] == k.roles[b.name] == "xr" and name not in k.local
+                      and max(phase_of[r] for _, r in uses) <= phase_of[b.name])  # fmt: skip
+            else:
+                ok = not k.rsizes
+            if ok:
+                self.donated.add(name)
+                return name
+        return None
+
+    def build(self) -> Program:
+        last, self.donated = self._last_uses(), set()
+        inputs = [b for b in self.lowered.inputs]
+        names = [b.name if b is not None else f"sym{i}" for i, b in enumerate(inputs)]
+        for b in inputs:
+            if b is not None:
+                self.art_buffers[b.name] = BufferIR(b.name, "input", _meta(b.layout))
+        head = ", ".join(names) + ("," if len(names) == 1 else "")
+        self.lines += [f"{head} = args" if names else ""]
+        for b in inputs:  # kernels index inputs with the traced strides: copy any that differ
+            if b is not None and b.layout.sizes and any(s != 1 for s in b.layout.sizes):
+                lay = b.layout
+                self.lines.append(
+                    f"{b.name} = restride({b.name}, {_ints(lay.sizes)}, {_ints(lay.strides)})"
+                )
+        for i, s in enumerate(self.steps):
+            self._step(s, i, last)
+            for name in sorted(_step_reads(s) | _produces_names(s)):
+                if last.get(name, i) <= i and name not in self.outputs:
+                    self._free(name)
+        outs = ", ".join(o or "None" for o in self.outputs) + (
+            "," if len(self.outputs) == 1 else ""
+        )
+        self.lines.append(f"return ({outs})")
+        return self._finish()
+
+    def _free(self, name):
+        b = self.buffers.get(name)
+        if (
+            isinstance(b, (ComputedBuffer, ExternBuffer))
+            and not isinstance(b, AliasBuffer)
+            and name not in self.donated
+            and name in self.art_buffers
+            and not self._aliased(name)
+        ):
+            self.pool.setdefault(self._key(b), []).append(name)
+            self.art_steps.append(StepIR("free", "", [name], {}, ()))
+
+    def _aliased(self, name):
+        return any(isinstance(b, (AliasBuffer, MultiOutput)) and b.source.name == name and b.name in self.outputs
+                   for b in self.buffers.values())  # fmt: skip
+
+    def _step(self, s, i, last):
+        if isinstance(s, Kernel):
+            src = self.ks[s.name]
+            for m in s.members:
+                b = m.node
+                if b.name in s.local:
+                    continue
+                self._alloc(b, self._inplace_donor(s, b, i, last))
+            self.lines.append(f"{s.name}({', '.join(src.args)})")
+            self.art_steps.append(StepIR("kernel", s.name, list(src.args), {}, ()))
+        elif isinstance(s, AliasBuffer):
+            lay = s.layout
+            self.lines.append(f"{s.name} = reinterpret({s.source.name}, {_ints(lay.sizes)}, "
+                              f"{_ints(lay.strides)}, {int(lay.offset)})")  # fmt: skip
+            self.art_steps.append(
+                StepIR(
+                    "view",
+                    "",
+                    [
+                        s.source.name,
+                        [list(_ints(lay.sizes)), list(_ints(lay.strides)), int(lay.offset)],
+                    ],
+                    {},
+                    (s.name,),
+                )
+            )
+            self.art_buffers[s.name] = BufferIR(
+                s.name, "output" if s.name in self.outputs else "intermediate", _meta(lay)
+            )
+        elif isinstance(s, MultiOutput):
+            lay = s.layout
+            self.lines.append(
+                f"{s.name} = restride({s.source.name}[{s.index}], {_ints(lay.sizes)}, {_ints(lay.strides)})"
+            )
+            self.art_buffers[s.name] = BufferIR(
+                s.name, "output" if s.name in self.outputs else "intermediate", _meta(lay)
+            )
+        elif isinstance(s, ExternBuffer):
+            self._extern(s)
+
+    def _extern(self, s: ExternBuffer):
+        fn = s.op.replace(".", "_")
+        self.externs[fn] = s.op
+        args = ", ".join(_py_arg(a) for a in s.args)
+        kwargs = "".join(f", {k}={_py_arg(v)}" for k, v in s.kwargs.items())
+        lay = s.layout
+        call = f"{fn}({args}{kwargs})"
+        if not s.outputs:
+            call = f"restride({call}, {_ints(lay.sizes)}, {_ints(lay.strides)})"
+        self.lines.append(f"{s.name} = {call}")
+        self.art_steps.append(StepIR("extern", s.op, [_json_arg(a) for a in s.args],
+                                     {k: _json_arg(v) for k, v in s.kwargs.items()},
+                                     (s.name,) if not s.outputs else s.outputs))  # fmt: skip
+        if not s.outputs:
+            self.art_buffers[s.name] = BufferIR(
+                s.name, "output" if s.name in self.outputs else "intermediate", _meta(lay)
+            )
+
+    def _finish(self) -> Program:
+        ks = list(self.ks.values())
+        out = ["# ember.inductor generated wrapper", "import torch",
+               "from ember.inductor.runtime import empty_strided, reinterpret, restride, extern, cpp_kernel, triton_kernel",
+               ""]  # fmt: skip
+        for fn, op in sorted(self.externs.items()):
+            out.append(f"{fn} = extern({op!r})")
+        for k in ks:
+            out += ["", *_kernel_loader(k)]
+        out += ["", "", "def call(args):", *("    " + line for line in self.lines if line)]
+        kernels = [KernelIR(k.name, k.language, _standalone(k), k.name, k.arg_types,
+                            grid=k.grid, num_warps=k.num_warps) for k in ks]  # fmt: skip
+        device = next((b.meta.device for b in self.art_buffers.values()), "cpu")
+        art = new_artifact(
+            device=device, symbols=(), guards=(),
+            buffers=tuple(self.art_buffers.values()), kernels=tuple(kernels),
+            steps=tuple(self.art_steps),
+            inputs=tuple(b.name for b in self.lowered.inputs if b is not None),
+            outputs=tuple(o for o in self.outputs if o is not None),
+        )  # fmt: skip
+        spec = getattr(self.lowered, "out_spec", None)
+        return Program(
+            "\n".join(out) + "\n",
+            ks,
+            art,
+            len(self.outputs),
+            pytree.treespec_dumps(spec) if spec is not None else "",
+        )
+
+
+def _standalone(k) -> str:
+    """A C++ kernel's source with ember_cpu.h inlined, so an artifact builds without ember."""
+    if k.language != "cpp":
+        return k.source
+    from .runtime import CSRC
+
+    header = (CSRC / "ember_cpu.h").read_text()
+    return k.source.replace('#include "ember_cpu.h"', header.rstrip("\n"), 1)
+
+
+def _kernel_loader(k) -> list[str]:
+    if k.language == "cpp":
+        return [
+            f"{k.name} = cpp_kernel({k.name!r}, r'''",
+            k.source.rstrip("\n"),
+            f"''', {len(k.args)})",
+        ]
+    meta = dict(k.meta)
+    return [f"{k.name} = triton_kernel({k.name!r}, r'''", k.source.rstrip("\n"),
+            f"''', {list(meta['configs'])!r}, {meta['xnumel']}, {meta['rnumel'] if meta['reduction'] else None})"]  # fmt: skip
+
+
+def _produces_names(s) -> set:
+    if isinstance(s, Kernel):
+        return set(s.names)
+    if isinstance(s, ExternBuffer):
+        return {s.name, *s.outputs}
+    return {s.name}
+
+
+def _py_arg(a) -> str:
+    if isinstance(a, Buffer):
+        return a.name
+    if isinstance(a, (list, tuple)):
+        inner = ", ".join(_py_arg(x) for x in a)
+        return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+    if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
+        return f"float({str(a)!r})"
+    if isinstance(a, torch.device):
+        return f"torch.device({str(a)!r})"
+    if isinstance(a, (torch.dtype, torch.memory_format, torch.layout)):
+        return str(a)
+    if isinstance(a, sympy.Basic):
+        return str(int(a))
+    return repr(a)
+
+
+def _json_arg(a):
+    if isinstance(a, Buffer):
+        return {"node": a.name}
+    if isinstance(a, (list, tuple)):
+        items = [_json_arg(x) for x in a]
+        return items if isinstance(a, list) else {"tuple": items}
+    return value_to_json(a)
+
+
+def generate(lowered, steps, kernel_sources: dict) -> Program:
+    """Wrapper source and artifact for a scheduled program."""
+    builder = WrapperBuilder(lowered, steps, kernel_sources)
+    builder.externs = {}
+    return builder.build()
+
+
+__all__ = ["InputBuffer", "Program", "generate"]

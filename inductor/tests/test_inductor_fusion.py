@@ -1,0 +1,101 @@
+"""Fusion: whole patterns become one kernel each, and match eager."""
+
+import torch
+import torch.nn.functional as F
+from ember.inductor import compile_prims, metrics
+from ember.inductor.lowering import lower_graph
+from ember.inductor.scheduler import Kernel, schedule
+from ember.primtorch import prims
+from inductor_helpers import PrimGraph, check, layer_norm_graph, softmax_graph
+
+
+def test_pointwise_chain_is_one_kernel():
+    x, y = torch.randn(33, 17), torch.randn(17)
+    check(lambda a, b: torch.tanh(torch.exp(a * 0.5 + b) - 1.0).sigmoid() * a, x, y, kernels=1)
+
+
+def test_softmax_is_one_kernel():
+    check(lambda a: torch.softmax(a, -1), torch.randn(16, 100), kernels=1)
+    check(lambda a: torch.softmax(a, 1), torch.randn(4, 9, 5), kernels=1)
+
+
+def test_log_softmax_is_one_kernel():
+    check(lambda a: F.log_softmax(a, -1), torch.randn(7, 30), kernels=1)
+
+
+def test_layer_norm_is_one_kernel():
+    x, w, b = torch.randn(6, 3, 40), torch.randn(40), torch.randn(40)
+    check(lambda x, w, b: F.layer_norm(x, (40,), w, b), x, w, b, kernels=1, atol=1e-5, rtol=1e-4)
+
+
+def test_handwritten_softmax_and_layer_norm_graphs():
+    for g in (
+        softmax_graph(torch.randn(5, 64)),
+        layer_norm_graph(torch.randn(3, 20), torch.randn(20), torch.randn(20)),
+    ):
+        gm = g.module()
+        metrics.reset()
+        out = compile_prims(gm, g.inputs)(*g.inputs)[0]
+        torch.testing.assert_close(out, gm(*g.inputs)[0], atol=1e-5, rtol=1e-4)
+        assert metrics.generated_kernel_count == 1
+
+
+def test_independent_loops_over_same_ranges_fuse():
+    check(
+        lambda a, b: (a.sum(-1), b.amax(-1), (a * b).sum(-1)),
+        torch.randn(8, 32),
+        torch.randn(8, 32),
+        kernels=1,
+    )
+
+
+def test_reduction_with_epilogue_is_one_kernel():
+    check(
+        lambda a: (a - a.mean(-1, keepdim=True)) / (a.std(-1, keepdim=True) + 1.0),
+        torch.randn(10, 24),
+        kernels=1,
+    )
+
+
+def _steps(g):
+    low = lower_graph(g.module(), g.inputs)
+    return low, schedule(low.buffers, [o.name for o in low.outputs])
+
+
+def test_dead_code_is_removed():
+    g = PrimGraph()
+    x = g.input(torch.randn(4, 4))
+    g(prims.exp, x)  # unused
+    g.output(g(prims.neg, x))
+    low, steps = _steps(g)
+    kernels = [s for s in steps if isinstance(s, Kernel)]
+    assert len(kernels) == 1 and [m.node.name for m in kernels[0].members] == [low.outputs[0].name]
+
+
+def test_buffer_reuse_and_inplace():
+    # mm forces its inputs into buffers; the chain between the two matmuls then reuses memory
+    def f(a, w):
+        h = torch.mm(a, w).exp()
+        h = torch.mm(h, w).sin()
+        return torch.mm(h, w)
+
+    compiled = check(f, torch.randn(8, 8), torch.randn(8, 8) * 0.1, atol=1e-4, rtol=1e-4)
+    assert "# reuses" in compiled.source
+    assert any(s.kind == "view" for s in compiled.artifact.steps)
+
+
+def test_kernel_local_buffers_are_not_allocated():
+    compiled = check(lambda a: torch.softmax(a, -1), torch.randn(4, 8))
+    assert compiled.source.count("empty_strided(") == 1  # only the output
+
+
+def test_compiled_artifact_round_trips():
+    from ember.ir import CompiledArtifact, dumps, loads
+
+    compiled = check(lambda a, w: torch.mm(a, w).softmax(-1), torch.randn(4, 6), torch.randn(6, 5))
+    art = compiled.artifact
+    assert loads(CompiledArtifact, dumps(art)) == art
+    kinds = [s.kind for s in art.steps]
+    assert "extern" in kinds and "kernel" in kinds and "alloc" in kinds
+    assert [k.language for k in art.kernels] == ["cpp"] and "EMBER_EXPORT" in art.kernels[0].source
+    assert {b.kind for b in art.buffers} >= {"input", "output"}

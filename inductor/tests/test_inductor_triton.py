@@ -1,0 +1,60 @@
+"""The Triton renderer, run on CPU through Triton's interpreter (small shapes: it is slow)."""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere in this process
+
+import pytest
+import torch
+import torch.nn.functional as F
+from ember.inductor import config
+from ember.inductor.codegen_triton import TritonRenderer
+from ember.inductor.lowering import lower_graph
+from ember.inductor.scheduler import Kernel, schedule
+from ember.primtorch.trace import trace_to_prims
+from inductor_helpers import check
+
+
+@pytest.fixture(autouse=True)
+def triton_backend():
+    config.cpu_backend = "triton"
+
+
+def test_pointwise_chain():
+    check(
+        lambda a, b: torch.sigmoid(a * b + 1.0).tanh(), torch.randn(5, 7), torch.randn(7), kernels=1
+    )
+
+
+@pytest.mark.parametrize("persistent_max", [1024, 8])
+def test_softmax_persistent_and_looped(persistent_max, monkeypatch):
+    monkeypatch.setattr(config, "persistent_reduction_max", persistent_max)
+    check(lambda a: torch.softmax(a, -1), torch.randn(3, 20), kernels=1)
+
+
+def test_layer_norm_and_reductions():
+    x, w, b = torch.randn(4, 12), torch.randn(12), torch.randn(12)
+    check(lambda x, w, b: F.layer_norm(x, (12,), w, b), x, w, b, kernels=1, atol=1e-5, rtol=1e-4)
+    check(lambda a: (a.sum(0), a.amax(1), a.argmax(1)), torch.randn(5, 6))
+
+
+def test_half_masked_and_indirect_loads():
+    h = torch.randn(4, 6, dtype=torch.float16)
+    check(lambda a: (a.float().exp() * 2).half(), h, atol=1e-2, rtol=1e-2)
+    check(lambda a, b: torch.cat([a, b * 2], 0), torch.randn(2, 3), torch.randn(3, 3))
+    check(lambda a, i: torch.gather(a, 1, i), torch.randn(3, 4), torch.randint(0, 4, (3, 2)))
+
+
+def test_64_bit_indexing_when_sizes_need_it():
+    x = torch.empty_strided((2**16, 2**15 + 1), (1, 2**16), dtype=torch.float32, device="meta")
+    gm = trace_to_prims(lambda a: a * 2, torch.randn(2, 3))  # the graph shape does not matter here
+    low = lower_graph(gm, [torch.randn(2, 3)])
+    steps = schedule(low.buffers, [o.name for o in low.outputs])
+    kernel = next(s for s in steps if isinstance(s, Kernel))
+    buffers = {b.name: b for b in [*low.inputs, *low.buffers] if b is not None}
+    for b in buffers.values():  # pretend the buffers are huge: only the text is checked
+        object.__setattr__(b.layout, "sizes", tuple(x.shape))
+        object.__setattr__(b.layout, "strides", tuple(x.stride()))
+    kernel.xsizes = tuple(x.shape)
+    src = TritonRenderer(kernel, buffers, "k").render().source
+    assert "tl.program_id(0).to(tl.int64)" in src
