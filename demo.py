@@ -28,13 +28,15 @@ class Block(torch.nn.Module):
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
 
 
-def median_ms(fn, x, repeat=50):
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn(x)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+def median_ms(fns, x, rounds=100):
+    """Median time of each function in ms, timed in alternation so load affects both alike."""
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, samples in zip(fns, times):
+            start = time.perf_counter()
+            fn(x)
+            samples.append(time.perf_counter() - start)
+    return [sorted(t)[len(t) // 2] * 1e3 for t in times]
 
 
 def main() -> int:
@@ -53,7 +55,7 @@ def main() -> int:
                 print(f"backend {backend!r} unavailable: {type(e).__name__}: {e}".splitlines()[0])
                 continue
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-            eager_ms, ember_ms = median_ms(model, x), median_ms(compiled, x)
+            eager_ms, ember_ms = median_ms((model, compiled), x)
             print(f"model: LayerNorm+MLP block, input {tuple(x.shape)}, float32, CPU")
             print(f"backend: {backend} (first call incl. compile {compile_s:.2f} s)")
             print(f"result matches eager: max abs diff {(got - expected).abs().max().item():.2e}")

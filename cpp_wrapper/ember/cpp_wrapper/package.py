@@ -27,6 +27,8 @@ import torch
 from ember.ir import IR_VERSION, CompiledArtifact, TensorMeta, dtype_name, toolchain
 
 from .codegen import itemsize
+from .exported import (SIGNATURE_FILE, compile_exported, is_exported_program, load_exported,
+                       write_signature)  # fmt: skip
 from .model import artifact_hash, bind_constants, build_model_library, materialise_constant
 
 FORMAT = "ember-package"
@@ -99,10 +101,18 @@ def package(
 ) -> Path:
     """Write an AOT package directory for a compiled artifact and its constants; returns its path.
 
-    Takes a CompiledArtifact with `constants` (buffer name -> tensor), an (artifact, constants)
-    pair, or an object with `.artifact` and `.constants`. A constant may name an artifact input
+    Takes an exported program (`ember.export`'s result, or the directory it was saved to: its
+    graph is compiled by ember.inductor and its constants frozen in; see exported.py), a
+    CompiledArtifact with `constants` (buffer name -> tensor), an (artifact, constants) pair, or
+    an object with `.artifact` and `.constants`. A constant may name an artifact input
     (a weight a traced graph takes as input): it is frozen into the package. `include_dirs` and
     `defines` are passed to the kernels' compilation (see config.kernel_include_dirs)."""
+    exported = None
+    if is_exported_program(exported_or_artifact):
+        exported = exported_or_artifact
+        if isinstance(exported, (str, os.PathLike)):
+            exported = load_exported(exported)
+        exported_or_artifact = compile_exported(exported, device)
     artifact, consts = bind_constants(*_unpack(exported_or_artifact, constants))
     if torch.device(artifact.device).type != torch.device(device).type:
         raise ValueError(f"the artifact was compiled for {artifact.device}, not {device}")
@@ -141,6 +151,8 @@ def package(
             "constants": entries,
         }
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        if exported is not None:
+            write_signature(exported, exported_or_artifact[0], staging / SIGNATURE_FILE)
         if path.exists():
             shutil.rmtree(path)
         os.replace(staging, path)

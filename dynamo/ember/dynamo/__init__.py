@@ -10,7 +10,9 @@ from .api import (ExplainOutput, OptimizedModule, compile, disable, explain, exp
 from .backends import CompileCounter, list_backends, lookup_backend, register_backend  # noqa: E402
 from .config import config  # noqa: E402
 from .exc import GraphBreakError, Unsupported  # noqa: E402
+from .exported import ExportedProgram, TensorSpec, load_exported  # noqa: E402
 
-__all__ = ["CompileCounter", "ExplainOutput", "GraphBreakError", "OptimizedModule", "Unsupported",
-           "compile", "config", "disable", "explain", "export", "list_backends", "lookup_backend",
+__all__ = ["CompileCounter", "ExplainOutput", "ExportedProgram", "GraphBreakError",
+           "OptimizedModule", "TensorSpec", "Unsupported", "compile", "config", "disable",
+           "explain", "export", "list_backends", "load_exported", "lookup_backend",
            "register_backend", "reset"]  # fmt: skip

@@ -13,6 +13,7 @@ import torch
 from . import convert
 from ._native import _C
 from .backends import CompileCounter, lookup_backend
+from .export_capture import export  # noqa: F401  (re-exported: the front door's ember.export)
 
 
 def _with_options(backend, name, mode, options) -> Callable:
@@ -151,14 +152,6 @@ def reset() -> None:
     convert._touched_codes.clear()
     convert._warned.clear()
     convert.stats.__init__()
-
-
-def export(*args, **kwargs):
-    """Not implemented yet: ahead-of-time export of a whole program to one graph."""
-    raise NotImplementedError(
-        "ember.export is not implemented yet; use ember.compile(fn, fullgraph=True) to capture "
-        "one graph, or ember.explain(fn)(*args) to see where graphs break"
-    )
 
 
 @dataclasses.dataclass

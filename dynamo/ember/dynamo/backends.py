@@ -15,6 +15,14 @@ _LAZY: dict[str, str] = {
     "inductor": "ember.inductor:compile_fx",
 }
 
+# What ember.export needs from other components, found the same way ("module" alone: importing
+# the module is the point; ember.primtorch defines the op vocabulary that saved graphs name).
+_ENTRIES: dict[str, str] = {
+    "export_lowering": "ember.aot_autograd:export_inference_graph",
+    "op_vocabulary": "ember.primtorch",
+}
+_RESOLVED: dict[str, object] = {}
+
 
 class BackendNotFound(RuntimeError):
     """No backend of that name is registered or importable."""
@@ -63,6 +71,20 @@ def lookup_backend(backend) -> Callable:
         _REGISTRY[backend] = fn
         return fn
     raise BackendNotFound(f"unknown backend {backend!r}; known: {', '.join(list_backends())}")
+
+
+def resolve_entry(name: str):
+    """The object a registry entry names, imported at first use (a module for "module" alone)."""
+    if name in _RESOLVED:
+        return _RESOLVED[name]
+    module_name, _, attr = _ENTRIES[name].partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+        obj = getattr(obj, attr) if attr else obj
+    except (ImportError, AttributeError) as e:
+        raise BackendNotFound(f"{name} is provided by {module_name}, which is not available ({e})")
+    _RESOLVED[name] = obj
+    return obj
 
 
 @register_backend("eager")

@@ -51,23 +51,21 @@ _PY_TORCH_PREFIXES = ("torch.nn.functional", "torch.functional", "torch.nn.init"
                       "torch.linalg", "torch.special", "torch.random", "torch._tensor",
                       "torch.nn.modules.utils")  # fmt: skip
 _INLINE_PREFIXES = ("torch.nn.modules", "torch.utils", "torch.autograd", "torch.optim",
-                    "torch.distributed", "torch._dynamo", "torch.fx", "torch.jit")  # fmt: skip
+                    "torch.distributed", "torch.fx", "torch.jit")  # fmt: skip
 
 
 # "Am I being compiled?" queries that libraries (HuggingFace among them) ask to take their
-# compile-friendly paths. Recognised by name: ember.dynamo never imports torch's compiler.
-_COMPILING_QUERIES = {
-    ("torch.compiler", "is_compiling"): True, ("torch.compiler", "is_dynamo_compiling"): True,
-    ("torch.compiler", "is_exporting"): False, ("torch._dynamo", "is_compiling"): True,
-    ("torch._dynamo.external_utils", "is_compiling"): True, ("torch._utils", "is_compiling"): True,
-    ("torch._dynamo.eval_frame", "is_compiling"): True,
-}  # fmt: skip
+# compile-friendly paths. Recognised by function name in any torch module (torch has several
+# spellings of them); ember.dynamo never imports torch's compiler.
+_COMPILING_QUERIES = {"is_compiling": True, "is_dynamo_compiling": True, "is_exporting": False}
 
 
 def compiling_query(fn):
     """True/False when `fn` asks whether code is being compiled; None for any other function."""
-    key = (getattr(fn, "__module__", None), getattr(fn, "__name__", None))
-    return _COMPILING_QUERIES.get(key)
+    module = getattr(fn, "__module__", None) or ""
+    if module != "torch" and not module.startswith("torch."):
+        return None
+    return _COMPILING_QUERIES.get(getattr(fn, "__name__", None))
 
 
 def is_const_fn(fn) -> bool:

@@ -1,7 +1,8 @@
 """The pipeline: prim graph -> loop IR -> fused kernels -> C++/Triton source -> callable.
 
-`compile_fx` is the torch.compile-style backend (aot_autograd with `compile_prims` as forward and
-backward compiler); `compile_prims` is the inductor proper, one flat list of stages.
+`compile_fx` is a backend with the torch compiler's backend contract (aot_autograd with
+`compile_prims` as forward and backward compiler); `compile_prims` is the inductor proper, one
+flat list of stages.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ log = logging.getLogger("ember.inductor")
 
 
 def compile_fx(gm: fx.GraphModule, example_inputs):
-    """A torch.compile backend: aot_autograd, with inductor compiling forward and backward."""
+    """A backend with the torch compiler's backend contract: aot_autograd, with inductor compiling forward and backward."""
     from ember.aot_autograd import aot_module_simplified
 
     return aot_module_simplified(gm, list(example_inputs), fw_compiler=compile_prims,

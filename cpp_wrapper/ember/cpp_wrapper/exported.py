@@ -1,0 +1,101 @@
+"""Packages from `ember.export`: an exported program's prim graph compiled into an artifact.
+
+ember.cpp_wrapper imports only ember.ir, so the compiler and the exported-program loader are found
+through a registry of "module:attribute" strings, imported at first use (as ember.dynamo finds its
+backends). The compiler entry is `ember.inductor.compile_prims(prim_gm, example_inputs)`: the
+inductor proper (no aot_autograd around it), which returns a `CompiledGraph` whose `.artifact` is
+the `CompiledArtifact` of the graph, inputs named `arg0..argN` in placeholder order. An exported
+program's placeholders are its inputs then its constants, so the trailing artifact inputs are the
+constants, which `package` freezes into weights.
+
+An exported program is read by duck typing (`graph_module`, `inputs`, `constants`,
+`example_inputs()`), the attributes `ember.dynamo.ExportedProgram` has.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ember.ir import CompiledArtifact, dtype_name
+
+from .errors import UnsupportedArtifactError
+
+_ENTRIES = {
+    "compile_prims": "ember.inductor:compile_prims",
+    "load_exported": "ember.dynamo:load_exported",
+}
+_RESOLVED: dict[str, Any] = {}
+
+SIGNATURE_FILE = "signature.json"
+
+
+def resolve_entry(name: str):
+    """The callable a registry entry names, imported at first use."""
+    if name not in _RESOLVED:
+        module_name, attr = _ENTRIES[name].split(":")
+        try:
+            _RESOLVED[name] = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise UnsupportedArtifactError(
+                f"packaging an exported program needs {_ENTRIES[name]}, which is not available "
+                f"({e}); install that component or pass a CompiledArtifact"
+            ) from None
+    return _RESOLVED[name]
+
+
+def is_exported_program(obj) -> bool:
+    """Whether `obj` looks like an ExportedProgram (or is a directory one was saved to)."""
+    if isinstance(obj, (str, os.PathLike)):
+        return (Path(obj) / "program.json").is_file()
+    names = ("graph_module", "inputs", "constants", "example_inputs")
+    return all(hasattr(obj, n) for n in names) and not hasattr(obj, "artifact")
+
+
+def load_exported(path: os.PathLike | str):
+    """An exported program saved by `ExportedProgram.save` (read by ember.dynamo)."""
+    return resolve_entry("load_exported")(path)
+
+
+def compile_exported(exported, device: str = "cpu") -> tuple[CompiledArtifact, dict]:
+    """The artifact for an exported program and its constants keyed by artifact input name."""
+    want = torch.device(device).type
+    for spec in exported.inputs:
+        if torch.device(spec.meta.device).type != want:
+            raise ValueError(f"input {spec.name} of the exported program is on "
+                             f"{spec.meta.device}; export with {want} tensors to package for "
+                             f"{want}")  # fmt: skip
+    compiled = resolve_entry("compile_prims")(exported.graph_module, exported.example_inputs())
+    artifact = getattr(compiled, "artifact", compiled)
+    if not isinstance(artifact, CompiledArtifact):
+        raise UnsupportedArtifactError(f"the compiler returned {type(artifact).__name__}, "
+                                       "not a CompiledArtifact")  # fmt: skip
+    n_in, consts = len(exported.inputs), list(exported.constants.values())
+    if len(artifact.inputs) != n_in + len(consts):
+        raise UnsupportedArtifactError(
+            f"the artifact has {len(artifact.inputs)} inputs; the exported program has {n_in} "
+            f"inputs and {len(consts)} constants"
+        )
+    return artifact, dict(zip(artifact.inputs[n_in:], consts))
+
+
+def write_signature(exported, artifact: CompiledArtifact, path: Path) -> None:
+    """signature.json: which package input is which argument, and where the weights came from."""
+    n_in = len(exported.inputs)
+    doc = {
+        "inputs": [{"buffer": b, "name": s.name, "dtype": dtype_name(s.meta.dtype)}
+                   for b, s in zip(artifact.inputs[:n_in], exported.inputs)],  # fmt: skip
+        "outputs": [{"buffer": b, "index": i} for i, b in enumerate(artifact.outputs)],
+        "constants": {b: getattr(exported, "constant_fqns", {}).get(n, n)
+                      for b, n in zip(artifact.inputs[n_in:], exported.constants)},  # fmt: skip
+    }
+    out_spec = getattr(exported, "out_spec", None)
+    if out_spec is not None:
+        doc["out_spec"] = pytree.treespec_dumps(out_spec)  # the result's structure
+    path.write_text(json.dumps(doc, indent=1) + "\n")

@@ -1,0 +1,259 @@
+"""ember.export: capture a whole program as one graph (fullgraph semantics), ahead of time.
+
+The root frame is translated directly by the symbolic interpreter (no frame hook, no guards): any
+construct that would need a graph break raises `GraphBreakError` naming it and the user's
+file:line. The captured torch-level graph takes the flat tensor arguments, then the tensors the
+program reads from elsewhere (parameters, buffers, globals: the constants); it is lowered to a prim
+inference graph by the registry entry "export_lowering" (ember.aot_autograd).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from ember.ir import NODE_META_KEY, TensorMeta
+
+from . import variables as V
+from .backends import resolve_entry
+from .builder import Builder
+from .codegen import eliminate_dead_code
+from .exc import GraphBreakError, RestartAnalysis, Unsupported
+from .exported import ExportedProgram
+from .interpreter import RootTranslator
+from .output import OutputGraph
+
+# Non-tensor argument and result values an exported program can bake in and record.
+_LEAF_CONSTS = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+class _TensorLeaf:
+    """Marks a tensor in the result structure: `index` is its position among graph outputs."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def export(model, args=(), kwargs=None) -> ExportedProgram:
+    """Capture `model(*args, **kwargs)` as one prim inference graph with its weights."""
+    args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+    kwargs = dict(sorted((kwargs or {}).items()))  # so that a call's keyword order is free
+    fn, bound = _root_function(model)
+    model = getattr(model, "_orig_mod", model)
+    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    in_leaves = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            in_leaves.append(None)
+        elif isinstance(leaf, _LEAF_CONSTS):
+            in_leaves.append(("const", leaf))
+        else:
+            kind = type(leaf).__name__
+            raise TypeError(f"ember.export: argument leaf {i} is a {kind}; arguments are "
+                            "tensors, containers of them, and plain constants")  # fmt: skip
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    frame_args = _frame_locals(fn, (*bound, *args), kwargs)
+    gm, constants, out_spec, out_leaves = _capture(fn, frame_args, tensors, _fqns(model))
+    lower = resolve_entry("export_lowering")
+    names = _input_names(fn, bound, args, kwargs)
+    prim_gm, consts = lower(gm, tensors, {k: v for k, (v, _) in constants.items()}, names)
+    fqns = {new: fqn for new, (_, fqn) in zip(consts, constants.values())}
+    return ExportedProgram(prim_gm, consts, fqns, in_spec, in_leaves, out_spec, out_leaves)
+
+
+def _root_function(model):
+    """The Python function whose frame is captured, and the arguments bound before the user's."""
+    if isinstance(model, torch.nn.Module):
+        if "_orig_mod" in model.__dict__:  # an ember.compile'd module: export the original
+            return _root_function(model.__dict__["_orig_mod"])
+        m = torch.nn.modules.module
+        hooks = [model._forward_hooks, model._forward_pre_hooks,
+                 m._global_forward_hooks, m._global_forward_pre_hooks]  # fmt: skip
+        if any(hooks):
+            raise NotImplementedError("ember.export: the module (or torch globally) has "
+                                      "forward hooks, which export would skip; remove them")
+        if "forward" in model.__dict__:
+            fn = model.__dict__["forward"]
+            return _root_function(fn)
+        return type(model).forward, (model,)
+    if inspect.ismethod(model):
+        return model.__func__, (model.__self__,)
+    if inspect.isfunction(model):
+        return model, ()
+    raise TypeError(f"ember.export expects an nn.Module or a Python function, got {type(model)}")
+
+
+def _frame_locals(fn, args: tuple, kwargs: dict) -> list:
+    """The frame's arguments as CPython binds them (defaults applied, *args and **kwargs)."""
+    code = fn.__code__
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"ember.export: calling {fn.__qualname__}: {e}") from None
+    bound.apply_defaults()
+    nargs = code.co_argcount + code.co_kwonlyargcount
+    nargs += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return [bound.arguments[name] for name in code.co_varnames[:nargs]]
+
+
+def _capture(fn, frame_args: list, tensors: list, fqns: dict):
+    """Translate the root frame; returns (torch-level gm, constants, out_spec, out_leaves)."""
+    code = fn.__code__
+    rng, grad = torch.random.get_rng_state(), torch.is_grad_enabled()
+    try:
+        torch._C._set_grad_enabled(False)
+        output = OutputGraph(code, lambda: "?")
+        output.root_globals = fn.__globals__
+        tx = RootTranslator(output, Builder(output), code, fn, fn.__globals__, frame_args, None)
+        output.where = tx.where
+        tx.run_root()
+        result = tx.result[1]
+        _check_side_effects(output, tx.where())
+        out_vts: list = []
+        struct = _result_structure(result, out_vts)
+    except RestartAnalysis as r:
+        raise GraphBreakError(_message(r.reason, code)) from None
+    except Unsupported as e:
+        raise GraphBreakError(_message(e, code)) from None
+    finally:
+        torch.random.set_rng_state(rng)
+        torch._C._set_grad_enabled(grad)
+    flat, out_spec = pytree.tree_flatten(struct)
+    out_leaves = [("tensor", x.index) if isinstance(x, _TensorLeaf) else ("const", x) for x in flat]
+    output.graph.output(tuple(vt.node for vt in out_vts))
+    eliminate_dead_code(output.graph)
+    constants = _order_placeholders(output, tensors, fqns)
+    gm = fx.GraphModule(torch.nn.Module(), output.graph)
+    gm.graph.lint()
+    return gm, constants, out_spec, out_leaves
+
+
+def _message(e: Unsupported, code) -> str:
+    where = e.where or f"{code.co_filename}:{code.co_firstlineno}"
+    return f"ember.export (one graph, no breaks): {e.msg} at {where}"
+
+
+def _check_side_effects(output: OutputGraph, where: str) -> None:
+    """An exported graph is a pure function: Python-visible mutations cannot be replayed."""
+    kinds = sorted({str(e[0]) for e in output.side_effects})
+    if output.mutated:
+        kinds.append("list/dict mutation")
+    if kinds:
+        raise Unsupported(f"the program has Python side effects ({', '.join(kinds)}), which an "
+                          "exported graph cannot replay", where)  # fmt: skip
+
+
+def _result_structure(vt, out_vts: list):
+    """The result as Python containers with `_TensorLeaf`s where the graph's outputs go."""
+    if isinstance(vt, V.TensorVT):
+        out_vts.append(vt)
+        return _TensorLeaf(len(out_vts) - 1)
+    if isinstance(vt, V.ConstVT) and isinstance(vt.value, _LEAF_CONSTS):
+        return vt.value
+    if isinstance(vt, V.ListVT) and type(vt) is V.ListVT:
+        items = [_result_structure(i, out_vts) for i in vt.items]
+        return tuple(items) if vt.is_tuple else items
+    if isinstance(vt, V.DictVT) and vt.cls is dict:
+        return {k: _result_structure(i, out_vts) for k, i in vt.items.items()}
+    raise Unsupported(f"the program returns a {_describe(vt)}; exported results are tensors, "
+                      "tuples, lists and dicts of them, and plain constants")  # fmt: skip
+
+
+def _describe(vt) -> str:
+    if isinstance(vt, V.ConstVT):
+        return type(vt.value).__name__
+    cls = getattr(vt, "cls", None)
+    return cls.__name__ if isinstance(cls, type) else type(vt).__name__
+
+
+def _order_placeholders(output: OutputGraph, tensors: list, fqns: dict) -> dict:
+    """Placeholders in call order: the flat tensor arguments, then the constants.
+
+    Returns {name: (tensor, where it comes from)} for the constants: the module's qualified name
+    ("conv.weight"), or the source ("G['table']") for a tensor read from elsewhere. An argument
+    the program never reads still gets a placeholder: the program takes every tensor it was given.
+    """
+    by_id = {id(value): vt for _, value, vt in output.inputs}
+    seen: dict[int, int] = {}
+    ordered = []
+    for i, t in enumerate(tensors):
+        if id(t) in seen:
+            raise NotImplementedError(f"ember.export: the same tensor is passed as arguments "
+                                      f"{seen[id(t)]} and {i}; pass distinct tensors")  # fmt: skip
+        seen[id(t)] = i
+        vt = by_id.get(id(t))
+        if vt is not None:
+            ordered.append(vt.node)
+            continue
+        node = output._insert_placeholder(_unique(output, f"unused_input_{i}"))
+        node.meta["example_value"] = t
+        node.meta[NODE_META_KEY] = TensorMeta.from_tensor(t)
+        ordered.append(node)
+    constants = {}
+    for source, value, vt in output.inputs:
+        if id(value) in seen:
+            continue
+        fqn = fqns.get(id(value), "")
+        name = _unique_key(constants, fqn or source.name())
+        constants[name] = (value.detach(), fqn or source.name())
+        ordered.append(vt.node)
+    anchor = next(n for n in output.graph.nodes if n.op != "placeholder")
+    for node in ordered:
+        anchor.prepend(node)
+    return constants
+
+
+def _fqns(model) -> dict[int, str]:
+    """id(tensor) -> its qualified name in the module ("layer1.0.conv.weight")."""
+    if not isinstance(model, torch.nn.Module):
+        model = getattr(model, "__self__", None)
+        if not isinstance(model, torch.nn.Module):
+            return {}
+    out: dict[int, str] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False),
+                    *model.named_buffers(remove_duplicate=False)]:  # fmt: skip
+        out.setdefault(id(t), name)
+    return out
+
+
+def _input_names(fn, bound: tuple, args: tuple, kwargs: dict) -> list[str]:
+    """A name per flat tensor argument: its parameter's name, with the path inside containers."""
+    params = list(inspect.signature(fn).parameters)[len(bound) :]
+    names = []
+    for path, leaf in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        keys = [getattr(k, "idx", getattr(k, "key", k)) for k in path]
+        if keys[0] == 0:  # positional: name it after its parameter (or *args)
+            idx = keys[1]
+            named = idx < len(params) and not _is_var(fn, params[idx])
+            base = params[idx] if named else f"arg{idx}"
+        else:
+            base = str(keys[1])
+        names.append("_".join([base, *(str(k) for k in keys[2:])]))
+    return names
+
+
+def _is_var(fn, name: str) -> bool:
+    kind = inspect.signature(fn).parameters[name].kind
+    return kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def _unique(output: OutputGraph, base: str) -> str:
+    name, i = base, 1
+    while name in output.names:
+        name, i = f"{base}_{i}", i + 1
+    output.names.add(name)
+    return name
+
+
+def _unique_key(d: dict, text: str) -> str:
+    base = re.sub(r"\W+", "_", text).strip("_") or "constant"
+    name, i = base, 1
+    while name in d:
+        name, i = f"{base}_{i}", i + 1
+    return name

@@ -1,0 +1,117 @@
+"""ember.export -> ember.cpp_wrapper.package -> a package run without Python, and in process.
+
+Cross-component: dynamo captures, aot_autograd lowers to prims, cpp_wrapper compiles the graph
+with ember.inductor (through its registry) and writes the package with the weights frozen in.
+"""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import ember
+from ember.cpp_wrapper import EmberRuntimeError, install_run_package, load_package, package
+
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+class CNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        return self.fc(x.flatten(1))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16), torch.nn.Tanh(),
+            torch.nn.Linear(16, 4),
+        )  # fmt: skip
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def make(name):
+    torch.manual_seed(0)
+    if name == "mlp":
+        return MLP().eval(), torch.randn(5, 8)
+    model = CNN().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    return model, torch.randn(2, 3, 8, 8)
+
+
+@pytest.fixture(scope="module")
+def run_package(tmp_path_factory):
+    return install_run_package(tmp_path_factory.mktemp("bin"))
+
+
+@pytest.fixture(scope="module", params=["mlp", "cnn"])
+def packaged(request, tmp_path_factory):
+    model, x = make(request.param)
+    exported = ember.export(model, (x,))
+    path = package(exported, tmp_path_factory.mktemp(request.param) / "pkg", device="cpu")
+    return model, x, exported, path
+
+
+def _run(run_package, path, x: np.ndarray, tmp_path):
+    np.save(tmp_path / "x.npy", x)
+    return subprocess.run(
+        [str(run_package), str(path), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_package_matches_eager_in_process_and_standalone(packaged, run_package, tmp_path):
+    model, x, exported, path = packaged
+    y = torch.randn_like(x)  # not the export's example: the weights are frozen, the input is not
+    want = model(y).detach()
+    torch.testing.assert_close(load_package(path)(y)[0], want, **TOL)
+    r = _run(run_package, path, y.numpy(), tmp_path)
+    assert r.returncode == 0, r.stderr
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "y.npy")), want, **TOL)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert len(manifest["inputs"]) == 1 and len(manifest["constants"]) == len(exported.constants)
+    signature = json.loads((path / "signature.json").read_text())
+    assert [i["name"] for i in signature["inputs"]] == ["x"]
+    assert sorted(signature["constants"].values()) == sorted(exported.constant_fqns.values())
+
+
+def test_package_links_neither_libtorch_nor_libpython(packaged):
+    ldd = subprocess.run(["ldd", str(packaged[3] / "model.so")], capture_output=True, text=True)
+    assert ldd.returncode == 0 and "libc.so" in ldd.stdout, ldd.stdout + ldd.stderr
+    assert "libtorch" not in ldd.stdout and "libpython" not in ldd.stdout, ldd.stdout
+
+
+@pytest.mark.parametrize("bad, status, text", [
+    ("dtype", 2, "expected float32, got float64"),
+    ("shape", 3, "size of dimension"),
+    ("rank", 3, "dimensions"),
+])  # fmt: skip
+def test_wrong_input_is_an_error_code_with_a_message(packaged, run_package, tmp_path, bad, status,
+                                                     text):  # fmt: skip
+    x = packaged[1]
+    wrong = {"dtype": x.double(), "shape": torch.cat([x, x], -1), "rank": x[0]}[bad]
+    with pytest.raises(EmberRuntimeError, match=text) as info:
+        load_package(packaged[3])(wrong)
+    assert info.value.status == status
+    r = _run(run_package, packaged[3], wrong.numpy(), tmp_path)
+    assert r.returncode == status and text in r.stderr, (r.returncode, r.stderr)
+
+
+def test_package_from_a_saved_exported_program(tmp_path):
+    model, x = make("mlp")
+    saved = ember.export(model, (x,)).save(tmp_path / "exported")
+    path = package(saved, tmp_path / "pkg")
+    torch.testing.assert_close(load_package(path)(x)[0], model(x).detach(), **TOL)
