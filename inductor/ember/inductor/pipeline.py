@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import logging
 
 import torch
@@ -33,12 +34,39 @@ from .wrapper import Program, generate
 log = logging.getLogger("ember.inductor")
 
 
-def compile_fx(gm: fx.GraphModule, example_inputs):
-    """A backend with the torch compiler's backend contract: aot_autograd, with inductor compiling forward and backward."""
+# Where `options={"cpp_wrapper": True}` finds the C++ wrapper's loader. inductor may not import
+# cpp_wrapper (ARCHITECTURE.md), so the runtime is resolved by name when that option is asked for.
+CPP_WRAPPER_LOADER = "ember.cpp_wrapper:load_artifact"
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
+    """A backend with the torch compiler's backend contract: aot_autograd, with inductor
+    compiling forward and backward. options: {"cpp_wrapper": True} runs the C++ wrapper."""
     from ember.aot_autograd import aot_module_simplified
 
-    return aot_module_simplified(gm, list(example_inputs), fw_compiler=compile_prims,
-                                 bw_compiler=compile_prims)  # fmt: skip
+    options = dict(options or {})
+    cpp_wrapper = bool(options.pop("cpp_wrapper", False))
+    if options:
+        raise TypeError(f"ember.inductor.compile_fx: unknown options {sorted(options)}")
+    if mode not in MODES:
+        raise ValueError(f"ember.inductor.compile_fx: unknown mode {mode!r}; one of {MODES}")
+    compiler = _cpp_wrapper_compiler if cpp_wrapper else compile_prims
+    return aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler,
+                                 bw_compiler=compiler)  # fmt: skip
+
+
+def _cpp_wrapper_compiler(gm: fx.GraphModule, example_inputs):
+    """compile_prims, then run its artifact through the C++ wrapper instead of Python."""
+    compiled = compile_prims(gm, example_inputs)
+    module_name, attr = CPP_WRAPPER_LOADER.split(":")
+    try:
+        load_artifact = getattr(importlib.import_module(module_name), attr)
+    except ImportError as e:
+        raise RuntimeError(
+            "options={'cpp_wrapper': True} needs ember.cpp_wrapper: pip install ./cpp_wrapper"
+        ) from e
+    return load_artifact(compiled.artifact, compiled.constants)
 
 
 def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
@@ -90,6 +118,7 @@ class CompiledGraph:
     def __init__(self, program: Program, constants: dict):
         self.program = program
         self.artifact = program.artifact
+        self.constants = constants
         if config.output_code:
             print(program.source)
         namespace: dict = dict(constants)  # get_attr tensors, by their buffer names
