@@ -1,0 +1,176 @@
+"""The benchmark harness on the CPU: the cpu-core smoke subset end to end, its failure paths
+(a backend that raises, returns wrong numbers, crashes its process, hangs) and merging parts.
+
+Ember may be incomplete: its cells may fail, and that is recorded, not a test failure. What must
+hold is the harness's own contract: every model appears under every backend, eager numbers are
+positive, a failure carries its error, and output files exist.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))
+
+import merge
+import report
+import run
+import suites
+
+STATUSES = {"ok", "failed", "timeout", "crashed", "inaccurate", "fallback", "skipped", "not run"}
+QUIET = {"log": lambda *args: None, "chart": False, "iters": 2, "warmup": 1}
+
+
+def _records(result):
+    return {(r["model"], r["backend"]): r for r in result["records"]}
+
+
+@pytest.mark.slow  # Ember's CPU compiles take a while on two cores
+def test_cpu_smoke_subset(tmp_path):
+    result = run.run_suite("cpu-core", tmp_path, smoke=True, model_timeout=240, **QUIET)
+    assert (tmp_path / "results.md").is_file() and (tmp_path / "results.json").is_file()
+    saved = json.loads((tmp_path / "results.json").read_text())["runs"][0]
+    assert saved["records"] == json.loads(json.dumps(result["records"], default=str))
+    records = _records(result)
+    smoke = suites.SUITES["cpu-core"].smoke
+    assert result["backends"] == ["eager", "ember"]
+    assert len(records) == len(smoke) * 2
+    text = (tmp_path / "results.md").read_text()
+    for model in smoke:
+        assert model in text
+        eager = records[(model, "eager")]
+        assert eager["status"] == "ok", eager
+        assert eager["latency_ms"] > 0 and eager["first_call_s"] > 0
+        assert eager["accuracy"]["max_abs"] == 0.0  # eager against its own reference
+        ember = records[(model, "ember")]
+        assert ember["status"] in STATUSES
+        if ember["status"] == "ok":
+            assert ember["latency_ms"] > 0 and ember["compile_cold_s"] > 0
+        else:
+            assert ember["error"], ember
+    summary = result["summary"]
+    assert summary["backends"]["eager"]["passed"] == len(smoke)
+    assert "### Summary" in text and "pass rate" in text
+
+
+def _run_selftests(tmp_path, backends, **kwargs):
+    result = run.run_suite(
+        "cpu-core", tmp_path, models=["small_gpt2"], backends=backends, **kwargs, **QUIET
+    )
+    records = _records(result)
+    assert result["summary"]["backends"]["eager"]["passed"] == 1
+    assert all(result["summary"]["backends"][b]["passed"] == 0 for b in backends)
+    assert "### Failures" in (tmp_path / "results.md").read_text()
+    return {b: records[("small_gpt2", b)] for b in ["eager"] + backends}
+
+
+def test_failures_are_recorded_not_fatal(tmp_path):
+    recs = _run_selftests(
+        tmp_path, ["_selftest_raise", "_selftest_wrong", "_selftest_fallback", "_selftest_crash"]
+    )
+    assert {b: r["status"] for b, r in recs.items()} == {
+        "eager": "ok",
+        "_selftest_raise": "failed",
+        "_selftest_wrong": "inaccurate",
+        "_selftest_fallback": "fallback",
+        "_selftest_crash": "crashed",
+    }
+    assert "self-test backend failed to compile" in recs["_selftest_raise"]["error"]
+    assert "rmse" in recs["_selftest_wrong"]["error"]
+    assert "captured no graph" in recs["_selftest_fallback"]["error"]
+    assert "SIGKILL" in recs["_selftest_crash"]["error"]
+
+
+@pytest.mark.slow
+def test_hangs_time_out(tmp_path):
+    # 15 s: enough for building the model and the eager reference on a loaded 2-core machine.
+    recs = _run_selftests(
+        tmp_path, ["_selftest_hang", "_selftest_stuck"], model_timeout=15, grace=2
+    )
+    assert {b: r["status"] for b, r in recs.items()} == {
+        "eager": "ok",
+        "_selftest_hang": "timeout",
+        "_selftest_stuck": "timeout",
+    }
+    assert "timed out after 15 s" in recs["_selftest_hang"]["error"]
+    assert "hard limit" in recs["_selftest_stuck"]["error"]
+
+
+def test_in_process_mode_records_failures(tmp_path):
+    result = run.run_suite(
+        "cpu-core",
+        tmp_path,
+        models=["small_vit"],
+        isolate="none",
+        backends=["_selftest_raise"],
+        **QUIET,
+    )
+    records = _records(result)
+    assert records[("small_vit", "eager")]["status"] == "ok"
+    assert records[("small_vit", "_selftest_raise")]["status"] == "failed"
+
+
+def test_missing_package_is_skipped_not_dropped(tmp_path, monkeypatch):
+    monkeypatch.setattr(run.model_registry, "missing_requirements", lambda spec: ["timm"])
+    result = run.run_suite("cpu-core", tmp_path, models=["resnet18"], **QUIET)
+    rec = _records(result)[("resnet18", "eager")]
+    assert rec["status"] == "skipped" and "timm" in rec["error"]
+    assert result["summary"]["counted"] == 0
+
+
+def _fake_run(part, models, latency):
+    records = []
+    for m in models:
+        records.append({"model": m, "backend": "eager", "status": "ok", "latency_ms": 2.0})
+        records.append(
+            {
+                "model": m,
+                "backend": "torch_compile",
+                "status": "ok",
+                "latency_ms": latency,
+                "compile_cold_s": 10.0,
+                "compile_warm_s": 1.0,
+            }
+        )
+        records.append({"model": m, "backend": "ember", "status": "failed", "error": "boom"})
+    return {
+        "suite": "gpu-core",
+        "mode": "infer-bf16",
+        "device": "cuda",
+        "part": part,
+        "backends": ["eager", "torch_compile", "ember"],
+        "models": models,
+        "suite_models": list(suites.SUITES["gpu-core"].models),
+        "unit": "ms",
+        "timing": "t",
+        "records": records,
+        "notes": [],
+        "elapsed_s": 1.0,
+    }
+
+
+def test_merge_orders_parts_and_summarises(tmp_path):
+    models = list(suites.SUITES["gpu-core"].models[:4])
+    parts = [
+        _fake_run(f"{i}/2", suites.part_of(models, f"{i}/2"), 1.0 if i == 1 else 0.5)
+        for i in (1, 2)
+    ]
+    for i, part in enumerate(parts):
+        report.write(tmp_path / f"p{i}", [part], chart=False)
+    assert (
+        merge.main(
+            [str(tmp_path / "p0"), str(tmp_path / "p1"), "--out", str(tmp_path / "m"), "--no-chart"]
+        )
+        == 0
+    )
+    merged = json.loads((tmp_path / "m" / "results.json").read_text())["runs"]
+    assert len(merged) == 1 and merged[0]["models"] == models
+    summary = merged[0]["summary"]
+    assert summary["backends"]["ember"]["passed"] == 0 and summary["all_pass"] == []
+    # torch.compile ran 2x and 4x faster on alternate models: geomean of its own passes is sqrt(8)
+    assert summary["backends"]["torch_compile"]["geomean_speedup_own"] == pytest.approx(8**0.5)
+    text = (tmp_path / "m" / "results.md").read_text()
+    assert "failed: boom" in text and "| ember | 0/4 | 0% |" in text
