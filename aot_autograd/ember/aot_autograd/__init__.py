@@ -16,10 +16,11 @@ from .api import (  # noqa: E402
     run_as_fx,
 )
 from .export import export_inference_graph  # noqa: E402
+from .module_call import GUARDED_INPUTS_META, GuardViolation  # noqa: E402
 from .partition import default_partition, min_cut_partition, saved_bytes  # noqa: E402
 
 __all__ = [
-    "AOTFunction", "AOTModule", "BACKENDS", "aot_eager", "aot_function", "aot_module",
-    "aot_module_simplified", "default_partition", "export_inference_graph", "min_cut_partition",
-    "run_as_fx", "saved_bytes",
+    "AOTFunction", "AOTModule", "BACKENDS", "GUARDED_INPUTS_META", "GuardViolation", "aot_eager",
+    "aot_function", "aot_module", "aot_module_simplified", "default_partition",
+    "export_inference_graph", "min_cut_partition", "run_as_fx", "saved_bytes",
 ]  # fmt: skip

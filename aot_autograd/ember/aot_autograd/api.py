@@ -14,9 +14,10 @@ from torch.utils import _pytree as pytree
 from ember.ir import NODE_META_KEY, TensorMeta
 
 from .joint import trace
+from .module_call import GUARDED_INPUTS_META, module_caller
 from .partition import min_cut_partition
-from .runtime import InferenceRuntime, TrainingRuntime
-from .signature import input_signature, storage_groups
+from .runtime import InferenceRuntime, TrainingRuntime, check_mutated_aliasing
+from .signature import input_signature, tensor_key
 
 # A compiler turns a graph and example inputs into a callable taking the same inputs.
 Compiler = Callable[[fx.GraphModule, list], Callable]
@@ -50,9 +51,11 @@ class AOTFunction:
         self.bw_compiler = bw_compiler or fw_compiler
         self.inference_compiler = inference_compiler or fw_compiler
         self.partition_fn = partition_fn
-        self.cache: dict = {}
+        self.cache: dict = {}  # (in_spec, input_signature) -> runtime
         self.last_graphs: dict[str, fx.GraphModule] = {}  # for debugging and tests
         self.compile_seconds = 0.0
+        # Calls with positional tensors only: tensor_key(args) -> runtime.call (no pytree).
+        self._flat_calls: dict = {}
         functools.update_wrapper(self, fn, updated=())
 
     @property
@@ -60,20 +63,31 @@ class AOTFunction:
         return len(self.cache)
 
     def __call__(self, *args, **kwargs):
+        key = None if kwargs else tensor_key(args)
+        call = self._flat_calls.get(key)
+        if call is not None:
+            return call(args)
         flat, in_spec = pytree.tree_flatten((args, kwargs))
+        runtime = self.runtime_for(flat, in_spec)
+        if key is not None:  # args were flat tensors: the same flat list, the same spec
+            self._flat_calls[key] = runtime.call
+        return runtime.call(tuple(a for a in flat if isinstance(a, torch.Tensor)))
+
+    def runtime_for(self, flat: list, in_spec):
+        """The runtime for these flattened arguments, tracing and compiling on a miss."""
         key = (in_spec, input_signature(flat))
         runtime = self.cache.get(key)
         if runtime is None:
             start = time.perf_counter()
             runtime = self.cache[key] = self._compile(flat, in_spec)
             self.compile_seconds += time.perf_counter() - start
-        return runtime([a for a in flat if isinstance(a, torch.Tensor)])
+        return runtime
 
     def _compile(self, flat: list, in_spec):
         flat_fn = _flat_program(self.fn, flat, in_spec)
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
         traced = trace(flat_fn, tensors)
-        _check_aliased_mutations(tensors, traced.plan.mutated_inputs)
+        check_mutated_aliasing(traced.plan, tensors)
         example = list(traced.example_inputs)
         example += [torch.zeros((), dtype=torch.int64, device=d) for d in traced.plan.rng_devices]
         if not traced.is_joint:
@@ -84,16 +98,6 @@ class AOTFunction:
         forward = self.fw_compiler(fw_gm, example)
         backward = self.bw_compiler(bw_gm, example_inputs_from_meta(bw_gm))
         return TrainingRuntime(traced.plan, forward, backward)
-
-
-def _check_aliased_mutations(tensors: list, mutated: list[int]) -> None:
-    groups = storage_groups(tensors)
-    for i in mutated:
-        if sum(g == groups[i] for g in groups) > 1:
-            raise NotImplementedError(
-                f"aot_autograd: input {i} is mutated and shares its storage with another input; "
-                "pass separate tensors (the trace treats inputs as distinct)"
-            )
 
 
 def _flat_program(fn: Callable, flat: list, in_spec):
@@ -123,10 +127,6 @@ def aot_function(
     return AOTFunction(fn, fw_compiler, bw_compiler, partition_fn, inference_compiler)
 
 
-def _state(module: nn.Module) -> tuple[dict, dict]:
-    return dict(module.named_parameters()), dict(module.named_buffers())
-
-
 class AOTModule(nn.Module):
     """`module` with its forward traced and compiled; parameters and buffers stay the module's."""
 
@@ -134,10 +134,10 @@ class AOTModule(nn.Module):
         super().__init__()
         self.orig_module = module
         self._compiled = compiled
+        self._run = module_caller(module, compiled)
 
     def forward(self, *args, **kwargs):
-        params, buffers = _state(self.orig_module)
-        return self._compiled(params, buffers, *args, **kwargs)
+        return self._run(*args, **kwargs)
 
 
 def _functional(module: nn.Module) -> Callable:
@@ -168,18 +168,20 @@ def aot_module_simplified(
     bw_compiler=None,
     partition_fn=min_cut_partition,
     inference_compiler=None,
+    guarded: Optional[bool] = None,
 ) -> Callable:
-    """A compiler-backend body (the dynamo contract): `(*flat_inputs) -> what gm returns`."""
+    """A compiler-backend body (the dynamo contract): `(*flat_inputs) -> what gm returns`.
+
+    `guarded=True` promises that every call's tensors (gm's own parameters and buffers too) have
+    the sizes, strides, dtypes, devices and requires_grad of the first call, as a frontend's
+    guards ensure; calls then skip re-keying. None reads `gm.meta[GUARDED_INPUTS_META]`.
+    """
     compiled = aot_function(
         _functional(gm), fw_compiler, bw_compiler, partition_fn, inference_compiler
     )
-
-    def run(*args):
-        params, buffers = _state(gm)
-        return compiled(params, buffers, *args)
-
-    run.aot_function = compiled  # the trace cache and graphs, for inspection
-    return run
+    if guarded is None:
+        guarded = bool(getattr(gm, "meta", {}).get(GUARDED_INPUTS_META, False))
+    return module_caller(gm, compiled, guarded=guarded)
 
 
 def aot_eager(gm: nn.Module, example_inputs: list, **kwargs) -> Callable:

@@ -3,6 +3,11 @@
 Around the compiled call it does what the functional graphs cannot: draws the RNG seed, copies new
 values of mutated inputs back into the caller's tensors, and rebuilds outputs that alias inputs or
 each other as real views (so the caller sees eager's aliasing).
+
+Per-call cost is a product number, so each runtime decides at construction what its calls need
+and builds one `call(inputs: tuple)` closure doing only that: no seed draw without random ops, no
+copy-back or aliasing check without mutated inputs, no alias rebuilding or pytree unflatten when
+the outputs are the graph's outputs in order, and no autograd.Function for an inference graph.
 """
 
 from __future__ import annotations
@@ -11,7 +16,13 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 import torch
+import torch.fx as fx
 from torch.utils import _pytree as pytree
+
+from .signature import storage_ptr
+
+_is_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +77,20 @@ def draw_seeds(plan: RuntimePlan) -> list[torch.Tensor]:
     return [torch.empty((), dtype=torch.int64).random_().to(d) for d in plan.rng_devices]
 
 
-def finish(plan: RuntimePlan, inputs: list, graph_outs: list):
+def check_mutated_aliasing(plan: RuntimePlan, inputs) -> None:
+    """Raise if a mutated input shares its storage with another input (the trace assumed not)."""
+    ptrs = [storage_ptr(t) for t in inputs]
+    for i in plan.mutated_inputs:
+        if ptrs[i] and ptrs.count(ptrs[i]) > 1:
+            raise NotImplementedError(
+                f"aot_autograd: input {i} is mutated and shares its storage with another input; "
+                "pass separate tensors (the trace treats inputs as distinct)"
+            )
+
+
+def finish(plan: RuntimePlan, inputs, graph_outs):
     """Copy mutations back, rebuild aliases, and assemble the user's output structure."""
-    mutated = graph_outs[plan.num_graph_outputs : plan.num_fw_outputs]
-    for index, value in zip(plan.mutated_inputs, mutated):
-        target = inputs[index]
-        with torch.no_grad():
-            target.copy_(value)
+    _copy_back(plan, inputs, graph_outs)
     flat = []
     for spec in plan.outputs:
         if spec.kind == "graph":
@@ -85,17 +103,102 @@ def finish(plan: RuntimePlan, inputs: list, graph_outs: list):
     return pytree.tree_unflatten(flat, plan.out_spec)
 
 
+def _copy_back(plan: RuntimePlan, inputs, graph_outs) -> None:
+    if not plan.mutated_inputs:
+        return
+    new_values = graph_outs[plan.num_graph_outputs : plan.num_fw_outputs]
+    prev = _is_grad_enabled()
+    _set_grad_enabled(False)
+    try:
+        for index, value in zip(plan.mutated_inputs, new_values):
+            inputs[index].copy_(value)
+    finally:
+        _set_grad_enabled(prev)
+
+
+def make_finisher(plan: RuntimePlan) -> Callable:
+    """`(inputs, graph_outs) -> user outputs`, as cheap as this plan allows (see `finish`)."""
+    n = len(plan.outputs)
+    in_order = plan.num_graph_outputs == n and all(
+        s.kind == "graph" and s.index == k for k, s in enumerate(plan.outputs)
+    )
+    if not in_order:
+        return lambda inputs, outs: finish(plan, inputs, outs)
+    build = _structure_builder(plan.out_spec, n)
+    if plan.mutated_inputs:
+
+        def finish_mutating(inputs, outs):
+            _copy_back(plan, inputs, outs)
+            return build(outs[:n])
+
+        return finish_mutating
+    return lambda inputs, outs: build(outs)
+
+
+def _structure_builder(spec, n: int) -> Callable:
+    """flat outputs (exactly n) -> the user's structure, without pytree for the common ones."""
+    if spec.is_leaf():
+        return lambda flat: flat[0]
+    if spec == pytree.tree_structure(tuple(range(n))):
+        return tuple
+    if spec == pytree.tree_structure(list(range(n))):
+        return list
+    return lambda flat: pytree.tree_unflatten(list(flat), spec)
+
+
+def plain_callable(compiled: Callable) -> Callable:
+    """A GraphModule's generated forward (skips nn.Module.__call__), else `compiled` itself."""
+    if isinstance(compiled, fx.GraphModule) and not (
+        compiled._forward_hooks or compiled._forward_pre_hooks
+    ):
+        return compiled.forward
+    return compiled
+
+
+def _seed_source(plan: RuntimePlan) -> Optional[Callable[[], tuple]]:
+    if not plan.rng_devices:
+        return None
+    return lambda: tuple(draw_seeds(plan))
+
+
+def _aliasing_check(plan: RuntimePlan) -> Optional[Callable]:
+    if not plan.mutated_inputs:
+        return None
+    return lambda inputs: check_mutated_aliasing(plan, inputs)
+
+
 class InferenceRuntime:
     """Calls a compiled graph with no autograd (grad disabled, or nothing needs a gradient)."""
 
     def __init__(self, plan: RuntimePlan, compiled: Callable):
         self.plan, self.compiled = plan, compiled
+        self.call = _inference_call(plan, plain_callable(compiled))
 
-    def __call__(self, inputs: list):
-        args = [*inputs, *self.plan.constants, *draw_seeds(self.plan)]
-        with torch.no_grad():
-            outs = list(self.compiled(*args))
-        return finish(self.plan, inputs, outs)
+    def __call__(self, inputs):
+        return self.call(tuple(inputs))
+
+
+def _inference_call(plan: RuntimePlan, fn: Callable) -> Callable:
+    constants = tuple(plan.constants)
+    seeds, check, finish_ = _seed_source(plan), _aliasing_check(plan), make_finisher(plan)
+
+    def call(inputs: tuple):
+        if check is not None:
+            check(inputs)
+        args = inputs + constants if constants else inputs
+        if seeds is not None:
+            args = args + seeds()
+        if _is_grad_enabled():  # a graph traced without gradients runs without them
+            _set_grad_enabled(False)
+            try:
+                outs = fn(*args)
+            finally:
+                _set_grad_enabled(True)
+        else:
+            outs = fn(*args)
+        return finish_(inputs, outs)
+
+    return call
 
 
 class TrainingRuntime:
@@ -103,59 +206,98 @@ class TrainingRuntime:
 
     def __init__(self, plan: RuntimePlan, forward: Callable, backward: Callable):
         self.plan, self.forward, self.backward = plan, forward, backward
+        self.fw_call, self.bw_call = plain_callable(forward), plain_callable(backward)
+        self.constants = tuple(plan.constants)
+        self.num_fw_outputs = plan.num_fw_outputs
+        diff = plan.differentiable + [False] * len(plan.mutated_inputs)
+        self.non_differentiable = tuple(i for i, d in enumerate(diff) if not d)
+        self.tangent_index = tuple(i for i, d in enumerate(plan.differentiable) if d)
+        self.every_grad = all(plan.grad_inputs)
+        self.saved_layout: Optional[tuple] = None  # () once every saved value is a tensor
+        self.call = _training_call(self)
 
-    def __call__(self, inputs: list):
-        seeds = draw_seeds(self.plan)
-        outs = _CompiledFunction.apply(self, seeds, *inputs)
-        return finish(self.plan, inputs, list(outs))
+    def __call__(self, inputs):
+        return self.call(tuple(inputs))
+
+
+def _function_apply() -> Callable:
+    """autograd.Function's C apply, bound to _CompiledFunction (skips Function.apply's Python)."""
+    try:
+        return torch._C._FunctionBase.__dict__["apply"].__get__(None, _CompiledFunction)
+    except (AttributeError, KeyError, TypeError):  # another torch: the public path
+        return _CompiledFunction.apply
+
+
+def _training_call(rt: TrainingRuntime) -> Callable:
+    plan = rt.plan
+    seeds, check, finish_ = _seed_source(plan), _aliasing_check(plan), make_finisher(plan)
+    c_apply, py_apply = _function_apply(), _CompiledFunction.apply
+    functorch_active = torch._C._are_functorch_transforms_active
+
+    def call(inputs: tuple):
+        if check is not None:
+            check(inputs)
+        s = seeds() if seeds is not None else ()
+        # Under functorch transforms Function.apply's own path is required.
+        apply = py_apply if functorch_active() else c_apply
+        return finish_(inputs, apply(rt, s, *inputs))
+
+    return call
 
 
 class _CompiledFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, runtime: TrainingRuntime, seeds: list, *inputs):
-        plan = runtime.plan
-        outs = list(runtime.forward(*inputs, *plan.constants, *seeds))
-        n = plan.num_fw_outputs
-        fw_outs, saved = _distinct(outs[:n]), outs[n:]
-        tensors = [s for s in saved if isinstance(s, torch.Tensor)]
-        ctx.save_for_backward(*tensors)
-        ctx.saved_layout = [isinstance(s, torch.Tensor) for s in saved]
-        ctx.saved_others = [s for s in saved if not isinstance(s, torch.Tensor)]
-        ctx.runtime = runtime
-        diff = plan.differentiable + [False] * len(plan.mutated_inputs)
-        ctx.mark_non_differentiable(*(o for o, d in zip(fw_outs, diff) if not d and _is_t(o)))
+    def forward(ctx, rt: TrainingRuntime, seeds: tuple, *inputs):
+        outs = rt.fw_call(*inputs, *rt.constants, *seeds)
+        n = rt.num_fw_outputs
+        fw_outs, saved = outs[:n], outs[n:]
+        if n > 1 and len(set(map(id, fw_outs))) < n:
+            fw_outs = _distinct(fw_outs)
+        if rt.saved_layout is None:  # the compiled forward's output types are fixed: look once
+            layout = tuple(isinstance(s, torch.Tensor) for s in saved)
+            rt.saved_layout = () if all(layout) else layout
+        if rt.saved_layout:
+            _save_mixed(ctx, rt.saved_layout, saved)
+        else:
+            ctx.save_for_backward(*saved)
+        ctx.runtime = rt
+        if rt.non_differentiable:
+            ctx.mark_non_differentiable(*[fw_outs[i] for i in rt.non_differentiable])
         return tuple(fw_outs)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
-        plan = ctx.runtime.plan
-        tensors, others = iter(ctx.saved_tensors), iter(ctx.saved_others)
-        saved = [next(tensors) if is_t else next(others) for is_t in ctx.saved_layout]
+        rt = ctx.runtime
+        saved = _load_mixed(ctx, rt.saved_layout) if rt.saved_layout else ctx.saved_tensors
         # The backward graph was traced with contiguous tangents; eager hands us any layout
         # (an expanded gradient of sum(), for one).
-        tangents = [
-            g.contiguous()
-            for g, d in zip(grads[: plan.num_graph_outputs], plan.differentiable)
-            if d
-        ]
-        results = iter(ctx.runtime.backward(*saved, *tangents))
-        grad_inputs = [next(results) if need else None for need in plan.grad_inputs]
-        return (None, None, *grad_inputs)
+        tangents = [grads[i].contiguous() for i in rt.tangent_index]
+        results = rt.bw_call(*saved, *tangents)
+        if rt.every_grad:
+            return (None, None, *results)
+        it = iter(results)
+        return (None, None, *[next(it) if need else None for need in rt.plan.grad_inputs])
 
 
-def _distinct(outs: list) -> list:
+def _save_mixed(ctx, layout: tuple, saved) -> None:
+    ctx.save_for_backward(*[s for s, is_t in zip(saved, layout) if is_t])
+    ctx.saved_others = [s for s, is_t in zip(saved, layout) if not is_t]
+
+
+def _load_mixed(ctx, layout: tuple) -> list:
+    tensors, others = iter(ctx.saved_tensors), iter(ctx.saved_others)
+    return [next(tensors) if is_t else next(others) for is_t in layout]
+
+
+def _distinct(outs) -> list:
     # autograd.Function marks each returned tensor once: a value returned twice (an output that is
     # also a mutated input's new value) gets its own copy so each can be marked on its own.
     seen: set[int] = set()
     result = []
     for o in outs:
-        if _is_t(o) and id(o) in seen:
+        if isinstance(o, torch.Tensor) and id(o) in seen:
             o = o.clone()
         seen.add(id(o))
         result.append(o)
     return result
-
-
-def _is_t(x) -> bool:
-    return isinstance(x, torch.Tensor)

@@ -128,8 +128,10 @@ class CompiledGraph:
         exec(code, namespace)
         self._call = namespace["call"]
         self._spec = pytree.treespec_loads(program.out_spec) if program.out_spec else None
-        self._flat = self._spec is None or self._spec == pytree.tree_structure(
-            tuple(range(program.num_outputs))
+        leaves = tuple(range(program.num_outputs))
+        # A flat tuple or list of outputs needs no unflattening on each call.
+        self._flat = self._spec is None or self._spec in (
+            pytree.tree_structure(leaves), pytree.tree_structure(list(leaves))
         )
         metrics.generated_kernel_count += len(program.kernels)
 
