@@ -31,7 +31,9 @@ class Bottleneck(nn.Module):
         self.bn3 = nn.BatchNorm2d(cout)
         self.down = None
         if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            self.down = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)))
@@ -115,7 +117,7 @@ class PreNormBlock(nn.Module):
 
 
 class ViT(nn.Module):
-    """vit_base's structure (conv patch embedding, cls token, position embedding, pre-norm blocks)."""
+    """vit_base's structure (conv patch embedding, cls token, position embedding, pre-norm)."""
 
     def __init__(self, image=16, patch=4, dim=32, depth=2, heads=4, num_classes=10):
         super().__init__()
@@ -173,7 +175,9 @@ class Bert(nn.Module):
             x = layer(x, mask)
         pooled = torch.tanh(self.pooler(x[:, 0]))
         logits = self.mlm(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1), ignore_index=0)
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ids.reshape(-1), ignore_index=0
+        )
         return loss + pooled.sum() * 0.0 + pooled.pow(2).mean()
 
 
@@ -190,9 +194,11 @@ class GPT2(nn.Module):
         self.wpe = nn.Embedding(max_len, dim)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            [PreNormBlock(dim, heads, "tanh", dropout, causal=True, use_sdpa=i % 2 == 1)
-             for i in range(depth)]
-        )  # fmt: skip
+            [
+                PreNormBlock(dim, heads, "tanh", dropout, causal=True, use_sdpa=i % 2 == 1)
+                for i in range(depth)
+            ]
+        )
         self.ln_f = nn.LayerNorm(dim)
 
     def forward(self, ids):
@@ -204,22 +210,24 @@ class GPT2(nn.Module):
         return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
-def make(name: str, seed: int = 0):
-    """(model, example inputs) for "resnet50", "vit_base", "bert", "gpt2"."""
+def make(name: str, seed: int = 0, **config):
+    """(model, example inputs) for "resnet50", "vit_base", "bert", "gpt2" (config: constructor
+    keyword arguments, e.g. dropout=0.0 for gpt2)."""
     torch.manual_seed(seed)
     if name == "resnet50":
-        return ResNet(), (torch.randn(2, 3, 32, 32),)
+        return ResNet(**config), (torch.randn(2, 3, 32, 32),)
     if name == "vit_base":
-        return ViT(), (torch.randn(2, 3, 16, 16),)
+        return ViT(**config), (torch.randn(2, 3, 16, 16),)
     if name == "bert":
         ids = torch.randint(1, 50, (2, 8))
         ids[1, 6:] = 0
         types = torch.zeros_like(ids)
         types[:, 4:] = 1
         mask = (ids != 0).long()
-        return Bert(), (ids, types, mask)
+        return Bert(**config), (ids, types, mask)
     if name == "gpt2":
-        return GPT2(), (torch.randint(0, 64, (2, 12)),)
+        model = GPT2(**config)
+        return model, (torch.randint(0, 64, (2, 12)),)
     raise ValueError(name)
 
 

@@ -13,8 +13,8 @@ pass when they are no further from a float64 reference than twice eager's own er
 checked for shapes and dtypes only (their streams differ from torch's by design), `empty*` likewise.
 
 Excluded from the denominator, by name (see `classify`): extern ops (linear algebra, FFT, matmul,
-convolution, attention, sort/scan kernels), complex-only OpInfos, sparse, quantized, and OpInfos with
-no CPU dtypes.
+convolution, attention, sort/scan kernels), complex-only OpInfos (no real dtype, or a complex
+result: complex, polar, view_as_complex/real), sparse, quantized, and OpInfos with no CPU dtypes.
 """
 
 from __future__ import annotations
@@ -41,19 +41,72 @@ DTYPES = {
 # OpInfos whose computation is a library kernel Ember calls rather than generates.
 EXTERN_PREFIXES = ("linalg.", "fft.")
 EXTERN_NAMES = {
-    "matmul", "mm", "bmm", "addmm", "addmv", "addbmm", "baddbmm", "mv", "dot", "vdot", "inner",
-    "tensordot", "einsum", "chain_matmul", "nn.functional.bilinear", "__rmatmul__",
-    "cholesky", "cholesky_inverse", "cholesky_solve", "lu", "lu_solve", "lu_unpack",
-    "triangular_solve", "geqrf", "ormqr", "qr", "svd", "svd_lowrank", "pca_lowrank", "pinverse",
-    "logdet", "det", "matrix_exp", "inverse", "slogdet", "symeig", "eig", "lstsq",
-    "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d",
-    "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d",
-    "nn.functional.conv_transpose3d", "conv1d", "conv2d", "conv3d",
-    "nn.functional.scaled_dot_product_attention", "torch.ops.aten._flash_attention_forward",
-    "torch.ops.aten._efficient_attention_forward", "torch._scaled_mm", "torch._scaled_mm_v2",
-    "sort", "argsort", "msort", "topk", "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp",
-    "stft", "istft",
-}  # fmt: skip
+    "matmul",
+    "mm",
+    "bmm",
+    "addmm",
+    "addmv",
+    "addbmm",
+    "baddbmm",
+    "mv",
+    "dot",
+    "vdot",
+    "inner",
+    "tensordot",
+    "einsum",
+    "chain_matmul",
+    "nn.functional.bilinear",
+    "__rmatmul__",
+    "cholesky",
+    "cholesky_inverse",
+    "cholesky_solve",
+    "lu",
+    "lu_solve",
+    "lu_unpack",
+    "triangular_solve",
+    "geqrf",
+    "ormqr",
+    "qr",
+    "svd",
+    "svd_lowrank",
+    "pca_lowrank",
+    "pinverse",
+    "logdet",
+    "det",
+    "matrix_exp",
+    "inverse",
+    "slogdet",
+    "symeig",
+    "eig",
+    "lstsq",
+    "nn.functional.conv1d",
+    "nn.functional.conv2d",
+    "nn.functional.conv3d",
+    "nn.functional.conv_transpose1d",
+    "nn.functional.conv_transpose2d",
+    "nn.functional.conv_transpose3d",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "nn.functional.scaled_dot_product_attention",
+    "torch.ops.aten._flash_attention_forward",
+    "torch.ops.aten._efficient_attention_forward",
+    "torch._scaled_mm",
+    "torch._scaled_mm_v2",
+    "sort",
+    "argsort",
+    "msort",
+    "topk",
+    "cumsum",
+    "cumprod",
+    "cummax",
+    "cummin",
+    "logcumsumexp",
+    "stft",
+    "istft",
+}
+# Variants that are linear algebra (the nuclear norm is a sum of singular values).
+EXTERN_IDS = {"norm.nuc"}  # fmt: skip
 
 # Values are not comparable with eager (independent random streams, uninitialised memory).
 RANDOM_NAMES = {
@@ -61,11 +114,38 @@ RANDOM_NAMES = {
     "rand_like", "randint", "randint_like", "multinomial", "bernoulli", "nn.functional.dropout",
     "nn.functional.dropout2d", "nn.functional.dropout3d", "nn.functional.alpha_dropout",
     "nn.functional.feature_alpha_dropout", "nn.functional.rrelu",
+    "nn.functional.multi_head_attention_forward",
+    # These draw their window offsets with torch.rand unless given _random_samples.
+    "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
     "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
 }  # fmt: skip
 
-_REAL = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int64, torch.int32,
-         torch.int16, torch.int8, torch.uint8, torch.bool}  # fmt: skip
+# OpInfos that build or take apart complex tensors (their results are complex).
+COMPLEX_NAMES = {"complex", "polar", "view_as_complex", "view_as_real"}
+
+_REAL = {
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+}
+
+
+CLASSIFICATION = {
+    "extern": "linalg.*, fft.*, and OpInfos whose computation is a library kernel (matmul family, "
+    "convolution, attention, sort/scan, LAPACK-backed ops, the nuclear norm): EXTERN_NAMES",
+    "complex_only": "no real dtype on CPU, or a complex result (complex, polar, view_as_complex/real)",
+    "sparse": "sparse.* and to_sparse",
+    "quantized": "names with 'quantize'",
+    "no_cpu_dtypes": "no dtype supported on CPU",
+    "random": "values not compared (own Philox stream; empty*): shapes and dtypes only; RANDOM_NAMES",
+}
 
 
 def opinfo_id(op) -> str:
@@ -79,8 +159,10 @@ def classify(op) -> Optional[str]:
         return "sparse"
     if "quantize" in name or "quantized" in name:
         return "quantized"
-    if name.startswith(EXTERN_PREFIXES) or name in EXTERN_NAMES:
+    if name.startswith(EXTERN_PREFIXES) or name in EXTERN_NAMES or opinfo_id(op) in EXTERN_IDS:
         return "extern"
+    if name in COMPLEX_NAMES:
+        return "complex_only"
     dtypes = set(op.supported_dtypes("cpu"))
     if not dtypes:
         return "no_cpu_dtypes"
@@ -233,8 +315,12 @@ def run_sample(op, sample, dtype, random_op: bool) -> Optional[str]:
     ref64 = None
     if dtype in (torch.float16, torch.bfloat16) and not random_op:
         ref64 = _reference64(op, sample)
-    why = compare((got, got_mutated), (expected, expected_mutated), values=not random_op,
-                  ref64=None if ref64 is None else (ref64, [None] * len(expected_mutated)))  # fmt: skip
+    why = compare(
+        (got, got_mutated),
+        (expected, expected_mutated),
+        values=not random_op,
+        ref64=None if ref64 is None else (ref64, [None] * len(expected_mutated)),
+    )
     return why
 
 
@@ -262,7 +348,11 @@ def evaluate(op, dtype, max_samples: Optional[int] = None) -> Optional[str]:
         samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
     except Exception as err:  # noqa: BLE001
         return "samples: " + _reason(err)
-    for k, sample in enumerate(samples[:max_samples] if max_samples else samples):
+    if max_samples and len(samples) > max_samples:
+        # An evenly spaced subset keeps the variety of the list (sample lists are ordered).
+        step = len(samples) / max_samples
+        samples = [samples[int(i * step)] for i in range(max_samples)]
+    for k, sample in enumerate(samples):
         torch.manual_seed(k)
         why = run_sample(op, sample, dtype, random_op)
         if why:
@@ -287,8 +377,13 @@ def blockers(failures: dict) -> list[tuple[str, int]]:
     return counts.most_common()
 
 
-def run(ops=None, dtypes=("float32", "float16", "bfloat16", "int64", "bool"), shard=(0, 1),
-        max_samples=None, progress=False) -> dict:  # fmt: skip
+def run(
+    ops=None,
+    dtypes=("float32", "float16", "bfloat16", "int64", "bool"),
+    shard=(0, 1),
+    max_samples=None,
+    progress=False,
+) -> dict:
     """Evaluate op_db (or the named OpInfos) and return the report as a dict."""
     from ember.primtorch import prims
     from ember.primtorch.decomp import DECOMPOSITIONS
@@ -297,12 +392,14 @@ def run(ops=None, dtypes=("float32", "float16", "bfloat16", "int64", "bool"), sh
     op_db = load_op_db()
     index, count = shard
     selected = [
-        (i, op) for i, op in enumerate(op_db)
+        (i, op)
+        for i, op in enumerate(op_db)
         if i % count == index and (not ops or op.name in ops or opinfo_id(op) in ops)
-    ]  # fmt: skip
+    ]
     excluded: dict[str, list[str]] = {}
     results: dict[str, dict[str, str]] = {}
     failures: dict[str, dict[str, str]] = {}
+    timings: dict[str, float] = {}
     for _, op in selected:
         why_out = classify(op)
         if why_out:
@@ -313,9 +410,11 @@ def run(ops=None, dtypes=("float32", "float16", "bfloat16", "int64", "bool"), sh
             dtype = DTYPES[name]
             if dtype not in supported:
                 continue
+            t0 = time.time()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 why = evaluate(op, dtype, max_samples)
+            timings[f"{opinfo_id(op)}:{name}"] = round(time.time() - t0, 2)
             results.setdefault(opinfo_id(op), {})[name] = "pass" if why is None else "fail"
             if why:
                 failures.setdefault(opinfo_id(op), {})[name] = why
@@ -325,8 +424,11 @@ def run(ops=None, dtypes=("float32", "float16", "bfloat16", "int64", "bool"), sh
     for name in dtypes:
         ran = [r[name] for r in results.values() if name in r]
         passed = sum(1 for r in ran if r == "pass")
-        per_dtype[name] = {"eligible": len(ran), "passed": passed,
-                           "rate": round(passed / len(ran), 4) if ran else None}  # fmt: skip
+        per_dtype[name] = {
+            "eligible": len(ran),
+            "passed": passed,
+            "rate": round(passed / len(ran), 4) if ran else None,
+        }
     prim_names = [p for p in prims.PRIMS.values()]
     return {
         "prims": sum(1 for p in prim_names if p.namespace == "prims"),
@@ -335,10 +437,12 @@ def run(ops=None, dtypes=("float32", "float16", "bfloat16", "int64", "bool"), sh
         "opinfos_selected": len(selected),
         "opinfos_eligible": len(results),
         "excluded": {k: sorted(v) for k, v in sorted(excluded.items())},
+        "classification": CLASSIFICATION,
         "per_dtype": per_dtype,
         "results": results,
         "failures": failures,
         "blockers": blockers(failures),
+        "slowest": sorted(timings.items(), key=lambda kv: -kv[1])[:25],
         "shard": f"{index}/{count}",
         "seconds": round(time.time() - start, 1),
     }

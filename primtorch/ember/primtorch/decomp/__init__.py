@@ -1,7 +1,14 @@
-"""Decompositions of ATen ops into prims (and into other ATen ops, decomposed in turn)."""
+"""Decompositions of ATen ops into prims (and into other ATen ops, decomposed in turn).
+
+`DECOMPOSITIONS` maps an ATen OpOverload to a Python function that computes it with prims (and
+with other ATen ops: the tracer re-enters itself for those). Families: pointwise (arithmetic,
+comparisons, math, promotion), reductions (sums, statistics, arg-reductions, softmax), views,
+creation (factories, ranges, random), movement (cat, padding, indexing, scatters), misc (the long
+tail), nn (norms, embedding, dropout), nn_act, nn_loss, nn_pool, nn_upsample, nn_grid, special.
+"""
 
 from ._registry import DECOMPOSITIONS, get_decomposition, register_decomposition
-from . import creation, misc, movement, nn, nn_act, nn_loss, nn_pool, nn_upsample  # noqa: F401
-from . import pointwise, reductions, views  # noqa: F401
+from . import creation, misc, movement, nn, nn_act, nn_grid, nn_loss, nn_pool  # noqa: F401
+from . import nn_upsample, pointwise, reductions, special, views  # noqa: F401
 
 __all__ = ["DECOMPOSITIONS", "get_decomposition", "register_decomposition"]

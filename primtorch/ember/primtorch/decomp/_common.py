@@ -13,7 +13,11 @@ from ember.primtorch import prims, utils
 aten = torch.ops.aten
 Kind = utils.ELEMENTWISE_TYPE_PROMOTION_KIND
 DEFAULT, NO_OPMATH, INT_TO_FLOAT = Kind.DEFAULT, Kind.NO_OPMATH, Kind.INT_TO_FLOAT
-ALWAYS_BOOL, COMPLEX_TO_FLOAT, BOOL_TO_LONG = Kind.ALWAYS_BOOL, Kind.COMPLEX_TO_FLOAT, Kind.BOOL_TO_LONG
+ALWAYS_BOOL, COMPLEX_TO_FLOAT, BOOL_TO_LONG = (
+    Kind.ALWAYS_BOOL,
+    Kind.COMPLEX_TO_FLOAT,
+    Kind.BOOL_TO_LONG,
+)
 
 Tensor = torch.Tensor
 
@@ -61,7 +65,11 @@ def scalar_value(value, dtype: torch.dtype):
         return bool(value)
     if not (dtype.is_floating_point or dtype.is_complex):
         return int(value)
-    if dtype.is_floating_point and isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
+    if (
+        dtype.is_floating_point
+        and isinstance(value, numbers.Complex)
+        and not isinstance(value, numbers.Real)
+    ):
         raise TypeError(f"cannot convert complex {value} to {dtype}")
     return value
 

@@ -13,8 +13,11 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
 
 
 def _is_functional_tensor_op(schema) -> bool:
-    """True for overloads we decompose from a packet: no out=/in-place args, a Tensor result."""
+    """True for overloads we decompose from a packet: no out=/in-place args, a Tensor result,
+    no named-dimension (Dimname) arguments."""
     if schema.is_mutable:
+        return False
+    if any("Dimname" in str(a.type) for a in schema.arguments):
         return False
     returns = [str(r.type) for r in schema.returns]
     return any("Tensor" in r for r in returns)
@@ -29,13 +32,17 @@ def _binds(fn: Callable, schema) -> bool:
     names = {p.name for p in params}
     var_pos = any(p.kind is p.VAR_POSITIONAL for p in params)
     var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
-    positional = [
-        p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     schema_pos = [a for a in schema.arguments if not a.kwarg_only]
     if len(schema_pos) > len(positional) and not var_pos:
         return False
-    if not var_kw and any(a.name not in names for a in schema.arguments if a.kwarg_only):
+    # Every argument must be one the function names (var.default's `unbiased` is not var's
+    # `correction`), unless the function takes **kwargs and *args.
+    if not (var_kw and var_pos) and any(a.name not in names for a in schema.arguments):
+        return False
+    if not var_pos and any(
+        p.name != a.name for p, a in zip(positional, schema_pos)
+    ):
         return False
     # A required parameter the schema never passes means the function is for another overload.
     schema_names = {a.name for a in schema.arguments}

@@ -9,7 +9,14 @@ import torch
 from ember.primtorch import prims, utils
 
 from ._common import (
-    INT_TO_FLOAT, aten, convert, elementwise_dtypes, is_tensor, like, numel, result_type,
+    INT_TO_FLOAT,
+    aten,
+    convert,
+    elementwise_dtypes,
+    is_tensor,
+    like,
+    numel,
+    result_type,
 )
 from ._registry import register_decomposition
 
@@ -21,6 +28,10 @@ def _iota(n, device, start=0, step=1):
 @register_decomposition(aten.addr)
 def addr(self, vec1, vec2, *, beta=1, alpha=1):
     outer = aten.mul(aten.unsqueeze(vec1, 1), aten.unsqueeze(vec2, 0))
+    if result_type(self, vec1, vec2) is torch.bool:
+        # Booleans: beta and alpha act as truth values (and), the sum as or.
+        out = outer if alpha else aten.zeros_like(outer)
+        return aten.logical_or(self, out) if beta else out
     if alpha != 1:
         outer = aten.mul(outer, alpha)
     if beta == 0:
@@ -32,14 +43,23 @@ def addr(self, vec1, vec2, *, beta=1, alpha=1):
 
 @register_decomposition(aten.block_diag)
 def block_diag(tensors):
-    mats = [t if t.ndim == 2 else prims.reshape(t, (1, -1) if t.ndim == 1 else (1, 1)) for t in tensors]
+    mats = [
+        t if t.ndim == 2 else prims.reshape(t, (1, -1) if t.ndim == 1 else (1, 1)) for t in tensors
+    ]
     dtype = result_type(*mats) if mats else torch.float32
     width = sum(m.shape[1] for m in mats)
     rows, col = [], 0
     for m in mats:
         w = m.shape[1]
-        rows.append(prims.pad(convert(m, dtype), 0 if not dtype.is_floating_point else 0.0,
-                              (0, col), (0, width - col - w), (0, 0)))  # fmt: skip
+        rows.append(
+            prims.pad(
+                convert(m, dtype),
+                0 if not dtype.is_floating_point else 0.0,
+                (0, col),
+                (0, width - col - w),
+                (0, 0),
+            )
+        )
         col += w
     return prims.cat(rows, 0)
 
@@ -78,8 +98,10 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
     else:
         tests = aten.reshape(test_elements, (-1,))
         elems = aten.unsqueeze(elements, -1) if is_tensor(elements) else elements
-        hit = aten.any(aten.eq(elems, tests), -1) if tests.shape[0] else aten.zeros_like(
-            elems if is_tensor(elems) else tests, dtype=torch.bool
+        hit = (
+            aten.any(aten.eq(elems, tests), -1)
+            if tests.shape[0]
+            else aten.zeros_like(elems if is_tensor(elems) else tests, dtype=torch.bool)
         )
         if not is_tensor(elements):
             hit = aten.any(aten.eq(tests, elements))
@@ -94,7 +116,7 @@ def kthvalue(self, k, dim=-1, keepdim=False):
     if self.ndim == 0:
         return prims.clone(self), like(0, self, torch.int64)
     dim = utils.canonicalize_dim(self.ndim, dim)
-    values, indices = aten.sort(self, dim, stable=True)
+    values, indices = aten.sort.stable(self, stable=True, dim=dim)
     v, i = aten.select(values, dim, k - 1), aten.select(indices, dim, k - 1)
     if keepdim:
         v, i = aten.unsqueeze(v, dim), aten.unsqueeze(i, dim)
@@ -105,7 +127,7 @@ def _median_dim(self, dim, keepdim, ignore_nan):
     if self.ndim == 0:
         return prims.clone(self), like(0, self, torch.int64)
     dim = utils.canonicalize_dim(self.ndim, dim)
-    values, indices = aten.sort(self, dim, stable=True)  # NaN sorts last
+    values, indices = aten.sort.stable(self, stable=True, dim=dim)  # NaN sorts last
     n = self.shape[dim]
     if ignore_nan and self.dtype.is_floating_point:
         count = aten.sum(aten.logical_not(aten.isnan(self)), [dim], True)
@@ -151,10 +173,17 @@ def nanmedian(self):
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     dim = utils.canonicalize_dim(self.ndim, dim)
     if self.ndim == 0:
-        self, source = prims.reshape(self, (1,)), prims.reshape(source, (1,))
+        out = index_reduce(
+            prims.reshape(self, (1,)),
+            0,
+            prims.reshape(index, (-1,)),
+            prims.reshape(source, (1,)),
+            reduce,
+            include_self=include_self,
+        )
+        return prims.reshape(out, ())
     idx = prims.broadcast_in_dim(convert(index, torch.int64), tuple(source.shape), (dim,))
-    out = prims.scatter_reduce(self, dim, idx, convert(source, self.dtype), reduce, include_self)
-    return out
+    return prims.scatter_reduce(self, dim, idx, convert(source, self.dtype), reduce, include_self)
 
 
 @register_decomposition(aten.masked_scatter)
@@ -176,7 +205,9 @@ def put(self, index, source, accumulate=False):
     idx = prims.reshape(convert(index, torch.int64), (-1,))
     n = numel(self.shape)
     idx = prims.where(prims.lt(idx, 0), prims.add(idx, n), idx)
-    out = prims.index_put(flat, [idx], prims.reshape(convert(source, self.dtype), (-1,)), accumulate)
+    out = prims.index_put(
+        flat, [idx], prims.reshape(convert(source, self.dtype), (-1,)), accumulate
+    )
     return prims.reshape(out, tuple(self.shape))
 
 
@@ -224,8 +255,10 @@ def _pdist_forward(self, p=2.0):
     k = convert(_iota(m, self.device), torch.float64)
     disc = prims.sqrt(prims.add(prims.mul(k, -8.0), float(4 * n * (n - 1) - 7)))
     i = prims.sub(float(n - 2), prims.floor(prims.sub(prims.div(disc, 2.0), 0.5)))
-    j = prims.add(prims.sub(prims.add(k, i), float(m - 1)),
-                  prims.div(prims.mul(prims.sub(float(n), i), prims.sub(float(n - 1), i)), 2.0))  # fmt: skip
+    j = prims.add(
+        prims.sub(prims.add(k, i), float(m - 1)),
+        prims.div(prims.mul(prims.sub(float(n), i), prims.sub(float(n - 1), i)), 2.0),
+    )
     i, j = convert(i, torch.int64), convert(j, torch.int64)
     diff = aten.sub(aten.index_select(self, 0, i), aten.index_select(self, 0, j))
     return aten.linalg_vector_norm(diff, p, [-1])
@@ -289,8 +322,9 @@ def channel_shuffle(self, groups):
 def _count_before(seq, values, right):
     """For each value, how many entries of the sorted last dim of seq are < (<= if right) it."""
     cmp = aten.le if right else aten.lt
-    hits = cmp(aten.unsqueeze(seq, -2), aten.unsqueeze(values, -1))
-    return aten.sum(hits, [-1])
+    if seq.ndim == 1:  # one sequence for every value
+        return aten.sum(cmp(seq, aten.unsqueeze(values, -1)), [-1])
+    return aten.sum(cmp(aten.unsqueeze(seq, -2), aten.unsqueeze(values, -1)), [-1])
 
 
 @register_decomposition(aten.bucketize.Tensor)
@@ -309,41 +343,55 @@ def bucketize_scalar(self, boundaries, *, out_int32=False, right=False):
 def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
     right = right or side == "right"
     seq = sorted_sequence if sorter is None else aten.gather(sorted_sequence, -1, sorter)
-    if seq.ndim == 1:
-        out = _count_before(seq, self, right)
-    else:
-        out = aten.sum((aten.le if right else aten.lt)(
-            aten.unsqueeze(seq, -2), aten.unsqueeze(self, -1)), [-1])  # fmt: skip
+    out = _count_before(seq, self, right)
     return convert(out, torch.int32 if out_int32 else torch.int64)
 
 
 @register_decomposition(aten.searchsorted.Scalar)
-def searchsorted_scalar(sorted_sequence, self, *, out_int32=False, right=False, side=None,
-                        sorter=None):  # fmt: skip
-    v = prims.full(tuple(sorted_sequence.shape[:-1]), self, sorted_sequence.dtype, sorted_sequence.device)
-    out = aten.searchsorted(sorted_sequence, aten.unsqueeze(v, -1), out_int32=out_int32, right=right,
-                            side=side, sorter=sorter)  # fmt: skip
+def searchsorted_scalar(
+    sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None
+):
+    v = prims.full(
+        tuple(sorted_sequence.shape[:-1]), self, sorted_sequence.dtype, sorted_sequence.device
+    )
+    out = aten.searchsorted(
+        sorted_sequence,
+        aten.unsqueeze(v, -1),
+        out_int32=out_int32,
+        right=right,
+        side=side,
+        sorter=sorter,
+    )
     return aten.squeeze(out, [-1])
 
 
 @register_decomposition(aten.histc)
 def histc(self, bins=100, min=0, max=0):
     x = aten.reshape(self, (-1,))
+    if numel(x.shape) == 0:
+        return prims.full((bins,), 0, self.dtype, self.device)
     lo, hi = float(min), float(max)
     if lo == hi:
         # torch takes the data's range, widened by one each way when it is a single value.
         lo_t, hi_t = aten.amin(x), aten.amax(x)
         same = aten.eq(lo_t, hi_t)
-        lo_t, hi_t = aten.where(same, aten.sub(lo_t, 1), lo_t), aten.where(same, aten.add(hi_t, 1), hi_t)
+        lo_t, hi_t = (
+            aten.where(same, aten.sub(lo_t, 1), lo_t),
+            aten.where(same, aten.add(hi_t, 1), hi_t),
+        )
     else:
         lo_t, hi_t = lo, hi
-    width = aten.sub(hi_t, lo_t)
+    width = aten.sub(hi_t, lo_t) if is_tensor(hi_t) else hi_t - lo_t
     pos = aten.floor(aten.div(aten.mul(aten.sub(x, lo_t), bins), width))
     pos = aten.where(aten.eq(x, hi_t), bins - 1, pos)
     inside = aten.logical_and(aten.ge(x, lo_t), aten.le(x, hi_t))
     idx = aten.where(inside, pos, bins).to(torch.int64)
-    counts = aten.index_put(aten.zeros((bins + 1,), dtype=self.dtype, device=self.device), [idx],
-                            aten.ones_like(x), True)  # fmt: skip
+    counts = aten.index_put(
+        aten.zeros((bins + 1,), dtype=self.dtype, device=self.device),
+        [idx],
+        aten.ones_like(x),
+        True,
+    )
     return aten.slice(counts, 0, 0, bins)
 
 
@@ -367,9 +415,178 @@ def nonzero_static(self, *, size, fill_value=-1):
     for d in reversed(range(self.ndim)):
         coords.insert(0, prims.remainder(rem, self.shape[d]))
         rem = prims.floor_div(rem, self.shape[d])
-    values = prims.cat([prims.expand_dims(c, (1,)) for c in coords], 1) if coords else prims.full(
-        (n, 0), 0, torch.int64, self.device
+    values = (
+        prims.cat([prims.expand_dims(c, (1,)) for c in coords], 1)
+        if coords
+        else prims.full((n, 0), 0, torch.int64, self.device)
     )
     out = prims.full((size + 1, self.ndim), fill_value, torch.int64, self.device)
     out = prims.index_put(out, [row], values, False)
     return prims.slice_in_dim(out, 0, size, 1, 0)
+
+
+@register_decomposition(aten.rot90)
+def rot90(self, k=1, dims=(0, 1)):
+    d0, d1 = (utils.canonicalize_dim(self.ndim, d) for d in dims)
+    k = k % 4
+    if k == 1:
+        return aten.transpose(aten.flip(self, [d1]), d0, d1)
+    if k == 2:
+        return aten.flip(self, [d0, d1])
+    if k == 3:
+        return aten.flip(aten.transpose(self, d0, d1), [d1])
+    return prims.clone(self)
+
+
+@register_decomposition(aten.angle)
+def angle(self):
+    _, dtype = elementwise_dtypes(self, kind=INT_TO_FLOAT)
+    x = convert(self, dtype)
+    # Real input: pi for negatives, 0 otherwise; NaN stays NaN.
+    out = prims.where(prims.lt(x, 0.0), like(math.pi, x), 0.0)
+    return prims.where(prims.ne(x, x), x, out)
+
+
+@register_decomposition(aten.mode)
+def mode(self, dim=-1, keepdim=False):
+    """(most frequent value, index of its last occurrence); ties go to the smallest value."""
+    if self.ndim == 0:
+        return prims.clone(self), like(0, self, torch.int64)
+    dim = utils.canonicalize_dim(self.ndim, dim)
+    x = aten.movedim(self, dim, -1)
+    n = x.shape[-1]
+    # Pairwise equality along the dim counts each element's occurrences (n is a small static size).
+    counts = aten.sum(aten.eq(aten.unsqueeze(x, -1), aten.unsqueeze(x, -2)), [-1])
+    best = aten.amax(counts, [-1], True)
+    top = aten.eq(counts, best)
+    if self.dtype is torch.bool:
+        value = aten.logical_not(aten.any(aten.logical_and(top, aten.logical_not(x)), [-1], True))
+    else:
+        big = (
+            torch.finfo(self.dtype).max
+            if self.dtype.is_floating_point
+            else torch.iinfo(self.dtype).max
+        )
+        value = aten.amin(aten.where(top, x, big), [-1], True)
+    pos = prims.broadcast_in_dim(_iota(n, self.device), tuple(x.shape), (x.ndim - 1,))
+    index = aten.amax(aten.where(aten.eq(x, value), pos, -1), [-1], True)
+    value, index = aten.squeeze(value, [-1]), aten.squeeze(index, [-1])
+    if keepdim:
+        value, index = aten.unsqueeze(value, dim), aten.unsqueeze(index, dim)
+    return value, index
+
+
+@register_decomposition(aten._chunk_cat)
+def _chunk_cat(tensors, dim, num_chunks):
+    dim = utils.canonicalize_dim(tensors[0].ndim, dim)
+    parts = []
+    for t in tensors:
+        size = t.shape[dim]
+        chunk = -(-size // num_chunks)
+        high = [0] * t.ndim
+        high[dim] = chunk * num_chunks - size
+        padded = prims.pad(
+            t,
+            0 if not t.dtype.is_floating_point else 0.0,
+            (0,) * t.ndim,
+            tuple(high),
+            (0,) * t.ndim,
+        )
+        rest = math.prod(padded.shape[dim:]) // num_chunks
+        parts.append(prims.reshape(padded, tuple(t.shape[:dim]) + (num_chunks, rest)))
+    return aten.cat(parts, dim + 1)
+
+
+@register_decomposition(aten.histogram.bin_ct)
+def histogram(self, bins=100, *, range=None, weight=None, density=False):
+    x = aten.reshape(self, (-1,))
+    if range is not None:
+        lo, hi = (
+            aten.full((), range[0], dtype=self.dtype),
+            aten.full((), range[1], dtype=self.dtype),
+        )
+    elif numel(x.shape):
+        lo, hi = aten.amin(x), aten.amax(x)
+    else:  # torch's range for an empty input
+        lo, hi = aten.zeros((), dtype=self.dtype), aten.ones((), dtype=self.dtype)
+    same = aten.eq(lo, hi)
+    lo = aten.where(same, aten.sub(lo, 0.5), lo) if range is None else lo
+    hi = aten.where(same, aten.add(hi, 0.5), hi) if range is None else hi
+    edges = aten.linspace(lo, hi, bins + 1, dtype=self.dtype)
+    return _histogram(x, edges, weight, density), edges
+
+
+@register_decomposition(aten.histogram.bins_tensor)
+def histogram_edges(self, bins, *, weight=None, density=False):
+    return _histogram(aten.reshape(self, (-1,)), bins, weight, density), prims.clone(bins)
+
+
+def _histogram(x, edges, weight, density):
+    """Counts (or weights) of x in the bins edges[i] <= x < edges[i + 1] (the last one closed)."""
+    nb = edges.shape[0] - 1
+    lo, hi = aten.select(edges, 0, 0), aten.select(edges, 0, nb)
+    pos = aten.sub(aten.sum(aten.le(edges, aten.unsqueeze(x, -1)), [-1]), 1)
+    pos = aten.where(aten.eq(x, hi), nb - 1, pos)
+    inside = aten.logical_and(aten.ge(x, lo), aten.le(x, hi))
+    idx = aten.where(inside, pos, nb)
+    w = aten.reshape(weight, (-1,)) if weight is not None else aten.ones_like(x)
+    counts = aten.index_put(aten.zeros((nb + 1,), dtype=x.dtype, device=x.device), [idx], w, True)
+    hist = aten.slice(counts, 0, 0, nb)
+    if density:
+        widths = aten.sub(aten.slice(edges, 0, 1, nb + 1), aten.slice(edges, 0, 0, nb))
+        hist = aten.div(hist, aten.mul(aten.sum(hist), widths))
+    return hist
+
+
+_SEGMENT_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf}
+
+
+@register_decomposition(aten.segment_reduce)
+def segment_reduce(
+    data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None
+):
+    """Reduce runs of data along axis, selected by a dense (segments x positions) mask."""
+    axis = utils.canonicalize_dim(data.ndim, axis)
+    if lengths is not None:
+        ends = aten.cumsum(lengths, -1)
+        starts = aten.sub(ends, lengths)
+    elif offsets is not None:
+        n_off = offsets.shape[-1]
+        starts, ends = aten.slice(offsets, -1, 0, n_off - 1), aten.slice(offsets, -1, 1, n_off)
+    else:
+        raise NotImplementedError("segment_reduce needs lengths or offsets")
+    n = data.shape[axis]
+    pos = prims.iota(n, 0, 1, torch.int64, data.device)
+    member = aten.logical_and(
+        aten.le(aten.unsqueeze(starts, -1), pos), aten.lt(pos, aten.unsqueeze(ends, -1))
+    )  # (..., S, N)
+    trail = data.ndim - axis - 1
+    for _ in range(trail):
+        member = aten.unsqueeze(member, -1)
+    x = aten.unsqueeze(data, axis)  # (..., 1, N, trail...)
+    fill = _SEGMENT_IDENTITY[reduce]
+    masked = aten.where(member, x, fill)
+    red = {"sum": aten.sum, "mean": aten.sum, "prod": aten.prod, "max": aten.amax, "min": aten.amin}
+    out = red[reduce](masked, axis + 1) if reduce in ("prod",) else red[reduce](masked, [axis + 1])
+    count = aten.sum(member, [axis + 1])
+    if initial is not None:
+        combine = {
+            "sum": aten.add,
+            "mean": aten.add,
+            "prod": aten.mul,
+            "max": aten.maximum,
+            "min": aten.minimum,
+        }[reduce]
+        out = (
+            combine(out, initial)
+            if reduce not in ("max", "min")
+            else combine(out, aten.full_like(out, initial))
+        )
+    if reduce == "mean":
+        mean = aten.div(out, count)
+        out = (
+            mean
+            if initial is None
+            else aten.where(aten.eq(count, 0), aten.full_like(out, initial), mean)
+        )
+    return convert(out, data.dtype)

@@ -6,7 +6,7 @@ import torch
 
 from ember.primtorch import prims, utils
 
-from ._common import NO_OPMATH, aten, convert, is_tensor, like, result_type
+from ._common import aten, convert, is_tensor, like, result_type
 from ._registry import register_decomposition
 
 
@@ -24,12 +24,18 @@ def cat(tensors, dim=0):
     dtype = result_type(*tensors)
     live = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
     if not live:
-        return convert(tensors[0], dtype) if len(tensors) == 1 else prims.cat(
-            [convert(t, dtype) for t in tensors], 0
+        return (
+            convert(tensors[0], dtype)
+            if len(tensors) == 1
+            else prims.cat([convert(t, dtype) for t in tensors], 0)
         )
     dim = _canon(live[0].ndim, dim)
     if len(live) == 1:
-        return prims.clone(convert(live[0], dtype)) if live[0].dtype == dtype else convert(live[0], dtype)
+        return (
+            prims.clone(convert(live[0], dtype))
+            if live[0].dtype == dtype
+            else convert(live[0], dtype)
+        )
     return prims.cat([convert(t, dtype) for t in live], dim)
 
 
@@ -53,8 +59,10 @@ def constant_pad_nd(self, pad, value=0):
     for i in range(len(pad) // 2):
         d = self.ndim - 1 - i
         low[d], high[d] = pad[2 * i], pad[2 * i + 1]
-    value = value if self.dtype.is_floating_point else (
-        bool(value) if self.dtype is torch.bool else int(value)
+    value = (
+        value
+        if self.dtype.is_floating_point
+        else (bool(value) if self.dtype is torch.bool else int(value))
     )
     return prims.pad(self, value, tuple(low), tuple(high), (0,) * self.ndim)
 
@@ -113,7 +121,7 @@ def _expand_masks(indices):
 def index(self, indices):
     indices = _expand_masks(indices)
     if not any(i is not None for i in indices):
-        return prims.view_of(self)
+        return prims.clone(self)
     return prims.index(self, [None if i is None else _as_index(i) for i in indices])
 
 
@@ -151,7 +159,11 @@ def index_put_dense(x, indices, values, accumulate):
     indexed = tuple(rest_sizes[:lead]) + bshape + tuple(rest_sizes[lead:])
     v = values if not is_tensor(values) else utils.broadcast_to(values, indexed)
     if is_tensor(v) and lead:
-        order = tuple(range(lead, lead + nb)) + tuple(range(lead)) + tuple(range(lead + nb, len(indexed)))
+        order = (
+            tuple(range(lead, lead + nb))
+            + tuple(range(lead))
+            + tuple(range(lead + nb, len(indexed)))
+        )
         v = prims.permute(v, order)
     xp = prims.permute(x, tuple(perm))
     out = prims.index_put(xp, [_as_index(indices[d]) for d in present], v, accumulate)
@@ -204,7 +216,10 @@ def index_add(self, dim, index, source, *, alpha=1):
     if alpha != 1:
         source = aten.mul(source, alpha)
     if self.ndim == 0:
-        return aten.add(self, aten.sum(source))
+        flat = aten.index_add(
+            prims.reshape(self, (1,)), 0, prims.reshape(index, (-1,)), prims.reshape(source, (-1,))
+        )
+        return prims.reshape(flat, ())
     dim = _canon(self.ndim, dim)
     source = _as_dims(source, self.ndim)
     return _put_along(self, dim, index, convert(source, self.dtype), True)
@@ -254,6 +269,8 @@ def masked_fill(self, mask, value):
 
 @register_decomposition(aten.gather)
 def gather(self, dim, index, *, sparse_grad=False):
+    if index.numel() == 0:
+        return prims.full(tuple(index.shape), 0, self.dtype, self.device)
     if self.ndim == 0:
         flat = prims.gather(prims.reshape(self, (1,)), 0, prims.reshape(index, (-1,)))
         return prims.reshape(flat, tuple(index.shape))
@@ -449,7 +466,9 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
     for d, (n, s) in enumerate(zip(size, stride)):
         idx = prims.broadcast_in_dim(_iota(n, self.device, 0, s), tuple(size), (d,))
         pos = prims.add(pos, idx)
-    out = prims.index_put(flat, [prims.reshape(pos, (-1,))], prims.reshape(convert(src, self.dtype), (-1,)), False)
+    out = prims.index_put(
+        flat, [prims.reshape(pos, (-1,))], prims.reshape(convert(src, self.dtype), (-1,)), False
+    )
     return prims.reshape(out, tuple(self.shape))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ember.primtorch import prims, utils
@@ -67,7 +69,9 @@ def _sum_to(t, dims):
 
 
 @register_decomposition(aten.native_layer_norm_backward)
-def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+def native_layer_norm_backward(
+    grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask
+):
     axis = input.ndim - len(normalized_shape)
     dims = tuple(range(axis, input.ndim))
     outer = tuple(range(axis))
@@ -186,7 +190,10 @@ def _update_running(running_mean, running_var, new_rm, new_rv):
         aten.copy_(running_var, new_rv)
 
 
-@register_decomposition(aten.native_batch_norm, aten._native_batch_norm_legit.default)
+# native_batch_norm's schema does not mark the running statistics as written, so the tracer hands
+# it here; the ops that do (_native_batch_norm_legit, _batch_norm_with_update) reach their
+# *_functional twins below through the tracer's functionalisation.
+@register_decomposition(aten.native_batch_norm)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     if training or running_mean is None:
         out, mean, invstd, new_rm, new_rv = _bn_train(
@@ -206,7 +213,9 @@ def native_batch_norm_no_stats(input, weight, bias, training, momentum, eps):
 
 
 @register_decomposition(aten._native_batch_norm_legit_functional)
-def native_batch_norm_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+def native_batch_norm_functional(
+    input, weight, bias, running_mean, running_var, training, momentum, eps
+):
     if training:
         return _bn_train(input, weight, bias, running_mean, running_var, momentum, eps)
     out = _bn_eval(input, weight, bias, running_mean, running_var, eps)
@@ -223,17 +232,10 @@ def _reserve(input):
     return prims.full((0,), 0, torch.uint8, input.device)
 
 
-@register_decomposition(aten._batch_norm_with_update)
-def batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
-    out, mean, invstd, new_rm, new_rv = _bn_train(
-        input, weight, bias, running_mean, running_var, momentum, eps
-    )
-    _update_running(running_mean, running_var, new_rm, new_rv)
-    return out, mean, invstd, _reserve(input)
-
-
 @register_decomposition(aten._batch_norm_with_update_functional)
-def batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum, eps):
+def batch_norm_with_update_functional(
+    input, weight, bias, running_mean, running_var, momentum, eps
+):
     out, mean, invstd, new_rm, new_rv = _bn_train(
         input, weight, bias, running_mean, running_var, momentum, eps
     )
@@ -251,9 +253,17 @@ def batch_norm_no_update(input, weight, bias, running_mean, running_var, momentu
 
 @register_decomposition(aten.native_batch_norm_backward)
 def native_batch_norm_backward(
-    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+    grad_out,
+    input,
+    weight,
+    running_mean,
+    running_var,
+    save_mean,
+    save_invstd,
+    train,
+    eps,
     output_mask,
-):  # fmt: skip
+):
     x, g = _opmath(input), _opmath(grad_out)
     shape, dims = tuple(x.shape), _bn_dims(x)
     if train:
@@ -282,13 +292,30 @@ def native_batch_norm_backward(
 
 @register_decomposition(aten.batch_norm_backward)
 def batch_norm_backward(
-    grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
-    output_mask, reserve,
-):  # fmt: skip
+    grad_out,
+    input,
+    weight,
+    running_mean,
+    running_var,
+    save_mean,
+    save_var,
+    update,
+    eps,
+    output_mask,
+    reserve,
+):
     return native_batch_norm_backward(
-        grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
+        grad_out,
+        input,
+        weight,
+        running_mean,
+        running_var,
+        save_mean,
+        save_var,
+        update,
+        eps,
         output_mask,
-    )  # fmt: skip
+    )
 
 
 # --- embedding -----------------------------------------------------------------------------------
@@ -336,6 +363,61 @@ def native_dropout(input, p, train):
 
 @register_decomposition(aten.native_dropout_backward)
 def native_dropout_backward(grad_output, mask, scale):
+    if not grad_output.dtype.is_floating_point:
+        return aten.mul(aten.mul(grad_output, mask), scale)  # integer grads promote, as in eager
     g = _opmath(grad_output)
     out = prims.mul(prims.mul(g, convert(mask, g.dtype)), float(scale))
     return convert(out, grad_output.dtype)
+
+
+@register_decomposition(aten._embedding_bag_forward_only, aten._embedding_bag)
+def embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
+    """(output, offset2bag, bag_size, max_indices) with a dense (bags x indices) membership mask."""
+    idx = convert(prims.reshape(indices, (-1,)), torch.int64)
+    n = idx.shape[0]
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    pos = prims.iota(n, 0, 1, torch.int64, idx.device)
+    starts = convert(prims.slice_in_dim(offsets, 0, bags, 1, 0), torch.int64)
+    if include_last_offset:
+        ends = convert(prims.slice_in_dim(offsets, 1, bags + 1, 1, 0), torch.int64)
+    else:
+        ends = prims.cat(
+            [
+                prims.slice_in_dim(convert(offsets, torch.int64), 1, bags, 1, 0),
+                prims.full((1,), n, torch.int64, idx.device),
+            ],
+            0,
+        )
+    member = aten.logical_and(
+        aten.le(aten.unsqueeze(starts, 1), pos), aten.lt(pos, aten.unsqueeze(ends, 1))
+    )
+    offset2bag = aten.sub(aten.sum(aten.le(aten.unsqueeze(starts, 1), pos), [0]), 1)
+    if padding_idx >= 0:
+        member = aten.logical_and(member, aten.ne(idx, padding_idx))
+    rows = _opmath(prims.index(weight, [idx]))  # (N, D)
+    if per_sample_weights is not None:
+        rows = aten.mul(rows, aten.unsqueeze(convert(per_sample_weights, rows.dtype), 1))
+    mask = aten.unsqueeze(member, 2)
+    count = aten.sum(member, [1])
+    if mode == 2:
+        picked = aten.where(mask, aten.unsqueeze(rows, 0), -math.inf)
+        out = aten.amax(picked, [1])
+        which = aten.argmax(picked, 1)
+        max_indices = aten.where(aten.unsqueeze(aten.gt(count, 0), 1), aten.index(idx, [which]), 0)
+        out = aten.where(aten.unsqueeze(aten.gt(count, 0), 1), out, 0.0)
+    else:
+        out = aten.sum(aten.where(mask, aten.unsqueeze(rows, 0), 0.0), [1])
+        if mode == 1:
+            out = aten.div(out, aten.unsqueeze(aten.clamp_min(count, 1), 1))
+        max_indices = aten.zeros((bags,), dtype=torch.int64, device=idx.device)
+    return convert(out, weight.dtype), offset2bag, count, max_indices

@@ -105,7 +105,9 @@ def softplus_backward(grad_output, self, beta, threshold):
     def fn(g, x):
         bx = prims.mul(x, float(beta))
         z = prims.exp(bx)
-        return prims.where(prims.gt(bx, float(threshold)), g, prims.div(prims.mul(g, z), prims.add(z, 1.0)))
+        return prims.where(
+            prims.gt(bx, float(threshold)), g, prims.div(prims.mul(g, z), prims.add(z, 1.0))
+        )
 
     return _act_bwd(fn)(grad_output, self)
 
@@ -150,6 +152,8 @@ def tanh_backward(grad_output, output):
 
 @register_decomposition(aten.hardtanh)
 def hardtanh(self, min_val=-1, max_val=1):
+    if is_integral(self.dtype):
+        min_val, max_val = int(min_val), int(max_val)  # torch keeps integer inputs integer
     return aten.clamp(self, min_val, max_val)
 
 
@@ -319,8 +323,9 @@ def _prelu_kernel_backward(grad_output, self, weight):
 
 
 @register_decomposition(aten.rrelu_with_noise_functional)
-def rrelu_with_noise_functional(self, noise, lower=0.125, upper=1.0 / 3.0, training=False,
-                                generator=None):  # fmt: skip
+def rrelu_with_noise_functional(
+    self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None
+):
     """(output, new noise): rrelu_with_noise writes the slopes it drew into `noise`."""
     if not training:
         return aten.leaky_relu(self, (lower + upper) / 2), noise

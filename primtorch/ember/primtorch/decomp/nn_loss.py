@@ -6,7 +6,7 @@ import torch
 
 from ember.primtorch import prims, utils
 
-from ._common import aten, convert, like, numel
+from ._common import aten, convert, numel
 from ._registry import register_decomposition
 
 _NONE, _MEAN, _SUM = 0, 1, 2
@@ -91,7 +91,9 @@ def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index
     g = utils.broadcast_to(g, tuple(w.shape))
     value = prims.neg(prims.mul(w, g))
     zeros = prims.full(tuple(self.shape), 0, x.dtype, x.device)
-    out = prims.scatter(zeros, cdim, prims.expand_dims(safe, (cdim,)), prims.expand_dims(value, (cdim,)))
+    out = prims.scatter(
+        zeros, cdim, prims.expand_dims(safe, (cdim,)), prims.expand_dims(value, (cdim,))
+    )
     return convert(out, self.dtype)
 
 
@@ -131,7 +133,9 @@ def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
     if beta == 0:
         slope = prims.sign(d)
     else:
-        slope = prims.where(prims.lt(prims.abs(d), float(beta)), prims.div(d, float(beta)), prims.sign(d))
+        slope = prims.where(
+            prims.lt(prims.abs(d), float(beta)), prims.div(d, float(beta)), prims.sign(d)
+        )
     return convert(prims.mul(slope, g), self.dtype)
 
 
@@ -185,7 +189,9 @@ def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduct
 def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=_MEAN):
     x, t = _pair(self, target)
     # log(1 + exp(-x)) computed stably as max(-x, 0) + log1p(exp(-|x|)).
-    softplus_neg = prims.add(prims.maximum(prims.neg(x), 0.0), prims.log1p(prims.exp(prims.neg(prims.abs(x)))))
+    softplus_neg = prims.add(
+        prims.maximum(prims.neg(x), 0.0), prims.log1p(prims.exp(prims.neg(prims.abs(x))))
+    )
     if pos_weight is not None:
         pw = utils.broadcast_to(convert(pos_weight, x.dtype), tuple(x.shape))
         log_weight = prims.add(prims.mul(prims.sub(pw, 1.0), t), 1.0)
@@ -213,7 +219,7 @@ def soft_margin_loss_backward(grad_output, self, target, reduction):
 @register_decomposition(aten.multi_margin_loss)
 def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN):
     x = _opmath(self)
-    x2 = x if x.ndim == 2 else prims.reshape(x, (1, -1))
+    x2 = x if x.ndim == 2 else prims.reshape(x, (1, numel(x.shape)))
     n, c = x2.shape
     t = prims.reshape(convert(target, torch.int64), (n, 1))
     x_y = utils.broadcast_to(prims.gather(x2, 1, t), (n, c))
@@ -236,24 +242,40 @@ def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN)
 @register_decomposition(aten.multilabel_margin_loss_forward)
 def multilabel_margin_loss_forward(self, target, reduction):
     x = _opmath(self)
-    x2 = x if x.ndim == 2 else prims.reshape(x, (1, -1))
+    x2 = x if x.ndim == 2 else prims.reshape(x, (1, numel(x.shape)))
     n, c = x2.shape
     t = prims.reshape(convert(target, torch.int64), (n, c))
     # Targets are valid up to the first -1 in each row.
     stop = prims.eq(t, -1)
     pos = prims.iota(c, 0, 1, torch.int64, x.device)
-    before = prims.le(prims.broadcast_in_dim(pos, (c, c), (1,)), prims.broadcast_in_dim(pos, (c, c), (0,)))
-    seen = prims.any(prims.bitwise_and(prims.broadcast_in_dim(stop, (n, c, c), (0, 2)),
-                                       prims.broadcast_in_dim(before, (n, c, c), (1, 2))), (2,))  # fmt: skip
+    before = prims.le(
+        prims.broadcast_in_dim(pos, (c, c), (1,)), prims.broadcast_in_dim(pos, (c, c), (0,))
+    )
+    seen = prims.any(
+        prims.bitwise_and(
+            prims.broadcast_in_dim(stop, (n, c, c), (0, 2)),
+            prims.broadcast_in_dim(before, (n, c, c), (1, 2)),
+        ),
+        (2,),
+    )
     valid = prims.logical_not(seen)
     safe = prims.where(valid, t, 0)
-    hits = prims.scatter_add(prims.full((n, c), 0, x.dtype, x.device), 1, safe, convert(valid, x.dtype))
+    hits = prims.scatter_add(
+        prims.full((n, c), 0, x.dtype, x.device), 1, safe, convert(valid, x.dtype)
+    )
     is_target = convert(prims.gt(hits, 0.0), x.dtype)
     x_t = prims.gather(x2, 1, safe)
-    diff = prims.add(prims.sub(prims.broadcast_in_dim(x2, (n, c, c), (0, 2)),
-                               prims.broadcast_in_dim(x_t, (n, c, c), (0, 1))), 1.0)  # fmt: skip
-    mask = prims.bitwise_and(prims.broadcast_in_dim(valid, (n, c, c), (0, 1)),
-                             prims.broadcast_in_dim(prims.eq(is_target, 0.0), (n, c, c), (0, 2)))  # fmt: skip
+    diff = prims.add(
+        prims.sub(
+            prims.broadcast_in_dim(x2, (n, c, c), (0, 2)),
+            prims.broadcast_in_dim(x_t, (n, c, c), (0, 1)),
+        ),
+        1.0,
+    )
+    mask = prims.bitwise_and(
+        prims.broadcast_in_dim(valid, (n, c, c), (0, 1)),
+        prims.broadcast_in_dim(prims.eq(is_target, 0.0), (n, c, c), (0, 2)),
+    )
     loss = prims.where(mask, prims.maximum(diff, 0.0), 0.0)
     per_sample = prims.div(prims.sum(loss, (1, 2)), float(c))
     if x.ndim == 1:

@@ -27,6 +27,12 @@ def _lowest(dtype):
     return -math.inf if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
+def _flatten_tail(t, keep):
+    """t with its dims after the first `keep` merged (explicit sizes: no -1 to infer when empty)."""
+    lead = tuple(t.shape[:keep])
+    return prims.reshape(t, lead + (math.prod(t.shape[keep:]),))
+
+
 def _iota(n, device, start=0, step=1):
     return prims.iota(n, start, step, torch.int64, device)
 
@@ -72,13 +78,21 @@ def _offsets(kernel):
 
 def _flat_input_index(nsp, in_sizes, out_sizes, kernel, stride, padding, dilation, device):
     """For each output position and kernel offset, the flat index into the spatial input."""
-    shape = tuple(out_sizes) + (math.prod(kernel),)
+    k_total = math.prod(kernel)
+    shape = tuple(out_sizes) + (k_total,)
+    k = _iota(k_total, device)
     total = None
     for i in range(nsp):
         pos = _iota(out_sizes[i], device, -padding[i], stride[i])  # window starts
         pos = prims.broadcast_in_dim(pos, shape, (i,))
-        offs = [o[i] * dilation[i] for o in _offsets(kernel)]
-        off = prims.broadcast_in_dim(_offset_tensor(offs, device), shape, (nsp,))
+        # Kernel offset along dim i of flat kernel position k (row-major over the kernel dims).
+        inner = math.prod(kernel[i + 1 :])
+        off = (
+            prims.remainder(prims.floor_div(k, inner), kernel[i])
+            if inner > 1
+            else prims.remainder(k, kernel[i])
+        )
+        off = prims.broadcast_in_dim(prims.mul(off, dilation[i]), shape, (nsp,))
         coord = prims.add(pos, off)
         stride_flat = math.prod(in_sizes[i + 1 :])
         term = prims.mul(coord, stride_flat) if stride_flat != 1 else coord
@@ -86,27 +100,22 @@ def _flat_input_index(nsp, in_sizes, out_sizes, kernel, stride, padding, dilatio
     return total
 
 
-def _offset_tensor(values, device):
-    # Kernel offsets are small static lists: build them from iota arithmetic when regular.
-    n = len(values)
-    if n == 1:
-        return prims.full((1,), values[0], torch.int64, device)
-    pieces = [prims.full((1,), v, torch.int64, device) for v in values]
-    return prims.cat(pieces, 0)
-
-
 def _max_pool(self, nsp, kernel_size, stride, padding, dilation, ceil_mode):
     kernel = _tuple(kernel_size, nsp)
     stride = _tuple(stride, nsp) if stride else kernel
     padding, dilation = _tuple(padding, nsp), _tuple(dilation, nsp)
     in_sizes = list(self.shape[-nsp:])
-    out_sizes = [_pool_out_size(n, k, s, p, d, ceil_mode)
-                 for n, k, s, p, d in zip(in_sizes, kernel, stride, padding, dilation)]  # fmt: skip
+    out_sizes = [
+        _pool_out_size(n, k, s, p, d, ceil_mode)
+        for n, k, s, p, d in zip(in_sizes, kernel, stride, padding, dilation)
+    ]
     win = _windows(self, nsp, kernel, stride, padding, dilation, out_sizes, _lowest(self.dtype))
     last = win.ndim - 1
     values = prims.amax(win, (last,))
     which = prims.argmax(win, last)
-    flat = _flat_input_index(nsp, in_sizes, out_sizes, kernel, stride, padding, dilation, self.device)
+    flat = _flat_input_index(
+        nsp, in_sizes, out_sizes, kernel, stride, padding, dilation, self.device
+    )
     flat = utils.broadcast_to(flat, tuple(win.shape))
     picked = prims.gather(flat, last, prims.expand_dims(which, (last,)))
     return values, prims.squeeze(picked, (last,))
@@ -127,8 +136,8 @@ def _scatter_back(grad_output, self, indices, nsp):
     lead = tuple(self.shape[: self.ndim - nsp])
     n_in = math.prod(self.shape[self.ndim - nsp :])
     g = _opmath(grad_output)
-    g = prims.reshape(g, lead + (-1,))
-    idx = prims.reshape(indices, lead + (-1,))
+    g = _flatten_tail(g, len(lead))
+    idx = _flatten_tail(indices, len(lead))
     zeros = prims.full(lead + (n_in,), 0, g.dtype, g.device)
     out = prims.scatter_add(zeros, len(lead), idx, g)
     return convert(prims.reshape(out, tuple(self.shape)), grad_output.dtype)
@@ -137,14 +146,14 @@ def _scatter_back(grad_output, self, indices, nsp):
 @register_decomposition(aten.max_pool2d_with_indices_backward)
 def max_pool2d_with_indices_backward(
     grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
-):  # fmt: skip
+):
     return _scatter_back(grad_output, self, indices, 2)
 
 
 @register_decomposition(aten.max_pool3d_with_indices_backward)
 def max_pool3d_with_indices_backward(
     grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
-):  # fmt: skip
+):
     return _scatter_back(grad_output, self, indices, 3)
 
 
@@ -153,8 +162,8 @@ def max_unpool2d(self, indices, output_size):
     lead = tuple(self.shape[: self.ndim - 2])
     n_out = math.prod(output_size)
     zeros = prims.full(lead + (n_out,), 0, self.dtype, self.device)
-    src = prims.reshape(self, lead + (-1,))
-    idx = prims.reshape(indices, lead + (-1,))
+    src = _flatten_tail(self, len(lead))
+    idx = _flatten_tail(indices, len(lead))
     out = prims.scatter(zeros, len(lead), idx, src)
     return prims.reshape(out, lead + tuple(output_size))
 
@@ -164,8 +173,8 @@ def max_unpool3d(self, indices, output_size, stride, padding):
     lead = tuple(self.shape[: self.ndim - 3])
     n_out = math.prod(output_size)
     zeros = prims.full(lead + (n_out,), 0, self.dtype, self.device)
-    src = prims.reshape(self, lead + (-1,))
-    idx = prims.reshape(indices, lead + (-1,))
+    src = _flatten_tail(self, len(lead))
+    idx = _flatten_tail(indices, len(lead))
     out = prims.scatter(zeros, len(lead), idx, src)
     return prims.reshape(out, lead + tuple(output_size))
 
@@ -189,46 +198,78 @@ def _avg_divisor(nsp, in_sizes, out_sizes, kernel, stride, padding, count_includ
     return total
 
 
-def _avg_pool(self, nsp, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+def _avg_pool(
+    self, nsp, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
     kernel = _tuple(kernel_size, nsp)
     stride = _tuple(stride, nsp) if stride else kernel
     padding = _tuple(padding, nsp)
     in_sizes = list(self.shape[-nsp:])
-    out_sizes = [_pool_out_size(n, k, s, p, 1, ceil_mode)
-                 for n, k, s, p in zip(in_sizes, kernel, stride, padding)]  # fmt: skip
-    x = _opmath(self)
-    win = _windows(x, nsp, kernel, stride, padding, (1,) * nsp, out_sizes, 0.0)
+    out_sizes = [
+        _pool_out_size(n, k, s, p, 1, ceil_mode)
+        for n, k, s, p in zip(in_sizes, kernel, stride, padding)
+    ]
+    floating = self.dtype.is_floating_point
+    x = _opmath(self) if floating else convert(self, torch.int64)
+    win = _windows(x, nsp, kernel, stride, padding, (1,) * nsp, out_sizes, 0.0 if floating else 0)
     total = prims.sum(win, (win.ndim - 1,))
+    # Integer inputs divide with truncation, as torch's integer kernels do.
+    divide = prims.div if floating else prims.trunc_div
     if divisor_override:
-        out = prims.div(total, float(divisor_override))
+        out = divide(total, float(divisor_override) if floating else int(divisor_override))
     else:
-        div = _avg_divisor(nsp, in_sizes, out_sizes, kernel, stride, padding, count_include_pad,
-                           self.device)  # fmt: skip
+        div = _avg_divisor(
+            nsp, in_sizes, out_sizes, kernel, stride, padding, count_include_pad, self.device
+        )
         lead = tuple(range(self.ndim - nsp))
-        div = prims.broadcast_in_dim(convert(div, x.dtype), tuple(total.shape),
-                                     tuple(range(len(lead), total.ndim)))  # fmt: skip
-        out = prims.div(total, div)
+        div = prims.broadcast_in_dim(
+            convert(div, x.dtype), tuple(total.shape), tuple(range(len(lead), total.ndim))
+        )
+        out = divide(total, div)
     return convert(out, self.dtype), (kernel, stride, padding, in_sizes, out_sizes)
 
 
 @register_decomposition(aten.avg_pool2d)
-def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):  # fmt: skip
-    if self.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        raise TypeError(f"avg_pool2d does not take {self.dtype}")
-    return _avg_pool(self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                     divisor_override)[0]  # fmt: skip
+def avg_pool2d(
+    self,
+    kernel_size,
+    stride=(),
+    padding=0,
+    ceil_mode=False,
+    count_include_pad=True,
+    divisor_override=None,
+):
+    return _avg_pool(
+        self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )[0]
 
 
 @register_decomposition(aten.avg_pool3d)
-def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):  # fmt: skip
-    return _avg_pool(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                     divisor_override)[0]  # fmt: skip
+def avg_pool3d(
+    self,
+    kernel_size,
+    stride=(),
+    padding=0,
+    ceil_mode=False,
+    count_include_pad=True,
+    divisor_override=None,
+):
+    return _avg_pool(
+        self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )[0]
 
 
-def _avg_pool_backward(grad_output, self, nsp, kernel_size, stride, padding, ceil_mode,
-                       count_include_pad, divisor_override):  # fmt: skip
+def _avg_pool_backward(
+    grad_output,
+    self,
+    nsp,
+    kernel_size,
+    stride,
+    padding,
+    ceil_mode,
+    count_include_pad,
+    divisor_override,
+):
     kernel = _tuple(kernel_size, nsp)
     stride = _tuple(stride, nsp) if stride else kernel
     padding = _tuple(padding, nsp)
@@ -239,9 +280,12 @@ def _avg_pool_backward(grad_output, self, nsp, kernel_size, stride, padding, cei
     if divisor_override:
         g = prims.div(g, float(divisor_override))
     else:
-        div = _avg_divisor(nsp, in_sizes, out_sizes, kernel, stride, padding, count_include_pad,
-                           self.device)  # fmt: skip
-        div = prims.broadcast_in_dim(convert(div, g.dtype), tuple(g.shape), tuple(range(lead, g.ndim)))
+        div = _avg_divisor(
+            nsp, in_sizes, out_sizes, kernel, stride, padding, count_include_pad, self.device
+        )
+        div = prims.broadcast_in_dim(
+            convert(div, g.dtype), tuple(g.shape), tuple(range(lead, g.ndim))
+        )
         g = prims.div(g, div)
     # Each kernel offset sends g to the padded input at offset + stride * o: an interior pad.
     padded = [n + 2 * p for n, p in zip(in_sizes, padding)]
@@ -261,17 +305,37 @@ def _avg_pool_backward(grad_output, self, nsp, kernel_size, stride, padding, cei
 
 
 @register_decomposition(aten.avg_pool2d_backward)
-def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
-                        count_include_pad, divisor_override):  # fmt: skip
-    return _avg_pool_backward(grad_output, self, 2, kernel_size, stride, padding, ceil_mode,
-                              count_include_pad, divisor_override)  # fmt: skip
+def avg_pool2d_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    return _avg_pool_backward(
+        grad_output,
+        self,
+        2,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        divisor_override,
+    )
 
 
 @register_decomposition(aten.avg_pool3d_backward)
-def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
-                        count_include_pad, divisor_override):  # fmt: skip
-    return _avg_pool_backward(grad_output, self, 3, kernel_size, stride, padding, ceil_mode,
-                              count_include_pad, divisor_override)  # fmt: skip
+def avg_pool3d_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    return _avg_pool_backward(
+        grad_output,
+        self,
+        3,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        divisor_override,
+    )
 
 
 # --- adaptive pooling ----------------------------------------------------------------------------
@@ -339,7 +403,9 @@ def _adaptive_avg_backward(grad_output, self, nsp):
         counts = prims.broadcast_in_dim(convert(length, g.dtype), tuple(g.shape), (dim,))
         per = prims.div(g, counts)
         shape = tuple(g.shape[:dim]) + (m, k) + tuple(g.shape[dim + 1 :])
-        per = prims.broadcast_in_dim(per, shape, tuple(d for d in range(len(shape)) if d != dim + 1))
+        per = prims.broadcast_in_dim(
+            per, shape, tuple(d for d in range(len(shape)) if d != dim + 1)
+        )
         per = prims.where(prims.broadcast_in_dim(mask, shape, (dim, dim + 1)), per, 0.0)
         per = prims.reshape(per, tuple(g.shape[:dim]) + (m * k,) + tuple(g.shape[dim + 1 :]))
         zeros_shape = tuple(g.shape[:dim]) + (n,) + tuple(g.shape[dim + 1 :])
@@ -396,3 +462,129 @@ def adaptive_max_pool2d_backward(grad_output, self, indices):
 @register_decomposition(aten.adaptive_max_pool3d_backward)
 def adaptive_max_pool3d_backward(grad_output, self, indices):
     return _scatter_back(grad_output, self, indices, 3)
+
+
+# --- im2col / col2im -----------------------------------------------------------------------------
+
+
+@register_decomposition(aten.im2col)
+def im2col(self, kernel_size, dilation, padding, stride):
+    batched = self.ndim == 4
+    x = self if batched else prims.expand_dims(self, (0,))
+    kernel, dilation = _tuple(kernel_size, 2), _tuple(dilation, 2)
+    padding, stride = _tuple(padding, 2), _tuple(stride, 2)
+    out_sizes = [
+        _pool_out_size(n, k, s, p, d, False)
+        for n, k, s, p, d in zip(x.shape[2:], kernel, stride, padding, dilation)
+    ]
+    win = _windows(x, 2, kernel, stride, padding, dilation, out_sizes, 0)  # (N, C, OH, OW, K)
+    n, c = x.shape[0], x.shape[1]
+    k = math.prod(kernel)
+    out = prims.reshape(
+        prims.permute(win, (0, 1, 4, 2, 3)), (n, c * k, out_sizes[0] * out_sizes[1])
+    )
+    return out if batched else prims.squeeze(out, (0,))
+
+
+@register_decomposition(aten.col2im)
+def col2im(self, output_size, kernel_size, dilation, padding, stride):
+    batched = self.ndim == 3
+    x = self if batched else prims.expand_dims(self, (0,))
+    kernel, dilation = _tuple(kernel_size, 2), _tuple(dilation, 2)
+    padding, stride = _tuple(padding, 2), _tuple(stride, 2)
+    out_sizes = [
+        _pool_out_size(n, k, s, p, d, False)
+        for n, k, s, p, d in zip(output_size, kernel, stride, padding, dilation)
+    ]
+    n, k = x.shape[0], math.prod(kernel)
+    c = x.shape[1] // k
+    cols = prims.reshape(x, (n, c, k) + tuple(out_sizes))
+    padded = [size + 2 * p for size, p in zip(output_size, padding)]
+    total = None
+    for j, offsets in enumerate(_offsets(kernel)):
+        piece = prims.squeeze(prims.slice_in_dim(cols, j, j + 1, 1, 2), (2,))
+        low = [0, 0] + [o * d for o, d in zip(offsets, dilation)]
+        high = [0, 0] + [
+            pn - (lo + (m - 1) * s + 1) for pn, lo, m, s in zip(padded, low[2:], out_sizes, stride)
+        ]
+        interior = [0, 0] + [s - 1 for s in stride]
+        piece = prims.pad(piece, 0, tuple(low), tuple(high), tuple(interior))
+        total = piece if total is None else prims.add(total, piece)
+    out = prims.slice(
+        total,
+        (0, 0) + tuple(padding),
+        (n, c) + tuple(p + size for p, size in zip(padding, output_size)),
+    )
+    return out if batched else prims.squeeze(out, (0,))
+
+
+# --- fractional max pooling ----------------------------------------------------------------------
+
+
+def _fractional_starts(u, in_size, out_size, k, compute):
+    """Window starts (..., out_size) from per-plane samples u (...,): torch's generate_intervals."""
+    lead = tuple(u.shape)
+    shape = lead + (out_size,)
+    if out_size == 1:
+        return prims.full(shape, in_size - k, torch.int64, u.device)
+    alpha = (in_size - k) / (out_size - 1)
+    i = prims.broadcast_in_dim(convert(_iota(out_size, u.device), compute), shape, (len(lead),))
+    ub = prims.broadcast_in_dim(convert(u, compute), shape, tuple(range(len(lead))))
+    start = prims.sub(
+        convert(prims.mul(prims.add(i, ub), alpha), torch.int64),
+        convert(prims.mul(ub, alpha), torch.int64),
+    )
+    last = prims.eq(
+        prims.broadcast_in_dim(_iota(out_size, u.device), shape, (len(lead),)), out_size - 1
+    )
+    return prims.where(last, in_size - k, start)
+
+
+def _fractional_max_pool(self, kernel_size, output_size, random_samples, nsp):
+    batched = self.ndim == nsp + 2
+    x = self if batched else prims.expand_dims(self, (0,))
+    kernel, out_sizes = _tuple(kernel_size, nsp), _tuple(output_size, nsp)
+    n, c = x.shape[0], x.shape[1]
+    in_sizes = list(x.shape[2:])
+    compute = utils.opmath_dtype(self.dtype)
+    lead = (n, c)
+    # Flat input index of every (output position, kernel offset): (N, C, *out, *kernel).
+    full_shape = lead + tuple(out_sizes) + tuple(kernel)
+    total = None
+    for i in range(nsp):
+        # torch's 2-d kernel reads sample 0 for W, 1 for H; the 3-d one 0, 1, 2 for T, H, W.
+        col = nsp - 1 - i if nsp == 2 else i
+        u = prims.squeeze(prims.slice_in_dim(random_samples, col, col + 1, 1, 2), (2,))
+        start = _fractional_starts(u, in_sizes[i], out_sizes[i], kernel[i], compute)
+        start = prims.broadcast_in_dim(start, full_shape, (0, 1, 2 + i))
+        off = prims.broadcast_in_dim(_iota(kernel[i], x.device), full_shape, (2 + nsp + i,))
+        term = prims.mul(prims.add(start, off), math.prod(in_sizes[i + 1 :]))
+        total = term if total is None else prims.add(total, term)
+    k_total = math.prod(kernel)
+    flat_idx = _flatten_tail(total, len(lead))
+    picked = prims.gather(_flatten_tail(x, len(lead)), 2, flat_idx)
+    picked = prims.reshape(picked, lead + tuple(out_sizes) + (k_total,))
+    idx = prims.reshape(total, lead + tuple(out_sizes) + (k_total,))
+    last = picked.ndim - 1
+    values = prims.amax(picked, (last,))
+    which = prims.argmax(picked, last)
+    indices = prims.squeeze(prims.gather(idx, last, prims.expand_dims(which, (last,))), (last,))
+    if not batched:
+        values, indices = prims.squeeze(values, (0,)), prims.squeeze(indices, (0,))
+    return values, indices
+
+
+@register_decomposition(aten.fractional_max_pool2d)
+def fractional_max_pool2d(self, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(self, kernel_size, output_size, random_samples, 2)
+
+
+@register_decomposition(aten.fractional_max_pool3d)
+def fractional_max_pool3d(self, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(self, kernel_size, output_size, random_samples, 3)
+
+
+@register_decomposition(aten.fractional_max_pool2d_backward, aten.fractional_max_pool3d_backward)
+def fractional_max_pool_backward(grad_output, self, kernel_size, output_size, indices):
+    nsp = len(output_size)
+    return _scatter_back(grad_output, self, indices, nsp)

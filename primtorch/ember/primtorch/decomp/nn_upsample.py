@@ -124,7 +124,9 @@ def _interpolate_backward(grad, mode, input_size, align_corners, scales):
         shape = tuple(g.shape[:dim]) + (n_in,) + tuple(g.shape[dim + 1 :])
         total = prims.full(shape, 0, compute, grad.device)
         for idx, w in taps:
-            part = g if w is None else prims.mul(g, prims.broadcast_in_dim(w, tuple(g.shape), (dim,)))
+            part = (
+                g if w is None else prims.mul(g, prims.broadcast_in_dim(w, tuple(g.shape), (dim,)))
+            )
             total = aten.index_add(total, dim, idx, part)
         g = total
     return convert(g, grad.dtype)
@@ -148,8 +150,9 @@ def _register(mode, nsp, op, op_vec, op_bwd, has_align):
             return _interpolate(input, mode, sizes, align_corners, scales)
 
         def bwd(grad_output, output_size, input_size, align_corners, *scales):
-            return _interpolate_backward(grad_output, mode, list(input_size), align_corners,
-                                         _pad(scales, nsp))  # fmt: skip
+            return _interpolate_backward(
+                grad_output, mode, list(input_size), align_corners, _pad(scales, nsp)
+            )
 
     else:
 
@@ -161,7 +164,9 @@ def _register(mode, nsp, op, op_vec, op_bwd, has_align):
             return _interpolate(input, mode, sizes, None, scales)
 
         def bwd(grad_output, output_size, input_size, *scales):
-            return _interpolate_backward(grad_output, mode, list(input_size), None, _pad(scales, nsp))
+            return _interpolate_backward(
+                grad_output, mode, list(input_size), None, _pad(scales, nsp)
+            )
 
     DECOMP = register_decomposition
     DECOMP(op.default)(fwd)
@@ -190,6 +195,10 @@ for _mode, _n, _name, _align in (
 ):
     _op = getattr(torch.ops.aten, _name)
     _register(
-        _mode, _n, _op, getattr(_op, "vec", None), getattr(torch.ops.aten, _name + "_backward", None),
+        _mode,
+        _n,
+        _op,
+        getattr(_op, "vec", None),
+        getattr(torch.ops.aten, _name + "_backward", None),
         _align,
-    )  # fmt: skip
+    )

@@ -6,13 +6,31 @@ import math
 
 import torch
 
-from ember.primtorch import prims, utils
+from ember.primtorch import prims
 
 from ._common import (
-    ALWAYS_BOOL, BOOL_TO_LONG, COMPLEX_TO_FLOAT, DEFAULT, INT_TO_FLOAT, NO_OPMATH, aten, c, convert,
-    broadcast_shape, device_of, dtype_of, elementwise, elementwise_dtypes, full, is_float, is_integral, is_tensor, like, operand,
+    ALWAYS_BOOL,
+    BOOL_TO_LONG,
+    COMPLEX_TO_FLOAT,
+    DEFAULT,
+    INT_TO_FLOAT,
+    NO_OPMATH,
+    aten,
+    c,
+    convert,
+    broadcast_shape,
+    device_of,
+    dtype_of,
+    elementwise,
+    elementwise_dtypes,
+    full,
+    is_float,
+    is_integral,
+    is_tensor,
+    like,
+    operand,
     promote_operands,
-)  # fmt: skip
+)
 from ._registry import register_decomposition
 
 
@@ -30,9 +48,9 @@ _INT_TO_FLOAT_UNARY = {
     "log1p": "log1p", "log2": "log2", "log10": "log10", "sqrt": "sqrt", "rsqrt": "rsqrt",
     "erf": "erf", "erfc": "erfc", "erfinv": "erfinv", "lgamma": "lgamma", "digamma": "digamma",
     "reciprocal": "reciprocal", "i0": "i0", "special_i0e": "i0e", "special_i1": "i1",
-    "special_i1e": "i1e", "sigmoid": "sigmoid", "special_bessel_j0": "bessel_j0",
+    "special_i1e": "i1e", "sigmoid": "sigmoid", "special_modified_bessel_i0": "i0",
+    "special_modified_bessel_i1": "i1", "special_bessel_j0": "bessel_j0",
     "special_bessel_j1": "bessel_j1", "special_erfcx": "erfcx", "special_ndtri": "ndtri",
-    "special_spherical_bessel_j0": "spherical_bessel_j0",
 }  # fmt: skip
 
 
@@ -56,17 +74,22 @@ def _register_unary():
 _register_unary()
 
 
+@register_decomposition(aten.special_spherical_bessel_j0.default)
+def special_spherical_bessel_j0(x):
+    return elementwise(_prim("spherical_bessel_j0"), x, kind=INT_TO_FLOAT)
+
+
 @register_decomposition(aten.abs)
 def abs(self):
     if self.dtype is torch.bool:
-        return self
+        return prims.clone(self)
     return elementwise(_prim("abs"), self, kind=COMPLEX_TO_FLOAT)
 
 
 @register_decomposition(aten.sign, aten.sgn)
 def sign(self):
     if self.dtype is torch.bool:
-        return self
+        return prims.clone(self)
     return elementwise(_prim("sign"), self, kind=DEFAULT)
 
 
@@ -76,7 +99,7 @@ def _rounding(prim_name):
     def decomp(self):
         # Integers are already whole: torch returns a copy.
         if is_integral(self.dtype):
-            return self
+            return prims.clone(self)
         return elementwise(prim, self, kind=DEFAULT)
 
     return decomp
@@ -90,7 +113,7 @@ register_decomposition(aten.fix)(_rounding("trunc"))
 @register_decomposition(aten.round)
 def round(self, *, decimals=0):
     if is_integral(self.dtype):
-        return self
+        return prims.clone(self)
     if decimals == 0:
         return elementwise(_prim("round"), self, kind=DEFAULT)
     # torch scales by 10**decimals (or divides by 10**-decimals) in the op's own precision.
@@ -114,9 +137,14 @@ def signbit(self):
     return elementwise(_prim("signbit"), self, kind=ALWAYS_BOOL, compute=self.dtype)
 
 
-@register_decomposition(aten.positive, aten.conj_physical, aten.resolve_conj, aten.resolve_neg)
+@register_decomposition(aten.positive, aten.resolve_conj, aten.resolve_neg)
 def positive(self):
-    return self
+    return self  # torch returns self itself (an alias) for these on real tensors
+
+
+@register_decomposition(aten.conj_physical)
+def conj_physical(self):
+    return prims.clone(self)
 
 
 @register_decomposition(aten.logit)
@@ -195,7 +223,7 @@ def isfinite(self):
 @register_decomposition(aten.nan_to_num)
 def nan_to_num(self, nan=None, posinf=None, neginf=None):
     if not is_float(self.dtype):
-        return self
+        return prims.clone(self)
     info = torch.finfo(self.dtype)
     nan = 0.0 if nan is None else nan
     posinf = info.max if posinf is None else posinf
@@ -233,7 +261,9 @@ def sub(self, other, alpha=1):
 
 @register_decomposition(aten.rsub)
 def rsub(self, other, alpha=1):
-    return aten.sub(other, self, alpha=alpha) if is_tensor(other) else _rsub_scalar(self, other, alpha)
+    return (
+        aten.sub(other, self, alpha=alpha) if is_tensor(other) else _rsub_scalar(self, other, alpha)
+    )
 
 
 def _rsub_scalar(self, other, alpha):
@@ -415,9 +445,7 @@ def special_log_ndtr(self):
     (x,), dtype = promote_operands(self, kind=INT_TO_FLOAT)
     # log(ndtr(x)): for x < -1 use erfcx to avoid underflow (torch's formulation).
     t = prims.mul(x, c(1 / math.sqrt(2), x))
-    small = prims.sub(
-        prims.log(prims.mul(prims.erfcx(prims.neg(t)), c(0.5, x))), prims.mul(t, t)
-    )
+    small = prims.sub(prims.log(prims.mul(prims.erfcx(prims.neg(t)), c(0.5, x))), prims.mul(t, t))
     large = prims.log1p(prims.neg(prims.mul(prims.erfc(t), c(0.5, x))))
     return convert(prims.where(prims.lt(x, c(-1.0, x)), small, large), dtype)
 

@@ -34,7 +34,8 @@ def _finish(out, dims, keepdim):
 
 def _reduce(prim_name, x, dims, keepdim):
     """Apply a reduction prim over dims (none: the value itself), restoring dims on keepdim."""
-    out = getattr(prims, prim_name)(x, tuple(dims)) if dims else x
+    # No dims: the value itself, as a new tensor (eager never returns an alias of its input).
+    out = getattr(prims, prim_name)(x, tuple(dims)) if dims else prims.clone(x)
     return _finish(out, dims, keepdim)
 
 
@@ -197,9 +198,11 @@ def prod(self, dim=None, keepdim=False, *, dtype=None):
 
 
 def _bool_reduce(prim_name, self, dim, keepdim):
-    out = _reduce(prim_name, self, _dims(self, dim), keepdim)
-    if out is self and self.dtype is not torch.bool:
-        out = prims.ne(self, c(0, self))
+    dims = _dims(self, dim)
+    if not dims:
+        out = prims.ne(self, c(0, self)) if self.dtype is not torch.bool else prims.clone(self)
+    else:
+        out = _reduce(prim_name, self, dims, keepdim)
     # torch keeps uint8 for uint8 inputs (a legacy rule); everything else gives bool.
     return convert(out, torch.uint8) if self.dtype is torch.uint8 else out
 
@@ -258,7 +261,7 @@ def logsumexp(self, dim, keepdim=False):
     x = convert(self, utils.opmath_dtype(out_dtype))
     dims = _dims(self, dim)
     if not dims:
-        return convert(x, out_dtype)
+        return prims.clone(convert(x, out_dtype))
     m = prims.amax(x, dims)
     # An all -inf (or +inf) slice would give inf - inf; shift by 0 there instead.
     m = prims.where(prims.eq(prims.abs(m), c(math.inf, m)), c(0.0, m), m)

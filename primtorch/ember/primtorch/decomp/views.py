@@ -15,9 +15,12 @@ def _canon(ndim, dim):
 
 
 @register_decomposition(
-    aten.view.default, aten._unsafe_view, aten.view_copy.default, aten._reshape_alias,
-    aten._reshape_alias_copy, aten.reshape,
-)  # fmt: skip
+    aten.view.default,
+    aten._unsafe_view,
+    aten.view_copy.default,
+    aten._reshape_alias,
+    aten._reshape_alias_copy,
+)
 def view(self, size, stride=None):
     return prims.reshape(self, tuple(size))
 
@@ -124,11 +127,15 @@ def narrow(self, dim, start, length):
     return prims.slice_in_dim(self, start, start + length, 1, dim)
 
 
-@register_decomposition(aten.split_with_sizes, aten.unsafe_split_with_sizes, aten.split_with_sizes_copy)
+@register_decomposition(
+    aten.split_with_sizes, aten.unsafe_split_with_sizes, aten.split_with_sizes_copy
+)
 def split_with_sizes(self, split_sizes, dim=0):
     dim = _canon(self.ndim, dim)
     if sum(split_sizes) != self.shape[dim]:
-        raise ValueError(f"split_with_sizes: sizes {split_sizes} do not add up to {self.shape[dim]}")
+        raise ValueError(
+            f"split_with_sizes: sizes {split_sizes} do not add up to {self.shape[dim]}"
+        )
     out, start = [], 0
     for length in split_sizes:
         out.append(prims.slice_in_dim(self, start, start + length, 1, dim))
@@ -191,9 +198,15 @@ def unfold(self, dimension, size, step):
 
 
 @register_decomposition(
-    aten.alias, aten.alias_copy, aten.detach, aten.detach_copy, aten.lift_fresh,
-    aten.lift_fresh_copy, aten._conj, aten._neg_view,
-)  # fmt: skip
+    aten.alias,
+    aten.alias_copy,
+    aten.detach,
+    aten.detach_copy,
+    aten.lift_fresh,
+    aten.lift_fresh_copy,
+    aten._conj,
+    aten._neg_view,
+)
 def alias(self):
     return prims.view_of(self)
 
@@ -217,9 +230,15 @@ def contiguous(self, memory_format=torch.contiguous_format):
 
 @register_decomposition(aten._to_copy)
 def _to_copy(
-    self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+    self,
+    *,
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+    non_blocking=False,
     memory_format=None,
-):  # fmt: skip
+):
     if layout not in (None, torch.strided):
         raise NotImplementedError(f"_to_copy to layout {layout} is not supported")
     out = self
