@@ -322,6 +322,12 @@ Py_ssize_t extra_index = -1;
 
 void free_code_state(void* p) {
   auto* st = (CodeState*)p;
+  // At interpreter shutdown the collector frees code objects in an order that can leave an
+  // entry's objects already torn down; the process is ending, so let them go without DECREFs.
+  if (_Py_IsFinalizing()) {
+    delete st;
+    return;
+  }
   for (auto& e : st->entries) {
     Py_XDECREF(e.program);
     Py_XDECREF(e.fn);
