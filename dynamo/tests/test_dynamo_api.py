@@ -164,11 +164,10 @@ def test_decorator_forms_and_methods():
 
 
 def _available():
-    try:
-        ember.dynamo.lookup_backend("inductor")
-        return {"inductor"}
-    except RuntimeError:
-        return set()
+    """The backends whose component is importable here (Bazel gives dynamo's tests only ir)."""
+    import importlib.util
+
+    return {"inductor"} if importlib.util.find_spec("ember.inductor") else set()
 
 
 def test_module_wrapper_behaves_like_the_original():
