@@ -140,11 +140,13 @@ _REAL = {
 CLASSIFICATION = {
     "extern": "linalg.*, fft.*, and OpInfos whose computation is a library kernel (matmul family, "
     "convolution, attention, sort/scan, LAPACK-backed ops, the nuclear norm): EXTERN_NAMES",
-    "complex_only": "no real dtype on CPU, or a complex result (complex, polar, view_as_complex/real)",
+    "complex_only": "no real dtype on CPU, or a complex result (complex, polar, "
+    "view_as_complex, view_as_real)",
     "sparse": "sparse.* and to_sparse",
     "quantized": "names with 'quantize'",
     "no_cpu_dtypes": "no dtype supported on CPU",
-    "random": "values not compared (own Philox stream; empty*): shapes and dtypes only; RANDOM_NAMES",
+    "random": "values not compared (own Philox stream; empty*): shapes and dtypes only, "
+    "RANDOM_NAMES",
 }
 
 

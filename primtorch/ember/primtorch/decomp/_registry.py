@@ -40,9 +40,7 @@ def _binds(fn: Callable, schema) -> bool:
     # `correction`), unless the function takes **kwargs and *args.
     if not (var_kw and var_pos) and any(a.name not in names for a in schema.arguments):
         return False
-    if not var_pos and any(
-        p.name != a.name for p, a in zip(positional, schema_pos)
-    ):
+    if not var_pos and any(p.name != a.name for p, a in zip(positional, schema_pos)):
         return False
     # A required parameter the schema never passes means the function is for another overload.
     schema_names = {a.name for a in schema.arguments}
