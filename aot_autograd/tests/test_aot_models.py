@@ -18,6 +18,29 @@ _spec.loader.exec_module(models)
 
 # Reference kernels sum in other orders than ATen's; bfloat16 rounding adds more.
 TOLERANCE = {False: dict(atol=2e-4, rtol=2e-4), True: dict(atol=3e-2, rtol=3e-2)}
+# Under bfloat16 autocast eager itself is far from the exact value (a batch-norm bias gradient of
+# the small ResNet is 40% off in norm), so there both eager and the compiled step are measured
+# against a float64 eager reference: the compiled error may be at most twice eager's, plus 1% of the
+# reference's norm. A wrong gradient is off by the whole norm.
+BF16_ERROR_RATIO, BF16_SLACK = 2.0, 1e-2
+
+
+def _assert_close(actual, expected, exact, autocast: bool, what: str = ""):
+    if isinstance(expected, (tuple, list)):
+        assert len(actual) == len(expected), what
+        for i, (a, e, x) in enumerate(zip(actual, expected, exact)):
+            _assert_close(a, e, x, autocast, f"{what}[{i}]")
+        return
+    if not autocast:
+        torch.testing.assert_close(actual, expected, **TOLERANCE[False],
+                                   msg=lambda m: f"{what}: {m}")  # fmt: skip
+        return
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
+    a, e, x = actual.double(), expected.double(), exact.double()
+    err_a, err_e, scale = (a - x).norm().item(), (e - x).norm().item(), x.norm().item()
+    assert err_a <= BF16_ERROR_RATIO * err_e + BF16_SLACK * scale + 1e-6, (
+        f"{what}: compiled is {err_a:.3g} from float64, eager {err_e:.3g}, |float64| = {scale:.3g}"
+    )
 
 
 def _autocast(enabled: bool):
@@ -43,25 +66,26 @@ def test_training_step_matches_eager(name, autocast):
     model, inputs, loss_fn = models.make(name)
     model.train()
     reference = copy.deepcopy(model)
+    exact = copy.deepcopy(model).double()
+    exact_inputs = [i.double() if i.is_floating_point() else i for i in inputs]
     compiled = aot_eager(model, list(inputs))
     opt_a = torch.optim.SGD(model.parameters(), lr=0.05)
     opt_e = torch.optim.SGD(reference.parameters(), lr=0.05)
-    tol = TOLERANCE[autocast]
+    opt_x = torch.optim.SGD(exact.parameters(), lr=0.05)
     for _ in range(2):  # the second step reuses the trace with updated parameters
         out_a, loss_a, grads_a = _step(compiled, model, inputs, loss_fn, autocast, opt_a)
         out_e, loss_e, grads_e = _step(reference, reference, inputs, loss_fn, autocast, opt_e)
-        torch.testing.assert_close(out_a, out_e, **tol)
-        torch.testing.assert_close(loss_a, loss_e, **tol)
+        out_x, loss_x, grads_x = _step(exact, exact, exact_inputs, loss_fn, False, opt_x)
+        _assert_close(out_a, out_e, out_x, autocast, "output")
+        _assert_close(loss_a, loss_e, loss_x, autocast, "loss")
         assert grads_a.keys() == grads_e.keys()
         for key in grads_e:
-            torch.testing.assert_close(
-                grads_a[key], grads_e[key], **tol, msg=lambda m, key=key: f"{key}: {m}"
-            )
+            _assert_close(grads_a[key], grads_e[key], grads_x[key], autocast, f"grad of {key}")
     # BatchNorm running statistics (and num_batches_tracked) were updated in place, as in eager.
-    for (key, b_a), (_, b_e) in zip(model.named_buffers(), reference.named_buffers()):
-        torch.testing.assert_close(b_a, b_e, **tol, msg=lambda m, key=key: f"{key}: {m}")
-    for (key, p_a), (_, p_e) in zip(model.named_parameters(), reference.named_parameters()):
-        torch.testing.assert_close(p_a, p_e, **tol, msg=lambda m, key=key: f"{key}: {m}")
+    for (key, b_a), b_e, b_x in zip(model.named_buffers(), reference.buffers(), exact.buffers()):
+        _assert_close(b_a, b_e, b_x, autocast, key)
+    for (key, p_a), p_e, p_x in zip(model.named_parameters(), reference.parameters(), exact.parameters()):
+        _assert_close(p_a, p_e, p_x, autocast, key)
     assert compiled.aot_function.trace_count == 1
 
 

@@ -207,6 +207,9 @@ class TrainingRuntime:
     def __init__(self, plan: RuntimePlan, forward: Callable, backward: Callable):
         self.plan, self.forward, self.backward = plan, forward, backward
         self.fw_call, self.bw_call = plain_callable(forward), plain_callable(backward)
+        # A backward that takes its inputs boxed (a list it empties) can free each saved
+        # activation after its last use instead of holding them all to the end.
+        self.bw_boxed = getattr(backward, "call_boxed", None)
         self.constants = tuple(plan.constants)
         self.num_fw_outputs = plan.num_fw_outputs
         diff = plan.differentiable + [False] * len(plan.mutated_inputs)
@@ -273,7 +276,13 @@ class _CompiledFunction(torch.autograd.Function):
         # The backward graph was traced with contiguous tangents; eager hands us any layout
         # (an expanded gradient of sum(), for one).
         tangents = [grads[i].contiguous() for i in rt.tangent_index]
-        results = rt.bw_call(*saved, *tangents)
+        if rt.bw_boxed is not None:
+            args = [*saved, *tangents]
+            del saved, tangents, grads
+            ctx.maybe_clear_saved_tensors()  # a no-op under retain_graph=True
+            results = rt.bw_boxed(args)
+        else:
+            results = rt.bw_call(*saved, *tangents)
         if rt.every_grad:
             return (None, None, *results)
         it = iter(results)

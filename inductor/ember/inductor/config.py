@@ -28,6 +28,9 @@ class Config:
     # scheduler
     fuse: bool = True
     reuse_buffers: bool = True
+    # A dead buffer stays alive for reuse only if an allocation of its size comes within this many
+    # steps; otherwise it is freed at once (peak memory over allocator calls).
+    reuse_window: int = 8
     inplace_buffers: bool = True
     # C++ backend
     cpu_backend: str = "cpp"  # or "triton"

@@ -143,6 +143,12 @@ class CompiledGraph:
         out = self._call(list(args))
         return out if self._flat else pytree.tree_unflatten(out, self._spec)
 
+    def call_boxed(self, args: list):
+        """Like __call__, but takes the caller's list and empties it, so that the wrapper holds
+        the only references to the inputs and frees each one after its last use."""
+        out = self._call(args)
+        return out if self._flat else pytree.tree_unflatten(out, self._spec)
+
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]

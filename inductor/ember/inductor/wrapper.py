@@ -141,35 +141,67 @@ class WrapperBuilder:
             if b is not None:
                 self.art_buffers[b.name] = BufferIR(b.name, "input", _meta(b.layout))
         head = ", ".join(names) + ("," if len(names) == 1 else "")
-        self.lines += [f"{head} = args" if names else ""]
+        # The caller hands over its list: clearing it lets each input die at its last use below
+        # (a backward's saved activations, say), as in eager.
+        self.lines += [f"{head} = args" if names else "", "args.clear()"]
         for b in inputs:  # kernels index inputs with the traced strides: copy any that differ
             if b is not None and b.layout.sizes and any(s != 1 for s in b.layout.sizes):
                 lay = b.layout
                 self.lines.append(
                     f"{b.name} = restride({b.name}, {_ints(lay.sizes)}, {_ints(lay.strides)})"
                 )
+        self.alloc_steps = self._alloc_steps()
         for i, s in enumerate(self.steps):
             self._step(s, i, last)
             for name in sorted(_step_reads(s) | _produces_names(s)):
                 if last.get(name, i) <= i and name not in self.outputs:
-                    self._free(name)
+                    self._free(name, i)
         outs = ", ".join(o or "None" for o in self.outputs) + (
             "," if len(self.outputs) == 1 else ""
         )
         self.lines.append(f"return ({outs})")
         return self._finish()
 
-    def _free(self, name):
+    def _alloc_steps(self) -> dict:
+        """key -> the step indices that allocate a buffer of that key, in order."""
+        at: dict = {}
+        for i, s in enumerate(self.steps):
+            if isinstance(s, Kernel):
+                for m in s.members:
+                    if m.node.name not in s.local:
+                        at.setdefault(self._key(m.node), []).append(i)
+        return at
+
+    def _wanted_soon(self, key, i: int) -> bool:
+        """Whether a dead buffer of `key` is claimed by an allocation within the next few steps
+        (more of them than the pool already holds): only then is keeping it alive worth it."""
+        window = config.reuse_window
+        soon = sum(1 for j in self.alloc_steps.get(key, ()) if i < j <= i + window)
+        return soon > len(self.pool.get(key, ()))
+
+    def _free(self, name, i: int):
+        """`name` is dead after step i: pool its memory for an allocation soon, or drop it now.
+
+        Dropping (`del`) returns the memory to the allocator at once, so the wrapper's peak is
+        the live set's, not the sum of every intermediate."""
         b = self.buffers.get(name)
+        ir = self.art_buffers.get(name)
+        if ir is None:
+            return
+        if ir.kind == "input":
+            self.lines.append(f"del {name}")
+            return
         if (
             isinstance(b, (ComputedBuffer, ExternBuffer))
             and not isinstance(b, AliasBuffer)
             and name not in self.donated
-            and name in self.art_buffers
             and not self._aliased(name)
         ):
-            self.pool.setdefault(self._key(b), []).append(name)
             self.art_steps.append(StepIR("free", "", [name], {}, ()))
+            if config.reuse_buffers and self._wanted_soon(self._key(b), i):
+                self.pool.setdefault(self._key(b), []).append(name)
+                return
+        self.lines.append(f"del {name}")
 
     def _aliased(self, name):
         return any(isinstance(b, (AliasBuffer, MultiOutput)) and b.source.name == name and b.name in self.outputs

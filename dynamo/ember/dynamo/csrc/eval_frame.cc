@@ -321,6 +321,10 @@ struct CodeState {
 Py_ssize_t extra_index = -1;
 
 void free_code_state(void* p) {
+  // CPython calls every registered free function for every slot of a code object's extras, set or
+  // not: a code object that only another hook (torch's own compiler, say) gave extras reaches us
+  // with nullptr.
+  if (!p) return;
   auto* st = (CodeState*)p;
   // At interpreter shutdown the collector frees code objects in an order that can leave an
   // entry's objects already torn down; the process is ending, so let them go without DECREFs.
