@@ -227,6 +227,12 @@ BACKENDS = {
             "torch.compile(backend=ember.inductor.compile_fx)",
         ),
         TorchCompile(
+            "torch_eager",
+            "torch.compile[eager]",
+            "eager",
+            "torch.compile(backend='eager'): torch's capture alone, for graph and break counts",
+        ),
+        TorchCompile(
             "torch_aot_eager",
             "torch.compile[aot_eager]",
             "aot_eager",

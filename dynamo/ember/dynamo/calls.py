@@ -289,6 +289,8 @@ def binop(tx, op, a, b):
         for x in (a, b):
             if not isinstance(x, (V.TensorVT, V.ConstVT, V.ListVT)):
                 raise Unsupported(f"{op.__name__} of a tensor and a {_type_name(x)}")
+        if not isinstance(a, V.TensorVT):  # `n += t` with n a number: Python computes n + t
+            op = _INPLACE.get(op, op)
         return tx.output.call("call_function", op, (a, b), {})
     ok_a, va = try_const(a)
     ok_b, vb = try_const(b)

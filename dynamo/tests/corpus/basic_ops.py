@@ -298,3 +298,13 @@ def tensor_method_descriptor(x, y):
 def scalar_tensor_math(x):
     s = x.sum()
     return x / s, x - x.mean()
+
+
+@case(two)
+def number_plus_equals_tensor(x, y):
+    # `acc = 0; acc += t`: the number has no in-place add, so Python computes 0 + t (T5's
+    # position bias starts this way).
+    acc = 0
+    acc += x * y
+    acc -= y
+    return acc

@@ -177,12 +177,18 @@ class Tracer(TorchDispatchMode):
 
     def __enter__(self):
         core.push_recorder(self)
+        # scaled_dot_product_attention picks its CUDA kernel at dispatch; cuDNN's has no extern of
+        # ours (its outputs' layouts vary by cuDNN version), so while tracing it is left out and
+        # the flash or memory-efficient kernel, both externs, is chosen instead.
+        self._cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
+        torch.backends.cuda.enable_cudnn_sdp(False)
         return super().__enter__()
 
     def __exit__(self, exc_type, exc, tb):
         try:
             return super().__exit__(exc_type, exc, tb)
         finally:
+            torch.backends.cuda.enable_cudnn_sdp(self._cudnn_sdp)
             core.pop_recorder(self)
 
     @contextlib.contextmanager
