@@ -120,15 +120,18 @@ class Ember(Backend):
 
     compiles = True
 
-    def __init__(self, name, label, backend=None):
-        self.name, self.label, self.backend = name, label, backend
-        self.description = "ember.compile" + (f"(backend={backend!r})" if backend else "")
+    def __init__(self, name, label, backend=None, options=None):
+        self.name, self.label, self.backend, self.options = name, label, backend, options
+        args = [f"backend={backend!r}"] if backend else []
+        args += [f"options={options!r}"] if options else []
+        self.description = f"ember.compile({', '.join(args)})" if args else "ember.compile"
 
     def compile(self, fn):
         ember = _ember()
-        if self.backend is None:
-            return ember.compile(fn)
-        return ember.compile(fn, backend=self.backend)
+        kwargs = {"backend": self.backend} if self.backend else {}
+        if self.options:
+            kwargs["options"] = dict(self.options)
+        return ember.compile(fn, **kwargs)
 
     def reset(self):
         return _ember_reset()
@@ -220,6 +223,7 @@ BACKENDS = {
         Ember("ember_inductor", "ember[inductor]", "inductor"),
         Ember("ember_aot_eager", "ember[aot_eager]", "aot_eager"),
         Ember("ember_eager", "ember[eager]", "eager"),
+        Ember("ember_cpp_wrapper", "ember[cpp_wrapper]", options={"cpp_wrapper": True}),
         TorchCompile(
             "torch_ember_inductor",
             "torch.compile+ember.inductor",
