@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .symbolic import DimRange
+from .symbolic import DimRange, SpecializationError
 
 _MARKS = "_ember_dynamic_dims"
 
@@ -104,10 +104,19 @@ class DynamicPolicy:
             wanted = {d: dim_range(x) for d, x in self.export_dims.get(id(t), {}).items()}
         else:
             wanted = self._compile_dims(t, source)
-        if not wanted or not _row_major(t):
+        if not wanted:
             return {}
-        shape = t.shape
-        return {d: r for d, r in wanted.items() if shape[d] >= 2 and _in_range(shape[d], r)}
+        shape, row_major = t.shape, _row_major(t)
+        dims = {d: r for d, r in wanted.items()
+                if row_major and shape[d] >= 2 and _in_range(shape[d], r)}  # fmt: skip
+        if self.export_dims is not None and len(dims) != len(wanted):
+            d = next(d for d in wanted if d not in dims)
+            raise SpecializationError(
+                f"ember.export: {source.name()}.size()[{d}] is declared dynamic "
+                f"({wanted[d].dim}) but cannot be: its size {shape[d]} is 0, 1 or outside the "
+                "Dim's range, or the tensor is not row-major contiguous (see ember.dynamo."
+                "symbolic for the rules)")  # fmt: skip
+        return dims
 
     def _compile_dims(self, t, source) -> dict[int, DimRange]:
         if self.mode is False:

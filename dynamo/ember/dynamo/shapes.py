@@ -17,7 +17,7 @@ import torch
 from ember.ir.symbols import CeilDiv, FloorDiv
 
 from . import variables as V
-from .symbolic import SizeVT, SymbolicFallback, SymIntVT, SymSliceVT, as_sym, is_int_vt
+from .symbolic import SizeVT, SymbolicFallback, exact_div, SymIntVT, SymSliceVT, as_sym, is_int_vt
 
 UNKNOWN = "unknown"
 
@@ -131,8 +131,8 @@ def _view(env, args, kwargs):
     if any(s == -1 for s in shape):
         known = _prod([s for s in shape if s != -1])
         total = _prod(x)
-        q = sympy.cancel(total / known)
-        if not q.is_polynomial() or sympy.fraction(q)[1] != 1:
+        q = exact_div(total, known)
+        if q is None:
             env.assume(sympy.Eq(sympy.Mod(total, known), 0))
             q = FloorDiv(total, known)
         shape = [q if s == -1 else s for s in shape]

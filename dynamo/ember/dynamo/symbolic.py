@@ -241,8 +241,9 @@ class ShapeEnv:
             # Sizes are divided with non-negative operands (FloorDiv's meaning); other signs are
             # rare and would need Python's floor semantics downstream: trace statically.
             ok = (ea.is_nonnegative or self.decide(ea >= 0)) and (eb.is_positive or self.decide(eb > 0))
-            head = FloorDiv if op is operator.floordiv else sympy.Mod
-            expr = head(ea, eb) if ok else None
+            expr = (exact_div(ea, eb) or FloorDiv(ea, eb)) if op is operator.floordiv else (
+                sympy.Mod(ea, eb))
+            expr = expr if ok else None
         elif op is operator.pow:
             expr = ea**eb if eb.is_Integer and int(eb) >= 0 else None
         else:
@@ -261,6 +262,13 @@ INT_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator
            operator.pow}  # fmt: skip
 COMPARE = {operator.eq: sympy.Eq, operator.ne: sympy.Ne, operator.lt: sympy.Lt,
            operator.le: sympy.Le, operator.gt: sympy.Gt, operator.ge: sympy.Ge}  # fmt: skip
+
+
+def exact_div(a, b):
+    """a / b when it is an integer polynomial for every value of the symbols (2*s0 / 2), else
+    None."""
+    q = sympy.expand(a / b)
+    return q if q.is_integer else None
 
 
 def slot_symbol(k: int) -> sympy.Symbol:
