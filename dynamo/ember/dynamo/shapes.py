@@ -326,8 +326,9 @@ def _arange(env, args, kwargs):
 def _conv(env, args, kwargs):
     x, w = sizes_of(args[0]), sizes_of(args[1])
     nsp = len(w) - 2
-    stride, padding, dilation = (_tuple(_const(_arg(args, kwargs, i, n), dft), nsp) for i, n, dft
-                                 in ((3, "stride", 1), (4, "padding", 0), (5, "dilation", 1)))  # fmt: skip
+    params = ((3, "stride", 1), (4, "padding", 0), (5, "dilation", 1))
+    stride, padding, dilation = (_tuple(_const(_arg(args, kwargs, i, n), dft), nsp)
+                                 for i, n, dft in params)  # fmt: skip
     if not isinstance(padding[0], int):
         raise _NoRule
     spatial = [FloorDiv(x[-nsp + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1,

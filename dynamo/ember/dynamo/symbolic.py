@@ -240,7 +240,8 @@ class ShapeEnv:
         if op in (operator.floordiv, operator.mod):
             # Sizes are divided with non-negative operands (FloorDiv's meaning); other signs are
             # rare and would need Python's floor semantics downstream: trace statically.
-            ok = (ea.is_nonnegative or self.decide(ea >= 0)) and (eb.is_positive or self.decide(eb > 0))
+            ok = (ea.is_nonnegative or self.decide(ea >= 0)) and (
+                eb.is_positive or self.decide(eb > 0))
             expr = (exact_div(ea, eb) or FloorDiv(ea, eb)) if op is operator.floordiv else (
                 sympy.Mod(ea, eb))
             expr = expr if ok else None
