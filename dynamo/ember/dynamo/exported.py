@@ -6,8 +6,10 @@ and results map onto the graph's flat inputs and outputs. It serialises in the I
 
     PATH/
       program.json    format and versions, the graph as `ember.ir.GraphIR`, input/output and
-                      constant names with their `TensorMeta`, the argument/result structures
-                      (pytree specs), and where each constant lies in constants.bin
+                      constant names with their `TensorMeta` (sizes may be expressions over the
+                      dynamic-size symbols, listed as `SymbolSpec`s under "symbols"), the
+                      argument/result structures (pytree specs), and where each constant lies
+                      in constants.bin
       constants.bin   each constant's bytes, dense row-major, little-endian, 64-byte aligned
 
 `ember.cpp_wrapper.package(exported, path)` compiles it into a package without Python; the

@@ -17,7 +17,7 @@ import torch
 from ember.ir.symbols import CeilDiv, FloorDiv
 
 from . import variables as V
-from .symbolic import SizeVT, SymbolicFallback, exact_div, SymIntVT, SymSliceVT, as_sym, is_int_vt
+from .symbolic import SymbolicFallback, exact_div, SymIntVT, SymSliceVT, as_sym, is_int_vt
 
 UNKNOWN = "unknown"
 
@@ -476,13 +476,13 @@ _SAME = ("relu gelu silu tanh sigmoid softmax log_softmax dropout layer_norm bat
          "full_like requires_grad hardtanh leaky_relu elu softplus mish hardswish hardsigmoid "
          "relu6 sign reciprocal floor ceil round logical_not bitwise_not isnan isinf nan_to_num "
          "normalize invert pos flip roll square exp2 expm1 log2 log10 sinh cosh tan asin acos "
-         "atan selu celu logsigmoid softmin glu_ dropout1d dropout2d alpha_dropout "
+         "atan selu celu logsigmoid softmin dropout1d dropout2d alpha_dropout "
          "feature_alpha_dropout type cpu cuda trunc frac sigmoid_ sgn local_response_norm "
          "masked_fill_ index_fill").split()  # fmt: skip
 _ELEMENTWISE = ("add sub mul div truediv floordiv true_divide floor_divide remainder fmod pow "
                 "maximum minimum where masked_fill eq ne lt le gt ge logical_and logical_or "
                 "logical_xor and_ or_ xor bitwise_and bitwise_or bitwise_xor atan2 lerp addcmul "
-                "addcdiv rsub mod copysign hypot lshift rshift matmul_ isclose "
+                "addcdiv rsub mod copysign hypot lshift rshift isclose "
                 "xlogy").split()  # fmt: skip
 _RULES = {
     **{n: _same_as_first for n in _SAME},
@@ -572,5 +572,3 @@ def _checked(env, sizes, example: torch.Tensor):
         return UNKNOWN
     return sizes if any(not s.is_Integer for s in sizes) else None
 
-
-__all__ = ["UNKNOWN", "infer", "is_symbolic", "sizes_of", "SizeVT"]
