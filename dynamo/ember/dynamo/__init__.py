@@ -9,10 +9,12 @@ from .api import (ExplainOutput, OptimizedModule, compile, disable, explain, exp
                   reset)
 from .backends import CompileCounter, list_backends, lookup_backend, register_backend  # noqa: E402
 from .config import config  # noqa: E402
+from .dynamic import Dim, mark_dynamic  # noqa: E402
 from .exc import GraphBreakError, Unsupported  # noqa: E402
 from .exported import ExportedProgram, TensorSpec, load_exported  # noqa: E402
+from .symbolic import SpecializationError  # noqa: E402
 
-__all__ = ["CompileCounter", "ExplainOutput", "ExportedProgram", "GraphBreakError",
-           "OptimizedModule", "TensorSpec", "Unsupported", "compile", "config", "disable",
-           "explain", "export", "list_backends", "load_exported", "lookup_backend",
-           "register_backend", "reset"]  # fmt: skip
+__all__ = ["CompileCounter", "Dim", "ExplainOutput", "ExportedProgram", "GraphBreakError",
+           "OptimizedModule", "SpecializationError", "TensorSpec", "Unsupported", "compile",
+           "config", "disable", "explain", "export", "list_backends", "load_exported",
+           "lookup_backend", "mark_dynamic", "register_backend", "reset"]  # fmt: skip

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import warnings
 from typing import Callable
 
 import torch
@@ -13,6 +12,7 @@ import torch
 from . import convert
 from ._native import _C
 from .backends import CompileCounter, lookup_backend
+from .dynamic import reset_automatic
 from .export_capture import export  # noqa: F401  (re-exported: the front door's ember.export)
 
 
@@ -35,16 +35,18 @@ def _with_options(backend, name, mode, options) -> Callable:
 
 def compile(model_or_fn=None, *, backend="inductor", mode=None, dynamic=None, fullgraph=False,
             options=None):  # fmt: skip
-    """Capture `model_or_fn` into graphs compiled by `backend` (a call or a decorator)."""
+    """Capture `model_or_fn` into graphs compiled by `backend` (a call or a decorator).
+
+    dynamic=True: every input size is a symbol; None (default): sizes marked with
+    `ember.dynamo.mark_dynamic`, and sizes that change between calls (at the first recompile);
+    False: every size is specialised. Symbols are used with backends that support them (see
+    symbolic.py for the rules); sizes 0 and 1 are always specialised."""
     if model_or_fn is None:
         return functools.partial(compile, backend=backend, mode=mode, dynamic=dynamic,
                                  fullgraph=fullgraph, options=options)  # fmt: skip
-    if dynamic:
-        warnings.warn("ember.compile: dynamic shapes are not supported yet; shapes are "
-                      "specialised and a new shape recompiles", stacklevel=2)  # fmt: skip
     name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
     compiler = _with_options(backend, name, mode, options)
-    callback = convert.make_callback(compiler, fullgraph, name)
+    callback = convert.make_callback(compiler, fullgraph, name, dynamic)
     if isinstance(model_or_fn, torch.nn.Module):
         forward = getattr(type(model_or_fn), "forward", None)
         if hasattr(forward, "__code__"):
@@ -151,7 +153,9 @@ def reset() -> None:
         _C.clear_code(code)
     convert._touched_codes.clear()
     convert._warned.clear()
+    convert.static_codes.clear()
     convert.stats.__init__()
+    reset_automatic()
 
 
 @dataclasses.dataclass

@@ -93,13 +93,20 @@ def eager(gm, example_inputs):
     return gm.forward
 
 
-class CompileCounter:
-    """A backend that counts graphs and ops, then runs them eagerly (for tests)."""
+# Graphs with symbolic sizes (gm.meta["ember_symbols"]) go only to compiler functions carrying
+# this flag (DYNAMIC.md); the others get graphs specialised to the current sizes.
+eager.ember_supports_dynamic = True
 
-    def __init__(self):
+
+class CompileCounter:
+    """A backend that counts graphs and ops, then runs them eagerly (for tests); with
+    `dynamic=True` it takes graphs with symbolic sizes."""
+
+    def __init__(self, dynamic: bool = False):
         self.frame_count = 0
         self.op_count = 0
         self.graphs = []
+        self.ember_supports_dynamic = dynamic
 
     def __call__(self, gm, example_inputs):
         self.frame_count += 1

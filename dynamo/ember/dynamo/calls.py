@@ -8,6 +8,7 @@ import inspect
 import operator
 import types
 
+import sympy
 import torch
 
 from . import tensor_ops as T
@@ -16,17 +17,23 @@ from .builder import is_const_value
 from .exc import AttrMissing, PyExc, Unsupported  # noqa: F401 (AttrMissing re-exported)
 from .frame import inline_call
 from .source import AttrSource, ItemSource, module_param_source
+from .symbolic import COMPARE, INT_OPS, SymIntVT, SymSliceVT, as_sym, is_int_vt
 
 
 # -- constants ------------------------------------------------------------------------------------
-def try_const(vt):
-    """(True, python value) when `vt` is a constant or a tuple/list of constants."""
+def try_const(vt, specialize=False):
+    """(True, python value) when `vt` is a constant or a tuple/list of constants. With
+    `specialize`, a symbolic int counts as its current value (guarded)."""
     if isinstance(vt, V.ConstVT):
         return True, vt.value
+    if isinstance(vt, SymIntVT):
+        return (True, vt.env.specialize(vt)) if specialize else (False, None)
+    if isinstance(vt, SymSliceVT) and specialize:
+        return True, slice(*(try_const(p, True)[1] for p in vt.parts))
     if isinstance(vt, V.ListVT) and not isinstance(vt, V.NamedTupleVT):
         vals = []
         for i in vt.items:
-            ok, v = try_const(i)
+            ok, v = try_const(i, specialize)
             if not ok:
                 return False, None
             vals.append(v)
@@ -37,7 +44,7 @@ def try_const(vt):
 
 
 def const_of(vt, what="value"):
-    ok, value = try_const(vt)
+    ok, value = try_const(vt, specialize=True)
     if not ok:
         raise Unsupported(f"{what} must be a constant, got {type(vt).__name__}")
     return value
@@ -59,7 +66,7 @@ class ObjKey:
 
 
 def const_key(vt):
-    ok, value = try_const(vt)
+    ok, value = try_const(vt, specialize=True)
     if not ok:
         if isinstance(vt, (V.ModuleVT, V.FunctionVT, V.ClassVT, V.ObjectVT)):
             return ObjKey(vt, real_value(vt))
@@ -153,6 +160,9 @@ def get_iter(tx, vt) -> V.IteratorVT:
         if vt.example.dim() == 0:
             raise Unsupported("iteration over a 0-d tensor")
         n = vt.example.shape[0]
+        if T.sym_sizes(vt, "iteration") is not None:  # unrolled: the length is guarded
+            vt_len = tx.output.shape_env.size_vt(vt.node, 0, vt.sym[0])
+            n = const_of(vt_len)
         return V.IteratorVT([getitem(tx, vt, V.ConstVT(i)) for i in range(n)])
     if isinstance(vt, V.ModuleVT):
         return V.IteratorVT(module_children(tx, vt))
@@ -207,6 +217,9 @@ def is_none(vt):
 def truth(tx, vt) -> bool:
     if isinstance(vt, V.ConstVT):
         return bool(vt.value)
+    if isinstance(vt, SymIntVT):
+        return vt.env.decide(vt.expr > 0) if vt.expr.is_nonnegative else vt.env.decide(
+            sympy.Ne(vt.expr, 0))
     if isinstance(vt, V.TensorVT):
         raise Unsupported("data-dependent branch on a tensor value (if tensor: ...)")
     if isinstance(vt, (V.ListVT, V.DictVT, V.SetVT)):
@@ -287,11 +300,13 @@ def binop(tx, op, a, b):
     """a <op> b for symbolic values."""
     if isinstance(a, V.TensorVT) or isinstance(b, V.TensorVT):
         for x in (a, b):
-            if not isinstance(x, (V.TensorVT, V.ConstVT, V.ListVT)):
+            if not isinstance(x, (V.TensorVT, V.ConstVT, V.ListVT, SymIntVT)):
                 raise Unsupported(f"{op.__name__} of a tensor and a {_type_name(x)}")
         if not isinstance(a, V.TensorVT):  # `n += t` with n a number: Python computes n + t
             op = _INPLACE.get(op, op)
         return tx.output.call("call_function", op, (a, b), {})
+    if isinstance(a, SymIntVT) or isinstance(b, SymIntVT):
+        return sym_binop(tx, op, a, b)
     ok_a, va = try_const(a)
     ok_b, vb = try_const(b)
     if ok_a and ok_b and not (isinstance(a, V.ListVT) and not a.is_tuple and op in _INPLACE):
@@ -332,9 +347,26 @@ def binop(tx, op, a, b):
     raise Unsupported(f"{getattr(op, '__name__', op)} of {_type_name(a)} and {_type_name(b)}")
 
 
+def sym_binop(tx, op, a, b):
+    """a <op> b where one side is a symbolic int: a symbolic int for + - * // % **, a guarded
+    decision for comparisons, and for anything else (true division, a float operand, list
+    repetition) the answer at the current value, guarded."""
+    env = a.env if isinstance(a, SymIntVT) else b.env
+    base = _INPLACE.get(op, op)
+    if is_int_vt(a) and is_int_vt(b):
+        if base in INT_OPS:
+            return env.arith(base, a, b)
+        if base in COMPARE:
+            return V.ConstVT(env.decide(COMPARE[base](as_sym(a), as_sym(b))))
+    a, b = (V.ConstVT(const_of(x)) if isinstance(x, SymIntVT) else x for x in (a, b))
+    return binop(tx, op, a, b)
+
+
 def unop(tx, op, a):
     if isinstance(a, V.TensorVT):
         return tx.output.call("call_function", op, (a,), {})
+    if isinstance(a, SymIntVT) and op in (operator.neg, operator.pos):
+        return a.env.neg(a) if op is operator.neg else a
     ok, value = try_const(a)
     if ok:
         return wrap_const(op(value))
@@ -342,6 +374,8 @@ def unop(tx, op, a):
 
 
 def make_slice(parts):
+    if any(isinstance(p, SymIntVT) for p in parts):
+        return SymSliceVT(parts)
     values = [const_of(p, "slice bound") for p in parts]
     return V.ConstVT(slice(*values))
 

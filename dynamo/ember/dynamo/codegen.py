@@ -19,6 +19,7 @@ from . import variables as V
 from .bytecode import RESUME_ORIGIN, make_resume_code
 from .exc import Unsupported
 from .source import ConstantSource, Source
+from .symbolic import SizeVT, SymIntVT, SymSliceVT, python_text
 
 _SIMPLE = (int, str, bool, type(None), bytes)
 
@@ -112,6 +113,13 @@ class CodeGen:
             raise Unsupported("a tensor that is neither a graph output nor an input")
         if isinstance(vt, V.ConstVT):
             return self.const(vt.value)
+        if isinstance(vt, SymIntVT):
+            return self.sym_int(vt)
+        if isinstance(vt, SymSliceVT):
+            return f"slice({', '.join(self.expr(p) for p in vt.parts)})"
+        if isinstance(vt, SizeVT):
+            items = ", ".join(self.expr(i) for i in vt.items)
+            return f"{self.obj(torch.Size, 'Size')}(({items}{',' if vt.items else ''}))"
         if vt.source is not None and not isinstance(vt, V.NewObjectVT):
             return self.source(vt.source)
         if isinstance(vt, V.NamedTupleVT):
@@ -156,6 +164,16 @@ class CodeGen:
             if hasattr(vt, attr) and not isinstance(vt, V.NestedFunctionVT):
                 return self.obj(getattr(vt, attr))
         raise Unsupported(f"cannot rebuild a {type(vt).__name__} after the graph")
+
+    def sym_int(self, vt: SymIntVT) -> str:
+        """An int computed from sizes, recomputed in Python from the inputs' sizes."""
+        env = vt.env
+
+        def text_of(slot):
+            source, dim = env.slots[int(slot.name[len("_slot") :])]
+            return f"{self.source(source)}.size({dim})"
+
+        return python_text(vt.expr.xreplace(env.value_of), text_of)
 
     def eager(self, fn) -> str:
         """A name for `fn` wrapped to run with the frame hook off (user constructors rebuilding

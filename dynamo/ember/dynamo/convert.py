@@ -8,6 +8,7 @@ for a new cache entry; a transformed function of None runs the original code und
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -24,10 +25,12 @@ from ._native import _C
 from .builder import Builder
 from .codegen import CodeGen, graph_module, resume_call
 from .config import config
+from .dynamic import DynamicPolicy
 from .exc import GraphBreakError, RestartAnalysis, Unsupported
 from .interpreter import RootTranslator
 from .output import OutputGraph
 from .source import sanitize
+from .symbolic import SymbolicFallback
 
 log = logging.getLogger("ember.dynamo")
 
@@ -66,6 +69,8 @@ _touched_codes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # Code objects compiled even though they live in a skipped file: the function or the forward
 # method that the user passed to ember.compile (nn.Linear itself, say).
 force_codes: dict = {}
+# Codes whose dynamic trace hit something not expressible symbolically: traced static from then on.
+static_codes: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def _skip_dirs() -> tuple[str, ...]:
@@ -111,8 +116,18 @@ def warn_once(key, message: str) -> None:
     warnings.warn(message, stacklevel=3)
 
 
-def make_callback(backend: Callable, fullgraph: bool, backend_name: str = "") -> Callable:
-    """The per-compile callback the C++ hook calls on a cache miss."""
+def supports_dynamic(backend) -> bool:
+    """Whether a compiler function takes graphs with symbolic sizes (`ember_supports_dynamic`)."""
+    while isinstance(backend, functools.partial):
+        backend = backend.func
+    return getattr(backend, "ember_supports_dynamic", False) is True
+
+
+def make_callback(backend: Callable, fullgraph: bool, backend_name: str = "",
+                  dynamic=None) -> Callable:  # fmt: skip
+    """The per-compile callback the C++ hook calls on a cache miss; `dynamic` is the mode of
+    ember.compile (True, None: marked and automatic, False), used if the backend supports it."""
+    dynamic = dynamic if supports_dynamic(backend) else False
 
     def callback(code, fn, f_globals, f_builtins, args):
         _touched_codes[code] = None
@@ -124,7 +139,7 @@ def make_callback(backend: Callable, fullgraph: bool, backend_name: str = "") ->
                       f"{code.co_firstlineno}) was recompiled {config.cache_size_limit} times "
                       "(cache_size_limit); it runs eagerly from now on")  # fmt: skip
             return None
-        return convert_frame(code, fn, f_globals, args, backend, fullgraph)
+        return convert_frame(code, fn, f_globals, args, backend, fullgraph, dynamic)
 
     callback.backend = backend
     callback.fullgraph = fullgraph
@@ -132,12 +147,12 @@ def make_callback(backend: Callable, fullgraph: bool, backend_name: str = "") ->
     return callback
 
 
-def convert_frame(code, fn, f_globals, args, backend, fullgraph):
+def convert_frame(code, fn, f_globals, args, backend, fullgraph, dynamic=False):
     stats.frames_converted += 1
     rng = torch.random.get_rng_state()
     grad = torch.is_grad_enabled()
     try:
-        return _convert(code, fn, f_globals, args, backend, fullgraph)
+        return _convert(code, fn, f_globals, args, backend, fullgraph, dynamic)
     except Unsupported as e:
         where = e.where or f"{code.co_filename}:{code.co_firstlineno}"
         if fullgraph:
@@ -150,24 +165,31 @@ def convert_frame(code, fn, f_globals, args, backend, fullgraph):
         torch._C._set_grad_enabled(grad)
 
 
-def _convert(code, fn, f_globals, args, backend, fullgraph):
+def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic):
     break_at, reason = None, None
     grad = torch.is_grad_enabled()
+    policy = None
+    if dynamic is not False and code not in static_codes:
+        policy = DynamicPolicy(dynamic, code)
     while True:
-        output = OutputGraph(code, lambda: "?")
+        output = OutputGraph(code, lambda: "?", policy)
         output.root_globals = f_globals
         builder = Builder(output)
         tx = RootTranslator(output, builder, code, fn, f_globals, args, break_at)
-        output.where = tx.where
+        output.where = tx.innermost_where
         try:
             tx.run_root()
-            break
+            return finish(tx, output, code, backend, reason)
         except RestartAnalysis as r:
             if fullgraph:
                 raise Unsupported(r.reason.msg, r.reason.where) from None
             break_at, reason = r.index, r.reason
-            torch._C._set_grad_enabled(grad)
-    return finish(tx, output, code, backend, reason)
+        except SymbolicFallback as e:
+            warn_once(("static", code), f"ember.compile: {code.co_name} is compiled with static "
+                      f"shapes: {e} ({tx.innermost_where()})")  # fmt: skip
+            static_codes.add(code)
+            policy, break_at, reason = None, None, None
+        torch._C._set_grad_enabled(grad)
 
 
 def finish(tx, output, code, backend, reason):
@@ -192,11 +214,17 @@ def finish(tx, output, code, backend, reason):
     body: list[str] = []
     gm = graph_module(output, outputs)
     has_graph = _count_ops(gm) > 0 or bool(outputs)
+    env = output.shape_env
     if has_graph:
         example_inputs = [vt.example for _, _, vt in output.inputs]
+        if env is not None and env.symbols:
+            gm.meta["ember_symbols"] = env.specs()
         compiled = backend(gm, example_inputs)
         if compiled is None:
             raise Unsupported("the backend returned None")
+        if env is not None and env.symbols:
+            for rel in getattr(compiled, "ember_guards", ()):
+                env.relations.setdefault(rel, "the backend")
         call = cg.obj(_C.CompiledFunction(compiled, None), "graph")
         inputs = ", ".join(cg.source(src) for src, _, _ in output.inputs)
         cg.lines.append(f"___o = {call}({inputs})")
@@ -210,6 +238,8 @@ def finish(tx, output, code, backend, reason):
     fn = cg.build(f"___transformed_{code.co_name}".replace("<", "_").replace(">", "_"),
                   tx.f_globals, body)  # fmt: skip
     _C.mark_skip(fn.__code__)
+    if env is not None and env.slots:
+        output.guards.add_relations(env.guard_relations(), len(env.slots))
     program = output.guards.compile()
     if has_graph:
         stats.graphs.append(GraphRecord(gm, code.co_name, tx.where(), _count_ops(gm),

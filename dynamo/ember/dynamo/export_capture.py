@@ -22,10 +22,12 @@ from . import variables as V
 from .backends import resolve_entry
 from .builder import Builder
 from .codegen import eliminate_dead_code
+from .dynamic import DerivedDim, Dim, DynamicPolicy
 from .exc import GraphBreakError, RestartAnalysis, Unsupported
 from .exported import ExportedProgram
 from .interpreter import RootTranslator
 from .output import OutputGraph
+from .symbolic import SymbolicFallback
 
 # Non-tensor argument and result values an exported program can bake in and record.
 _LEAF_CONSTS = (type(None), bool, int, float, str, torch.dtype, torch.device)
@@ -38,11 +40,17 @@ class _TensorLeaf:
         self.index = index
 
 
-def export(model, args=(), kwargs=None) -> ExportedProgram:
-    """Capture `model(*args, **kwargs)` as one prim inference graph with its weights."""
+def export(model, args=(), kwargs=None, dynamic_shapes=None) -> ExportedProgram:
+    """Capture `model(*args, **kwargs)` as one prim inference graph with its weights.
+
+    `dynamic_shapes` declares dynamic sizes with `ember.export.Dim`: per argument (a dict by
+    parameter name, or a tuple in argument order), for a tensor a {dim: Dim} dict or a tuple with
+    a Dim or None per dimension. Arguments sharing a Dim have equal sizes; `2 * d` is allowed.
+    A program that forces a declared size to a constant raises SpecializationError."""
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
     kwargs = dict(sorted((kwargs or {}).items()))  # so that a call's keyword order is free
     fn, bound = _root_function(model)
+    export_dims = _declared_dims(fn, bound, args, kwargs, dynamic_shapes)
     model = getattr(model, "_orig_mod", model)
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     in_leaves = []
@@ -57,12 +65,54 @@ def export(model, args=(), kwargs=None) -> ExportedProgram:
                             "tensors, containers of them, and plain constants")  # fmt: skip
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
     frame_args = _frame_locals(fn, (*bound, *args), kwargs)
-    gm, constants, out_spec, out_leaves = _capture(fn, frame_args, tensors, _fqns(model))
+    gm, constants, out_spec, out_leaves = _capture(fn, frame_args, tensors, _fqns(model),
+                                                   export_dims)  # fmt: skip
     lower = resolve_entry("export_lowering")
+    if gm.meta.get("ember_symbols") and not getattr(lower, "ember_supports_dynamic", False):
+        raise NotImplementedError("ember.export: the lowering (ember.aot_autograd) does not "
+                                  "take dynamic sizes yet; export without dynamic_shapes")
     names = _input_names(fn, bound, args, kwargs)
     prim_gm, consts = lower(gm, tensors, {k: v for k, (v, _) in constants.items()}, names)
     fqns = {new: fqn for new, (_, fqn) in zip(consts, constants.values())}
-    return ExportedProgram(prim_gm, consts, fqns, in_spec, in_leaves, out_spec, out_leaves)
+    return ExportedProgram(prim_gm, consts, fqns, in_spec, in_leaves, out_spec, out_leaves,
+                           gm.meta.get("ember_symbols", ()))  # fmt: skip
+
+
+def _declared_dims(fn, bound, args, kwargs, dynamic_shapes):
+    """{id(tensor): {dim: Dim}} from `dynamic_shapes` (None when not given)."""
+    if dynamic_shapes is None:
+        return None
+    if isinstance(dynamic_shapes, dict):
+        named = inspect.signature(fn).bind(*bound, *args, **kwargs).arguments
+        unknown = set(dynamic_shapes) - set(named)
+        if unknown:
+            raise TypeError(f"ember.export: dynamic_shapes names {sorted(unknown)}, which are "
+                            f"not arguments of {fn.__qualname__}")  # fmt: skip
+        pairs = [(named[k], v) for k, v in dynamic_shapes.items()]
+    else:
+        pairs = list(zip(args, dynamic_shapes))
+    out: dict = {}
+    for value, spec in pairs:
+        _walk_dims(value, spec, out)
+    return out
+
+
+def _walk_dims(value, spec, out: dict) -> None:
+    if spec is None:
+        return
+    if isinstance(value, torch.Tensor):
+        items = spec.items() if isinstance(spec, dict) else enumerate(spec)
+        for d, x in items:
+            if x is not None and not isinstance(x, (Dim, DerivedDim)):
+                raise TypeError(f"ember.export: dynamic_shapes entry {x!r} is not a Dim")
+        out[id(value)] = {d: x for d, x in items} if isinstance(spec, dict) else {
+            d: x for d, x in enumerate(spec) if x is not None}  # fmt: skip
+    elif isinstance(value, (list, tuple)):
+        for v, s in zip(value, spec):
+            _walk_dims(v, s, out)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _walk_dims(v, spec.get(k), out)
 
 
 def _root_function(model):
@@ -100,16 +150,17 @@ def _frame_locals(fn, args: tuple, kwargs: dict) -> list:
     return [bound.arguments[name] for name in code.co_varnames[:nargs]]
 
 
-def _capture(fn, frame_args: list, tensors: list, fqns: dict):
+def _capture(fn, frame_args: list, tensors: list, fqns: dict, export_dims=None):
     """Translate the root frame; returns (torch-level gm, constants, out_spec, out_leaves)."""
     code = fn.__code__
     rng, grad = torch.random.get_rng_state(), torch.is_grad_enabled()
+    policy = DynamicPolicy(None, export_dims=export_dims) if export_dims else None
     try:
         torch._C._set_grad_enabled(False)
-        output = OutputGraph(code, lambda: "?")
+        output = OutputGraph(code, lambda: "?", policy, exporting=True)
         output.root_globals = fn.__globals__
         tx = RootTranslator(output, Builder(output), code, fn, fn.__globals__, frame_args, None)
-        output.where = tx.where
+        output.where = tx.innermost_where
         tx.run_root()
         result = tx.result[1]
         _check_side_effects(output, tx.where())
@@ -119,6 +170,9 @@ def _capture(fn, frame_args: list, tensors: list, fqns: dict):
         raise GraphBreakError(_message(r.reason, code)) from None
     except Unsupported as e:
         raise GraphBreakError(_message(e, code)) from None
+    except SymbolicFallback as e:
+        raise NotImplementedError(f"ember.export with dynamic sizes: {e} at "
+                                  f"{tx.innermost_where()}; export it static") from None
     finally:
         torch.random.set_rng_state(rng)
         torch._C._set_grad_enabled(grad)
@@ -129,6 +183,8 @@ def _capture(fn, frame_args: list, tensors: list, fqns: dict):
     constants = _order_placeholders(output, tensors, fqns)
     gm = fx.GraphModule(torch.nn.Module(), output.graph)
     gm.graph.lint()
+    if output.shape_env is not None and output.shape_env.symbols:
+        gm.meta["ember_symbols"] = output.shape_env.specs()
     return gm, constants, out_spec, out_leaves
 
 
@@ -257,3 +313,6 @@ def _unique_key(d: dict, text: str) -> str:
     while name in d:
         name, i = f"{base}_{i}", i + 1
     return name
+
+
+export.Dim = Dim  # `ember.export.Dim(name, min=..., max=...)`

@@ -6,8 +6,10 @@ and results map onto the graph's flat inputs and outputs. It serialises in the I
 
     PATH/
       program.json    format and versions, the graph as `ember.ir.GraphIR`, input/output and
-                      constant names with their `TensorMeta`, the argument/result structures
-                      (pytree specs), and where each constant lies in constants.bin
+                      constant names with their `TensorMeta` (sizes may be expressions over the
+                      dynamic-size symbols, listed as `SymbolSpec`s under "symbols"), the
+                      argument/result structures (pytree specs), and where each constant lies
+                      in constants.bin
       constants.bin   each constant's bytes, dense row-major, little-endian, 64-byte aligned
 
 `ember.cpp_wrapper.package(exported, path)` compiles it into a package without Python; the
@@ -23,12 +25,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import sympy
 import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ember.ir import (IR_VERSION, NODE_META_KEY, GraphIR, TensorMeta, from_json, graph_from_ir,
-                      graph_to_ir, to_json)  # fmt: skip
+from ember.ir import (IR_VERSION, NODE_META_KEY, GraphIR, SymbolSpec, TensorMeta, from_json,
+                      graph_from_ir, graph_to_ir, to_json)  # fmt: skip
 from ember.ir.codec import value_from_json, value_to_json
 
 from .backends import resolve_entry
@@ -50,8 +53,10 @@ class ExportedProgram:
     """One captured, functional inference graph with its weights; call it like the original."""
 
     def __init__(self, graph_module: fx.GraphModule, constants: dict, fqns: dict, in_spec,
-                 in_leaves: list, out_spec, out_leaves: list):  # fmt: skip
+                 in_leaves: list, out_spec, out_leaves: list, symbols=()):  # fmt: skip
         self.graph_module = graph_module
+        # Dynamic sizes: the inputs' sizes are expressions over these symbols (ember.ir).
+        self.symbols: tuple[SymbolSpec, ...] = tuple(symbols)
         self.constants: dict[str, torch.Tensor] = dict(constants)  # in placeholder order
         self.constant_fqns: dict[str, str] = dict(fqns)  # placeholder name -> "conv.weight"
         # Flat leaves of (args, kwargs): None for a tensor input, ("const", value) for a value
@@ -90,8 +95,10 @@ class ExportedProgram:
             elif leaf != want[1] or type(leaf) is not type(want[1]):
                 raise ValueError(f"ember.export: argument leaf {i} was {want[1]!r} at export "
                                  f"time (it is baked into the graph), got {leaf!r}")  # fmt: skip
+        values: dict = {}
         for spec, t in zip(self.inputs, tensors):
-            _check_input(spec, t)
+            _check_input(spec, t, values)
+        _check_ranges(self.symbols, values)
         return tensors
 
     def unflatten_outputs(self, outs: list):
@@ -100,8 +107,10 @@ class ExportedProgram:
         return pytree.tree_unflatten(leaves, self.out_spec)
 
     def example_inputs(self) -> list[torch.Tensor]:
-        """A tensor for every placeholder: zeros for the inputs, then the constants."""
-        zeros = [_empty(s.meta).zero_() for s in self.inputs]
+        """A tensor for every placeholder: zeros for the inputs (dynamic sizes at their lower
+        bounds), then the constants."""
+        lows = {s.symbol: sympy.Integer(s.lower) for s in self.symbols}
+        zeros = [_empty(s.meta, lows).zero_() for s in self.inputs]
         return [*zeros, *self.constants.values()]
 
     @property
@@ -138,6 +147,7 @@ class ExportedProgram:
             "graph": to_json(self.graph_ir),
             "inputs": [{"name": s.name, "meta": to_json(s.meta)} for s in self.inputs],
             "outputs": [{"name": s.name, "meta": to_json(s.meta)} for s in self.outputs],
+            "symbols": [to_json(s) for s in self.symbols],
             "constants": entries,
             "constants_sha256": _sha256(path / "constants.bin"),
             "in_spec": pytree.treespec_dumps(self.in_spec),
@@ -171,15 +181,27 @@ def load_exported(path: os.PathLike | str) -> ExportedProgram:
     in_leaves = [("const", value_from_json(v)) if c else None
                  for v, c in zip(doc["in_leaves"], doc["in_leaf_is_const"])]  # fmt: skip
     out_leaves = [(k, value_from_json(v)) for k, v in doc["out_leaves"]]
+    symbols = [from_json(SymbolSpec, s) for s in doc.get("symbols", [])]
     return ExportedProgram(gm, constants, fqns, pytree.treespec_loads(doc["in_spec"]), in_leaves,
-                           pytree.treespec_loads(doc["out_spec"]), out_leaves)  # fmt: skip
+                           pytree.treespec_loads(doc["out_spec"]), out_leaves,
+                           symbols)  # fmt: skip
 
 
-def _check_input(spec: TensorSpec, t: Any) -> None:
+def _check_input(spec: TensorSpec, t: Any, values: dict) -> None:
+    """Check an input against its spec; dynamic sizes bind their symbols in `values` (a size
+    `k * s` binds s to size / k), and every size must agree with the symbols bound so far."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"ember.export: input {spec.name} must be a tensor, got {type(t).__name__}")
     meta = spec.meta
-    if t.dtype != meta.dtype or tuple(t.shape) != _ints(meta.sizes):
+    for size, expr in zip(t.shape, meta.sizes):
+        free = expr.free_symbols
+        if len(free) == 1 and (s := next(iter(free))) not in values:
+            scale = expr.coeff(s) if expr != s else 1
+            if expr == scale * s and size % scale == 0:
+                values[s] = sympy.Integer(size // scale)
+    sizes = tuple(int(e.xreplace(values)) if not e.xreplace(values).free_symbols else -1
+                  for e in meta.sizes)  # fmt: skip
+    if t.dtype != meta.dtype or tuple(t.shape) != sizes:
         got = TensorMeta.from_tensor(t).describe()
         raise ValueError(f"ember.export: input {spec.name} is {got}, the program was exported "
                          f"for {meta.describe()}")  # fmt: skip
@@ -187,8 +209,17 @@ def _check_input(spec: TensorSpec, t: Any) -> None:
         raise ValueError(f"ember.export: input {spec.name} is on {t.device}, not {meta.device}")
 
 
-def _ints(exprs) -> tuple[int, ...]:
-    return tuple(int(e) for e in exprs)
+def _check_ranges(symbols, values: dict) -> None:
+    for spec in symbols:
+        value = values.get(spec.symbol)
+        if value is not None and not spec.contains(int(value)):
+            hi = "inf" if spec.upper is None else spec.upper
+            raise ValueError(f"ember.export: dynamic size {spec.name} = {value} is outside the "
+                             f"exported range [{spec.lower}, {hi}]")  # fmt: skip
+
+
+def _ints(exprs, values=None) -> tuple[int, ...]:
+    return tuple(int(e.xreplace(values) if values else e) for e in exprs)
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
@@ -206,9 +237,9 @@ def _tensor_from_bytes(data: bytes, meta: TensorMeta) -> torch.Tensor:
     return out
 
 
-def _empty(meta: TensorMeta) -> torch.Tensor:
-    return torch.empty_strided(_ints(meta.sizes), _ints(meta.strides), dtype=meta.dtype,
-                               device=meta.device)  # fmt: skip
+def _empty(meta: TensorMeta, values=None) -> torch.Tensor:
+    return torch.empty_strided(_ints(meta.sizes, values), _ints(meta.strides, values),
+                               dtype=meta.dtype, device=meta.device)  # fmt: skip
 
 
 def _sha256(path: Path) -> str:

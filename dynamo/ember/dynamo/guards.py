@@ -35,6 +35,13 @@ class Guard:
             t, dtype, dev, rg, sizes, strides = self.value
             return (f"{where}: {t.__name__} {dtype} {dev} sizes={list(sizes)} "
                     f"strides={list(strides)} requires_grad={rg}")  # fmt: skip
+        if self.kind == "SYM_TENSOR":
+            t, dtype, dev, rg, spec = self.value
+            sizes = [f"slot{-1 - n}" if n < 0 else str(n) for n in spec]
+            return (f"{where}: {t.__name__} {dtype} {dev} sizes=[{', '.join(sizes)}] "
+                    f"row-major requires_grad={rg}")  # fmt: skip
+        if self.kind == "EXPR":
+            return f"sizes: {self.value[1]}"
         if self.kind == "PARAM":
             p, rg, dtype = self.value
             return f"{where} is parameter {id(p):#x} ({dtype}, requires_grad={rg})"
@@ -67,6 +74,17 @@ class GuardSet:
         self.guards: dict[Guard, None] = {}
         # Objects an ID guard refers to must outlive the guard (ids are compared).
         self.keepalive: list = []
+        self.nslots = 0  # int slots of dynamic sizes (SYM_TENSOR fills, EXPR reads)
+
+    def add_relations(self, relations, nslots: int) -> None:
+        """Guards on dynamic sizes: each sympy relation over slot symbols, compiled to the
+        guard VM's int-expression program."""
+        from .symbolic import compile_int_program, slot_symbol
+
+        self.nslots = nslots
+        slot_of = {slot_symbol(k): k for k in range(nslots)}
+        for rel in relations:
+            self.add("EXPR", None, (compile_int_program(rel, slot_of), str(rel)))
 
     def add(self, kind: str, source: Optional[S.Source], value=None) -> None:
         if kind == "PARAM":
@@ -99,7 +117,7 @@ class GuardSet:
         instrs: list = []
         loads = S.LoadCompiler(instrs)
         order = {"ID": 0, "NOT_ID": 0, "TYPE": 1, "EQ": 2, "LEN": 2, "DICT_KEYS": 3, "SAME": 4,
-                 "PARAM": 5, "NO_HOOKS": 5, "TENSOR": 6}  # fmt: skip
+                 "PARAM": 5, "NO_HOOKS": 5, "TENSOR": 6, "SYM_TENSOR": 6, "EXPR": 8}  # fmt: skip
         for g in sorted(self.items(), key=lambda g: order.get(g.kind, 9)):
             _emit(g, instrs, loads)
         if config.guard_grad_mode:
@@ -107,7 +125,7 @@ class GuardSet:
             instrs.append((S.G_GRAD_MODE, 0, 0, int(grad), torch.is_grad_enabled))
         for query in _autocast_queries():  # a graph traced without autocast is not reused in it
             instrs.append((S.G_GRAD_MODE, 0, 0, int(query()), query))
-        return _C.GuardProgram(instrs, max(loads.nregs, 1))
+        return _C.GuardProgram(instrs, max(loads.nregs, 1), self.nslots)
 
 
 _AUTOCAST: list = []
@@ -147,6 +165,9 @@ def _unbox(v):
 
 
 def _emit(g: Guard, instrs: list, loads: S.LoadCompiler) -> None:
+    if g.kind == "EXPR":
+        instrs.append((S.G_INT_EXPR, 0, 0, 0, g.value[0]))
+        return
     r = loads.reg(g.source)
     if g.kind == "ID":
         instrs.append((S.G_ID, 0, r, 0, g.value))
@@ -167,6 +188,8 @@ def _emit(g: Guard, instrs: list, loads: S.LoadCompiler) -> None:
         instrs.append((S.G_PARAM, 0, r, 0, tuple(g.value)))
     elif g.kind == "TENSOR":
         instrs.append((S.G_TENSOR, 0, r, 0, g.value))
+    elif g.kind == "SYM_TENSOR":
+        instrs.append((S.G_SYM_TENSOR, 0, r, 0, g.value))
     elif g.kind == "SAME":
         instrs.append((S.G_SAME, 0, r, loads.reg(g.value), None))
     elif g.kind == "DICT_KEYS":

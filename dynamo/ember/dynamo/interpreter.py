@@ -128,6 +128,7 @@ class Translator:
         self.inst = inst
         self.ip += 1
         root = self.root
+        root.current = self
         root.steps += 1
         if root.steps > config.max_instructions:
             raise Unsupported("too many instructions (a very long unrolled loop?)")
@@ -684,8 +685,13 @@ class RootTranslator(Translator):
         self.steps = 0
         self.break_at = break_at
         self.result = None  # ("return", vt) or ("break", inst, stack, locals)
+        self.current = self  # the translator (root or inlined) running the current instruction
         f_locals, cells, load_global = root_frame_state(self, code, fn, f_globals, args)
         super().__init__(None, code, f_locals, cells, load_global)
+
+    def innermost_where(self) -> str:
+        """file:line of the user's instruction being traced, inside inlined calls too."""
+        return self.current.where()
 
     def store_global(self, tx, name, value):
         if tx.f_globals is not self.f_globals:

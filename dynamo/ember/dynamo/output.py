@@ -5,15 +5,18 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+import sympy
 import torch
 import torch.fx as fx
 
-from ember.ir import NODE_META_KEY, TensorMeta
+from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides
 
+from . import shapes
 from . import variables as V
 from .exc import Unsupported
 from .guards import GuardSet, tensor_spec
 from .source import Source
+from .symbolic import ShapeEnv, SymIntVT, SymSliceVT
 
 # Python scalars that may appear as graph constants.
 _GRAPH_CONSTS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
@@ -31,7 +34,7 @@ def _example_clone(t: torch.Tensor) -> torch.Tensor:
 class OutputGraph:
     """Collects the fx graph, its inputs (by source), guards and side effects of one frame."""
 
-    def __init__(self, code, where_fn):
+    def __init__(self, code, where_fn, policy=None, exporting=False):
         self.graph = fx.Graph()
         self.code = code
         self.where = where_fn  # () -> "file:line" of the instruction being traced
@@ -45,6 +48,11 @@ class OutputGraph:
         self.root_globals: dict = {}
         self.names: set[str] = set()
         self.op_count = 0
+        # Dynamic sizes: the policy choosing them, and the symbols and guards (None: all static).
+        self.policy = policy
+        self.shape_env = None
+        if policy is not None:
+            self.shape_env = ShapeEnv(self.graph, lambda: self.where(), exporting)
 
     # -- inputs -------------------------------------------------------------------------------
     def add_input(self, value: torch.Tensor, source: Source) -> V.TensorVT:
@@ -57,8 +65,11 @@ class OutputGraph:
             # A module's parameter: identity, requires_grad and dtype are checked (replacing a
             # parameter recompiles); in-place shape changes through .data are not detected.
             self.guards.add("PARAM", source, (value, value.requires_grad, value.dtype))
+            dims = {}
         else:
-            self.guards.add("TENSOR", source, tensor_spec(value))
+            dims = self.policy.dims(value, source) if self.policy is not None else {}
+            if not dims:
+                self.guards.add("TENSOR", source, tensor_spec(value))
         prev = self._input_by_id.get(id(value))
         if prev is not None:
             self.guards.add("SAME", source, prev.source)
@@ -71,10 +82,30 @@ class OutputGraph:
         node.meta[NODE_META_KEY] = TensorMeta.from_tensor(value)
         vt = V.TensorVT(node, example, source, type(value))
         vt.real = value  # identity only (set membership, `is`), never read for values
+        if dims:
+            self._symbolic_input(vt, value, source, dims)
         self.inputs.append((source, value, vt))
         self._input_by_id[id(value)] = vt
         self._input_by_source[source] = vt
         return vt
+
+    def _symbolic_input(self, vt, value, source, dims) -> None:
+        """Give a graph input symbolic sizes; its guard checks the static sizes, reads the
+        dynamic ones into the guard VM's int slots, and checks row-major strides."""
+        env = self.shape_env
+        sizes, spec = [], []
+        for d, n in enumerate(value.shape):
+            if d in dims:
+                spec.append(-1 - len(env.slots))
+                sizes.append(env.input_size(source, d, n, dims[d]))
+            else:
+                spec.append(n)
+                sizes.append(n)
+        self.guards.add("SYM_TENSOR", source, (type(value), value.dtype, value.device,
+                                               value.requires_grad, tuple(spec)))  # fmt: skip
+        vt.sym = tuple(sympy.sympify(s) for s in sizes)
+        vt.node.meta[NODE_META_KEY] = TensorMeta(value.dtype, vt.sym, contiguous_strides(vt.sym),
+                                                 0, str(value.device), value.requires_grad)
 
     def _insert_placeholder(self, name):
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
@@ -110,17 +141,25 @@ class OutputGraph:
             raise Unsupported(f"{name} raised {type(e).__name__} on example inputs: {e}") from e
         scalar = isinstance(result, (bool, int, float, str, torch.dtype, torch.device))
         if scalar and not _has_tensor((args, kwargs)):
+            for vt in _sym_ints((args, kwargs)):  # the answer holds for this value only
+                vt.env.specialize(vt)
             return V.ConstVT(result)  # a query of global state or metadata, not of tensor data
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
         node.meta["ember_where"] = self.where()
         self.op_count += 1
-        return self.wrap_result(node, result)
+        sym = None
+        if self.shape_env is not None and shapes.is_symbolic(V.ListVT([*args, *kwargs.values()])):
+            sym = shapes.infer(self.shape_env, kind, target, args, kwargs, result)
+        return self.wrap_result(node, result, sym)
 
-    def wrap_result(self, node: fx.Node, result) -> V.VT:
+    def wrap_result(self, node: fx.Node, result, sym=None) -> V.VT:
+        """The VT of an op's result; `sym`: its symbolic sizes (shapes.infer), None if static."""
         if isinstance(result, torch.Tensor):
             node.meta["example_value"] = result
             node.meta[NODE_META_KEY] = TensorMeta.from_tensor(result)
-            return V.TensorVT(node, result)
+            vt = V.TensorVT(node, result)
+            vt.sym = sym
+            return vt
         if isinstance(result, (tuple, list)) and all(
             isinstance(r, (torch.Tensor, *_GRAPH_CONSTS)) for r in result
         ):
@@ -128,7 +167,8 @@ class OutputGraph:
             items = []
             for i, r in enumerate(result):
                 if isinstance(r, torch.Tensor):
-                    items.append(self.wrap_result(self.graph.call_function(_getitem, (node, i)), r))
+                    item = self.graph.call_function(_getitem, (node, i))
+                    items.append(self.wrap_result(item, r, sym[i] if sym else None))
                 else:
                     items.append(V.ConstVT(r))
             if isinstance(result, list):
@@ -183,6 +223,17 @@ def _has_tensor(x) -> bool:
     return False
 
 
+def _sym_ints(x) -> list:
+    if isinstance(x, SymIntVT):
+        return [x]
+    if isinstance(x, SymSliceVT):
+        return _sym_ints(x.parts)
+    items = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else ()
+    if isinstance(x, (V.ListVT, V.DictVT)):
+        items = x.items.values() if isinstance(x, V.DictVT) else x.items
+    return [s for i in items for s in _sym_ints(i)]
+
+
 def _map(x, fn):
     if isinstance(x, dict):
         return {k: fn(v) for k, v in x.items()}
@@ -190,8 +241,10 @@ def _map(x, fn):
 
 
 def _to_node(v):
-    if isinstance(v, V.TensorVT):
+    if isinstance(v, (V.TensorVT, SymIntVT)):
         return v.node
+    if isinstance(v, SymSliceVT):
+        return slice(*(_to_node(p) for p in v.parts))
     if isinstance(v, V.ConstVT):
         if isinstance(v.value, _GRAPH_CONSTS) or _is_const_tuple(v.value):
             return v.value
@@ -208,6 +261,10 @@ def _to_node(v):
 def _to_example(v):
     if isinstance(v, V.TensorVT):
         return v.example
+    if isinstance(v, SymIntVT):
+        return v.hint
+    if isinstance(v, SymSliceVT):
+        return slice(*(_to_example(p) for p in v.parts))
     if isinstance(v, V.ConstVT):
         return v.value
     if isinstance(v, V.ListVT):

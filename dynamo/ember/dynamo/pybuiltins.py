@@ -18,6 +18,7 @@ from .calls import (AttrMissing, binop, call, const_key, const_of, contains, get
                     unop, unpack, wrap_const)  # fmt: skip
 from .exc import PyExc, Unsupported
 from .frame import inline_call
+from .symbolic import SizeVT, SymIntVT, as_sym, is_int_vt
 
 _OPERATOR_BINOPS = {getattr(operator, n) for n in (
     "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_", "xor",
@@ -47,6 +48,8 @@ def call_builtin(tx, fn, args, kwargs):
         same = is_same(tx, *args)
         return V.ConstVT(same if fn is operator.is_ else not same)
     if fn is operator.index:
+        if isinstance(args[0], SymIntVT):
+            return args[0]
         return V.ConstVT(operator.index(const_of(args[0])))
     mod = getattr(fn, "__module__", None)
     if mod == "math" or getattr(fn, "__self__", None) is math:
@@ -76,6 +79,8 @@ def _len(tx, x):
     if isinstance(x, V.TensorVT):
         if x.example.dim() == 0:
             raise Unsupported("len() of a 0-d tensor")
+        if T.sym_sizes(x, "len()") is not None:
+            return T.size_read(tx, x, "size", [V.ConstVT(0)])
         return V.ConstVT(x.example.shape[0])
     if isinstance(x, (V.ListVT, V.DictVT, V.SetVT)):
         return V.ConstVT(len(x.items))
@@ -149,6 +154,13 @@ def _reduce_minmax(fn):
             raise Unsupported(f"{fn.__name__}() with keyword arguments")
         if all(isinstance(i, V.ConstVT) for i in items):
             return wrap_const(fn(i.value for i in items))
+        if items and all(is_int_vt(i) for i in items):  # sizes: the winner at the hints, guarded
+            env = next(i.env for i in items if isinstance(i, SymIntVT))
+            best = items[0]
+            for i in items[1:]:
+                better = as_sym(i) > as_sym(best) if fn is max else as_sym(i) < as_sym(best)
+                best = i if env.decide(better) else best
+            return best
         if any(isinstance(i, V.TensorVT) for i in items):
             if all(isinstance(i, V.TensorVT) and i.example.dim() == 0 for i in items) is False:
                 raise Unsupported(f"{fn.__name__}() over tensors compares data")
@@ -304,6 +316,8 @@ def _scalar(cls):
     def handler(tx, *args):
         if args and isinstance(args[0], V.TensorVT):
             raise Unsupported(f"{cls.__name__}() of a tensor reads its data")
+        if cls is int and len(args) == 1 and isinstance(args[0], SymIntVT):
+            return args[0]
         if cls is str and len(args) == 1 and isinstance(args[0], (V.ClassVT, V.FunctionVT,
                                                                   V.PyModuleVT)):  # fmt: skip
             return V.ConstVT(str(real_value(args[0])))
@@ -332,9 +346,15 @@ _CONSTRUCTORS = {
     filter: _filter, list: _list, tuple: _tuple, dict: _dict, set: _set, frozenset: _set,
     int: _scalar(int), float: _scalar(float), bool: _scalar(bool), str: _scalar(str),
     complex: _scalar(complex), type: _type, super: _super, slice: _scalar(slice),
-    torch.Size: lambda tx, *a: V.ConstVT(torch.Size(const_of(a[0]) if a else ())),
+    torch.Size: lambda tx, *a: _size(tx, *a),
     object: lambda tx: V.NewObjectVT(object),
 }  # fmt: skip
+
+
+def _size(tx, items=None):
+    if items is not None and any(isinstance(i, SymIntVT) for i in unpack(tx, items)):
+        return SizeVT(unpack(tx, items))
+    return V.ConstVT(torch.Size(const_of(items) if items is not None else ()))
 
 
 def construct(tx, cls_vt: V.ClassVT, args, kwargs):

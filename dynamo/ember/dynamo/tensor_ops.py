@@ -9,6 +9,7 @@ import torch
 
 from . import variables as V
 from .exc import AttrMissing, Unsupported
+from .symbolic import SizeVT, SymbolicFallback, SymIntVT
 
 # Tensor methods whose result depends only on metadata (guarded by the tensor guard): constants.
 CONST_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride", "is_contiguous",
@@ -106,8 +107,50 @@ def check_args_not_data_dependent(name, args) -> None:
             raise Unsupported("indexing with a boolean mask (output shape depends on data)")
 
 
+# Metadata that depends on sizes: symbolic for a tensor with dynamic sizes (SIZE_READS), or not
+# expressible yet (the frame is traced again with static sizes).
+SIZE_READS = {"size", "numel", "nelement"}
+SIZE_DEPENDENT = {"stride", "is_contiguous", "storage_offset"}
+
+
+def sym_sizes(t: V.TensorVT, what: str):
+    """The symbolic sizes of `t` (None when static); unknown ones make the frame static."""
+    from .shapes import UNKNOWN
+
+    if t.sym is UNKNOWN:
+        raise SymbolicFallback(f"{what} of a tensor whose dynamic sizes are not known "
+                               f"(made by {t.node.target})")  # fmt: skip
+    return t.sym
+
+
+def size_read(tx, t: V.TensorVT, name: str, args) -> V.VT:
+    """x.size(), x.size(d), x.shape, x.numel() of a tensor with dynamic sizes."""
+    from .calls import const_of
+
+    sizes = sym_sizes(t, f"Tensor.{name}")
+    env = tx.output.shape_env
+    if name in ("numel", "nelement"):
+        numel = sympy_prod(sizes)
+        return env.int_vt(numel, lambda: tx.output.graph.call_method("numel", (t.node,)))
+    if args:
+        d = const_of(args[0], "dimension")
+        d = d + len(sizes) if d < 0 else d
+        return env.size_vt(t.node, d, sizes[d])
+    return SizeVT([env.size_vt(t.node, d, e) for d, e in enumerate(sizes)])
+
+
+def sympy_prod(exprs):
+    import sympy
+
+    return sympy.Mul(*exprs) if exprs else sympy.S.One
+
+
 def tensor_getattr(tx, t: V.TensorVT, name: str) -> V.VT:
     """`t.name` for a symbolic tensor."""
+    if t.sym is not None and name in ("shape", "nbytes"):
+        if name == "nbytes":
+            raise SymbolicFallback("Tensor.nbytes of a tensor with dynamic sizes")
+        return size_read(tx, t, "size", [])
     if name in CONST_ATTRS:
         return V.ConstVT(getattr(t.example, name))
     if name in GRAPH_ATTRS:
@@ -132,6 +175,10 @@ def tensor_method(tx, t: V.TensorVT, name: str, args, kwargs) -> V.VT:
 
     if name in BREAK_METHODS:
         raise Unsupported(f"Tensor.{name}() (reads tensor data or has effects outside the graph)")
+    if t.sym is not None and name in SIZE_READS:
+        return size_read(tx, t, name, args or list(kwargs.values()))
+    if t.sym is not None and name in SIZE_DEPENDENT:
+        raise SymbolicFallback(f"Tensor.{name}() of a tensor with dynamic sizes")
     if name in CONST_METHODS:
         cargs = [const_of(a, f"argument of Tensor.{name}") for a in args]
         ckw = {k: const_of(v, f"argument of Tensor.{name}") for k, v in kwargs.items()}
@@ -154,6 +201,8 @@ def torch_call(tx, fn, args, kwargs) -> V.VT:
     name = getattr(fn, "__name__", repr(fn))
     if is_break_fn(fn):
         raise Unsupported(f"torch.{name}() (effects outside the graph or data-dependent output)")
+    if fn is torch.numel and args and isinstance(args[0], V.TensorVT) and args[0].sym is not None:
+        return size_read(tx, args[0], "numel", [])
     if is_const_fn(fn):
         cargs = [_const_or_example(a) for a in args]
         ckw = {k: _const_or_example(v) for k, v in kwargs.items()}
@@ -169,8 +218,10 @@ def torch_call(tx, fn, args, kwargs) -> V.VT:
 
 
 def _const_or_example(v):
-    if isinstance(v, V.TensorVT):
+    if isinstance(v, V.TensorVT):  # CONST_FNS read dtypes; torch.numel is handled above
         return v.example
+    if isinstance(v, SymIntVT):
+        return v.env.specialize(v)
     if isinstance(v, V.ConstVT):
         return v.value
     if isinstance(v, V.ListVT):

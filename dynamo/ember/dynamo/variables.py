@@ -62,6 +62,8 @@ class TensorVT(VT):
         self.source = source
         self.ptype = ptype or torch.Tensor
         self.real = None  # the user's tensor, for graph inputs
+        # Sizes as sympy expressions when they depend on symbols (shapes.py); None: static.
+        self.sym = None
 
     def python_type(self):
         return self.ptype

@@ -79,19 +79,89 @@ enum GuardOp {
   G_NOT_ID = 18,    // r[src] is not obj
   G_PARAM = 19,     // r[src] is obj[0] and its requires_grad is obj[1] and dtype is obj[2]
   G_NO_HOOKS = 20,  // every attribute named in tuple obj of r[src] is an empty dict
+  G_SYM_TENSOR = 21,  // r[src] matches obj = (type, dtype, device, requires_grad, size spec),
+                      // is row-major contiguous, and its dynamic sizes go to int slots (below)
+  G_INT_EXPR = 22,    // the int program in tuple obj evaluates to non-zero over the int slots
+};
+
+// Programs over int slots (dynamic sizes): postfix, int64. symbolic.py emits them.
+enum IntOp {
+  I_SLOT, I_CONST, I_ADD, I_MUL, I_FLOORDIV, I_MOD, I_NEG, I_EQ, I_NE, I_LT, I_LE, I_GT, I_GE,
+  I_AND, I_OR, I_NOT, I_MIN, I_MAX, I_CEILDIV,
 };
 
 struct GuardInstr {
   int op, dst, src;
   Py_ssize_t idx;
-  PyObject* obj;  // strong reference
+  PyObject* obj;               // strong reference
+  std::vector<long long> ints;  // G_SYM_TENSOR: size spec (n >= 0 static, -1-k slot k);
+                                // G_INT_EXPR: the program
 };
 
 struct GuardProgram {
   PyObject_HEAD
   std::vector<GuardInstr>* code;
   int nregs;
+  int nslots;
 };
+
+// Python's floor division and modulo (sizes are non-negative, but a guard must never be wrong).
+bool floordiv(long long a, long long b, long long* out) {
+  if (b == 0) return false;
+  long long q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) q--;
+  *out = q;
+  return true;
+}
+
+bool eval_int_program(const std::vector<long long>& prog, const long long* slots) {
+  long long st[32];
+  int sp = 0;
+  for (size_t i = 0; i < prog.size(); i++) {
+    long long op = prog[i];
+    if (op == I_SLOT || op == I_CONST) {
+      if (sp >= 32) return false;
+      long long arg = prog[++i];
+      st[sp++] = op == I_SLOT ? slots[arg] : arg;
+      continue;
+    }
+    if (op == I_NEG || op == I_NOT) {
+      if (sp < 1) return false;
+      st[sp - 1] = op == I_NEG ? -st[sp - 1] : !st[sp - 1];
+      continue;
+    }
+    if (sp < 2) return false;
+    long long b = st[--sp], a = st[sp - 1], r = 0;
+    switch (op) {
+      case I_ADD: r = a + b; break;
+      case I_MUL: r = a * b; break;
+      case I_FLOORDIV:
+        if (!floordiv(a, b, &r)) return false;
+        break;
+      case I_CEILDIV:
+        if (!floordiv(-a, b, &r)) return false;
+        r = -r;
+        break;
+      case I_MOD:
+        if (!floordiv(a, b, &r)) return false;
+        r = a - r * b;
+        break;
+      case I_EQ: r = a == b; break;
+      case I_NE: r = a != b; break;
+      case I_LT: r = a < b; break;
+      case I_LE: r = a <= b; break;
+      case I_GT: r = a > b; break;
+      case I_GE: r = a >= b; break;
+      case I_AND: r = a && b; break;
+      case I_OR: r = a || b; break;
+      case I_MIN: r = a < b ? a : b; break;
+      case I_MAX: r = a > b ? a : b; break;
+      default: return false;
+    }
+    st[sp - 1] = r;
+  }
+  return sp == 1 && st[0] != 0;
+}
 
 PyObject *s_dtype, *s_device, *s_requires_grad, *s_shape, *s_stride, *s_closure, *s_keys;
 
@@ -120,7 +190,45 @@ done:
   return ok;
 }
 
-bool run_check(const GuardInstr& in, PyObject** r) {
+// A tensor with dynamic sizes: exact type, dtype, requires_grad and device; static sizes equal,
+// dynamic ones stored into their slots; strides exactly row-major for the actual sizes.
+bool sym_tensor_matches(PyObject* x, const GuardInstr& in, long long* slots) {
+  PyObject* spec = in.obj;
+  if ((PyObject*)Py_TYPE(x) != PyTuple_GET_ITEM(spec, 0)) return false;
+  bool ok = false;
+  PyObject *dtype = nullptr, *rg = nullptr, *shape = nullptr, *stride = nullptr, *dev = nullptr;
+  Py_ssize_t n = (Py_ssize_t)in.ints.size();
+  long long expect = 1;
+  dtype = PyObject_GetAttr(x, s_dtype);
+  if (!dtype || dtype != PyTuple_GET_ITEM(spec, 1)) goto done;
+  rg = PyObject_GetAttr(x, s_requires_grad);
+  if (!rg || rg != PyTuple_GET_ITEM(spec, 3)) goto done;
+  shape = PyObject_GetAttr(x, s_shape);
+  if (!shape || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != n) goto done;
+  stride = PyObject_CallMethodNoArgs(x, s_stride);
+  if (!stride || !PyTuple_Check(stride) || PyTuple_GET_SIZE(stride) != n) goto done;
+  for (Py_ssize_t d = n - 1; d >= 0; d--) {
+    long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+    long long st = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, d));
+    if (PyErr_Occurred() || st != expect) goto done;
+    long long want = in.ints[d];
+    if (want >= 0 ? size != want : false) goto done;
+    if (want < 0) slots[-1 - want] = size;
+    expect *= size;
+  }
+  dev = PyObject_GetAttr(x, s_device);
+  if (!dev || PyObject_RichCompareBool(dev, PyTuple_GET_ITEM(spec, 2), Py_EQ) != 1) goto done;
+  ok = true;
+done:
+  Py_XDECREF(dtype);
+  Py_XDECREF(rg);
+  Py_XDECREF(shape);
+  Py_XDECREF(stride);
+  Py_XDECREF(dev);
+  return ok;
+}
+
+bool run_check(const GuardInstr& in, PyObject** r, long long* slots) {
   PyObject* v = r[in.src];
   switch (in.op) {
     case G_ID: return v == in.obj;
@@ -130,6 +238,8 @@ bool run_check(const GuardInstr& in, PyObject** r) {
       return Py_TYPE(v) == Py_TYPE(in.obj) && PyObject_RichCompareBool(v, in.obj, Py_EQ) == 1;
     case G_LEN: return PyObject_Length(v) == in.idx;
     case G_TENSOR: return tensor_matches(v, in.obj);
+    case G_SYM_TENSOR: return sym_tensor_matches(v, in, slots);
+    case G_INT_EXPR: return eval_int_program(in.ints, slots);
     case G_NO_HOOKS: {
       for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(in.obj); i++) {
         PyObject* d = PyObject_GetAttr(v, PyTuple_GET_ITEM(in.obj, i));
@@ -181,6 +291,13 @@ Py_ssize_t run_guards(GuardProgram* p, PyObject* const* args, Py_ssize_t nargs, 
   } else {
     std::memset(stack_regs, 0, sizeof(PyObject*) * p->nregs);
   }
+  long long stack_slots[16];
+  std::vector<long long> heap_slots;
+  long long* slots = stack_slots;
+  if (p->nslots > 16) {
+    heap_slots.assign(p->nslots, 0);
+    slots = heap_slots.data();
+  }
   Py_ssize_t failed = -1;
   const std::vector<GuardInstr>& code = *p->code;
   for (size_t i = 0; i < code.size(); i++) {
@@ -220,7 +337,7 @@ Py_ssize_t run_guards(GuardProgram* p, PyObject* const* args, Py_ssize_t nargs, 
         break;
       }
       default:
-        if (!run_check(in, r)) failed = (Py_ssize_t)i;
+        if (!run_check(in, r, slots)) failed = (Py_ssize_t)i;
         if (failed >= 0) goto finish;
         continue;
     }
@@ -244,10 +361,43 @@ void GuardProgram_dealloc(GuardProgram* self) {
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
+// The int operands of G_SYM_TENSOR (its size spec) and G_INT_EXPR (its program), checked:
+// every slot they name exists. Returns false with an exception set otherwise.
+bool parse_ints(GuardInstr& in, int nslots) {
+  if (in.op != G_SYM_TENSOR && in.op != G_INT_EXPR) return true;
+  PyObject* t = in.op == G_INT_EXPR ? in.obj : PyTuple_Check(in.obj) && PyTuple_GET_SIZE(in.obj) == 5
+                                                  ? PyTuple_GET_ITEM(in.obj, 4)
+                                                  : nullptr;
+  if (!t || !PyTuple_Check(t)) {
+    PyErr_SetString(PyExc_TypeError, "malformed int-slot guard operand");
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
+    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
+    if (v == -1 && PyErr_Occurred()) return false;
+    in.ints.push_back(v);
+  }
+  bool bad = false;
+  if (in.op == G_SYM_TENSOR) {
+    for (long long v : in.ints) bad |= v < 0 && -1 - v >= nslots;
+  } else {
+    for (size_t i = 0; i < in.ints.size(); i++) {
+      long long op = in.ints[i];
+      if (op == I_SLOT || op == I_CONST) {
+        if (i + 1 >= in.ints.size()) bad = true;
+        else if (op == I_SLOT) bad |= in.ints[i + 1] < 0 || in.ints[i + 1] >= nslots;
+        i++;
+      }
+    }
+  }
+  if (bad) PyErr_SetString(PyExc_ValueError, "guard int slot out of range");
+  return !bad;
+}
+
 PyObject* GuardProgram_new(PyTypeObject* type, PyObject* args, PyObject*) {
   PyObject* instrs;
-  int nregs;
-  if (!PyArg_ParseTuple(args, "Oi", &instrs, &nregs)) return nullptr;
+  int nregs, nslots = 0;
+  if (!PyArg_ParseTuple(args, "Oi|i", &instrs, &nregs, &nslots)) return nullptr;
   PyObject* seq = PySequence_Fast(instrs, "instructions must be a sequence");
   if (!seq) return nullptr;
   auto* code = new std::vector<GuardInstr>();
@@ -260,8 +410,10 @@ PyObject* GuardProgram_new(PyTypeObject* type, PyObject* args, PyObject*) {
       Py_DECREF(seq);
       return nullptr;
     }
-    if (in.dst >= nregs || in.src >= nregs || in.dst < 0 || in.src < 0) {
-      PyErr_SetString(PyExc_ValueError, "guard instruction register out of range");
+    if (in.dst >= nregs || in.src >= nregs || in.dst < 0 || in.src < 0 ||
+        !parse_ints(in, nslots)) {
+      if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "guard instruction register out of range");
       for (auto& prev : *code) Py_XDECREF(prev.obj);
       delete code;
       Py_DECREF(seq);
@@ -275,6 +427,7 @@ PyObject* GuardProgram_new(PyTypeObject* type, PyObject* args, PyObject*) {
   if (!self) return nullptr;
   self->code = code;
   self->nregs = nregs;
+  self->nslots = nslots;
   return (PyObject*)self;
 }
 
@@ -665,7 +818,7 @@ PyMODINIT_FUNC PyInit__C(void) {
   GuardProgramType.tp_dealloc = (destructor)GuardProgram_dealloc;
   GuardProgramType.tp_methods = GuardProgram_methods;
   GuardProgramType.tp_getset = GuardProgram_getset;
-  GuardProgramType.tp_doc = "GuardProgram(instructions, nregs): a compiled list of guard checks";
+  GuardProgramType.tp_doc = "GuardProgram(instructions, nregs, nslots=0): a compiled list of guard checks";
   if (PyType_Ready(&GuardProgramType) < 0) return nullptr;
 
   CompiledFunctionType.tp_basicsize = sizeof(CompiledFunction);
