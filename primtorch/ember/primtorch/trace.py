@@ -43,6 +43,13 @@ from .trace_mutation import functional_variant, mutated_arguments
 aten = torch.ops.aten
 
 
+# Size queries that reach the mode, answered from a SymbolicTensor's symbolic metadata.
+_SIZE_QUERIES = {
+    aten.size.default: lambda t: tuple(t.shape), aten.size.int: lambda t, d: t.shape[d],
+    aten.sym_size.int: lambda t, d: t.shape[d], aten.stride.default: lambda t: tuple(t.stride()),
+    aten.stride.int: lambda t, d: t.stride()[d], aten.sym_numel.default: lambda t: t.numel(),
+}  # fmt: skip
+
 # Ops whose non-tensor result comes from metadata only, so recording nothing is exact.
 _METADATA_OPS = {
     aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default,
@@ -216,6 +223,8 @@ class Tracer(TorchDispatchMode):
 
     def dispatch(self, func, args, kwargs):
         """Record one ATen call (mode off); returns its real result."""
+        if self.shape_env is not None and func in _SIZE_QUERIES:
+            return _SIZE_QUERIES[func](*args, **kwargs)  # the symbolic sizes, not the hints
         self._check_data_dependence(func)
         if func._schema.is_mutable:
             return self._functionalize(func, args, kwargs)
