@@ -13,6 +13,7 @@ from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, TensorMeta
 
+from .dynamic import SYMBOLS_META, dynamic_module_call, runnable_graph
 from .joint import trace
 from .module_call import GUARDED_INPUTS_META, module_caller
 from .partition import min_cut_partition
@@ -24,19 +25,23 @@ Compiler = Callable[[fx.GraphModule, list], Callable]
 
 
 def run_as_fx(gm: fx.GraphModule, example_inputs: list) -> Callable:
-    """The identity compiler: the graph module itself runs the prims' reference implementations."""
-    return gm
+    """The identity compiler: the graph module itself runs the prims' reference implementations
+    (with nodes computing its symbolic sizes from the inputs' sizes, when it has any)."""
+    return runnable_graph(gm)
 
 
-def example_inputs_from_meta(gm: fx.GraphModule) -> list:
-    """Tensors of the placeholders' TensorMeta (values unspecified), for compilers to inspect."""
+def example_inputs_from_meta(gm: fx.GraphModule, shape_env=None) -> list:
+    """Tensors of the placeholders' TensorMeta (values unspecified), for compilers to inspect;
+    symbolic sizes take their hints in `shape_env`."""
     out = []
     for n in gm.graph.find_nodes(op="placeholder"):
         meta = n.meta.get(NODE_META_KEY)
         if not isinstance(meta, TensorMeta):
             out.append(None)
             continue
-        sizes = [int(s) for s in meta.sizes]  # static shapes only until SymNode lands
+        if shape_env is not None:
+            meta = shape_env.hint_meta(meta)
+        sizes = [int(s) for s in meta.sizes]
         strides = [int(s) for s in meta.strides]
         out.append(torch.empty_strided(sizes, strides, dtype=meta.dtype, device=meta.device))
     return out
@@ -56,6 +61,8 @@ class AOTFunction:
         self.compile_seconds = 0.0
         # Calls with positional tensors only: tensor_key(args) -> runtime.call (no pytree).
         self._flat_calls: dict = {}
+        # (TensorMeta or None per flat input, ShapeEnv) while a dynamic-shape trace is made.
+        self.symbolic = None
         functools.update_wrapper(self, fn, updated=())
 
     @property
@@ -86,7 +93,7 @@ class AOTFunction:
     def _compile(self, flat: list, in_spec):
         flat_fn = _flat_program(self.fn, flat, in_spec)
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
-        traced = trace(flat_fn, tensors)
+        traced = trace(flat_fn, tensors, self.symbolic)
         check_mutated_aliasing(traced.plan, tensors)
         example = list(traced.example_inputs)
         example += [torch.zeros((), dtype=torch.int64, device=d) for d in traced.plan.rng_devices]
@@ -96,7 +103,8 @@ class AOTFunction:
         fw_gm, bw_gm = self.partition_fn(traced.gm, num_fwd_outputs=traced.plan.num_fw_outputs)
         self.last_graphs = {"joint": traced.gm, "forward": fw_gm, "backward": bw_gm}
         forward = self.fw_compiler(fw_gm, example)
-        backward = self.bw_compiler(bw_gm, example_inputs_from_meta(bw_gm))
+        env = self.symbolic[1] if self.symbolic is not None else None
+        backward = self.bw_compiler(bw_gm, example_inputs_from_meta(bw_gm, env))
         return TrainingRuntime(traced.plan, forward, backward)
 
 
@@ -179,6 +187,8 @@ def aot_module_simplified(
     compiled = aot_function(
         _functional(gm), fw_compiler, bw_compiler, partition_fn, inference_compiler
     )
+    if getattr(gm, "meta", {}).get(SYMBOLS_META):
+        return dynamic_module_call(gm, example_inputs, compiled)
     if guarded is None:
         guarded = bool(getattr(gm, "meta", {}).get(GUARDED_INPUTS_META, False))
     return module_caller(gm, compiled, guarded=guarded)

@@ -18,6 +18,9 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ember.ir import TensorMeta, contiguous_strides
+from ember.primtorch.symbolic import SymbolicTensor, symbolic_tensor, to_expr
+
 from .runtime import AliasSpec, OutputSpec, RuntimePlan
 from .tracer_bridge import SEED_PREFIX, new_tracer, untraced
 
@@ -56,6 +59,8 @@ class _Observer(TorchDispatchMode):
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
+    if type(t) is SymbolicTensor:
+        t = t.value
     return t.untyped_storage().data_ptr()
 
 
@@ -70,11 +75,20 @@ def clone_input(t: torch.Tensor) -> torch.Tensor:
     return c.requires_grad_(t.requires_grad)
 
 
-def trace(flat_fn: Callable, inputs: list[torch.Tensor]) -> Traced:
-    """Trace `flat_fn(*inputs) -> flat outputs` into a joint graph, or an inference graph."""
-    clones = [clone_input(t) for t in inputs]
+def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None) -> Traced:
+    """Trace `flat_fn(*inputs) -> flat outputs` into a joint graph, or an inference graph.
+
+    `symbolic`: (a TensorMeta or None per input, a primtorch ShapeEnv) to trace with symbolic
+    sizes: inputs with a meta become SymbolicTensors, and the graph's sizes are expressions.
+    """
+    real_clones = [clone_input(t) for t in inputs]
+    clones = real_clones
     needs_grad = torch.is_grad_enabled() and any(c.requires_grad for c in clones)
     tracer = new_tracer()
+    if symbolic is not None:
+        metas, tracer.shape_env = symbolic
+        clones = [symbolic_tensor(c, m, tracer.shape_env) if m is not None else c
+                  for c, m in zip(clones, metas)]  # fmt: skip
     observer = _Observer(clones)
     with tracer:
         primals = [tracer.placeholder(c, f"primals_{i + 1}") for i, c in enumerate(clones)]
@@ -102,7 +116,7 @@ def trace(flat_fn: Callable, inputs: list[torch.Tensor]) -> Traced:
         constants=constants,
         rng_devices=tracer.seed_devices,
     )
-    return Traced(gm, plan, is_joint, [*clones, *constants])
+    return Traced(gm, plan, is_joint, [*real_clones, *constants])
 
 
 def _check_lifted(tracer, needs_grad: bool) -> list[torch.Tensor]:
@@ -185,7 +199,7 @@ def _trace_backward(tracer, graph_outs, diff, clones, grad_inputs) -> list:
     tangents = []
     for k, o in enumerate(outs):
         with untraced():
-            t = torch.zeros(o.shape, dtype=o.dtype, device=o.device)
+            t = _zeros_like_sizes(o, tracer.shape_env)
         tracer.placeholder(t, f"tangents_{k + 1}")
         tangents.append(t)
     wrt = [c for c, g in zip(clones, grad_inputs) if g]
@@ -197,6 +211,16 @@ def _trace_backward(tracer, graph_outs, diff, clones, grad_inputs) -> list:
     # autocast: its ops run in the dtypes the forward saved, as in eager.
     with _autocast_off():
         return list(torch.func.functionalize(backward)(*tangents))
+
+
+def _zeros_like_sizes(o: torch.Tensor, env) -> torch.Tensor:
+    """A contiguous zero tangent for `o` (a SymbolicTensor with o's sizes when o has symbolic ones)."""
+    if type(o) is not SymbolicTensor:
+        return torch.zeros(o.shape, dtype=o.dtype, device=o.device)
+    sizes = [to_expr(s) for s in o.shape]
+    value = torch.zeros(o.value.shape, dtype=o.dtype, device=o.device)
+    return symbolic_tensor(value, TensorMeta(o.dtype, sizes, contiguous_strides(sizes),
+                                             device=str(o.device)), env)  # fmt: skip
 
 
 class _autocast_off:
@@ -231,6 +255,11 @@ def _plan_outputs(outs, clones, observer: _Observer):
             graph_outs.append(o)
             continue
         kind, ref = base
+        if type(o) is SymbolicTensor:
+            raise NotImplementedError(
+                "aot_autograd: with symbolic sizes, an output may not alias an input or another "
+                "output; return a copy (.clone())"
+            )
         if kind == "output" and id(ref) not in graph_index:
             graph_index[id(ref)] = len(graph_outs)
             graph_outs.append(ref)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import sympy
 import torch
@@ -134,6 +135,22 @@ def print_index(expr, floordiv="/", mod="%") -> str:
         raise NotImplementedError(f"cannot print index expression {e}")
 
     return p(sympy.sympify(expr))
+
+
+_SIZE_SYMBOL = re.compile(r"\bs\d+\b")
+
+
+def size_symbols_in(lines) -> list[str]:
+    """The dynamic size symbols ("s0", "s1", ...; DYNAMIC.md's names) that generated code uses."""
+    found = {m.group(0) for line in lines for m in _SIZE_SYMBOL.finditer(line)}
+    return sorted(found, key=lambda name: int(name[1:]))
+
+
+def code_text(value) -> str:
+    """A size or bound in generated code: sympy expressions through `print_index`."""
+    if isinstance(value, sympy.Basic):
+        return print_index(value)
+    return str(value)
 
 
 def _minmax(e, p):
@@ -294,5 +311,6 @@ def compute_type(dtype):
 
 __all__ = [
     "CSEVar", "CantRender", "ExternBuffer", "KernelSource", "MultiOutput", "Renderer",
-    "buffer_ptr_type", "merge_dims", "print_index", "simplify_index",
+    "buffer_ptr_type", "code_text", "merge_dims", "print_index", "simplify_index",
+    "size_symbols_in",
 ]  # fmt: skip

@@ -12,7 +12,10 @@ import math
 import sympy
 import torch
 
-from .codegen_common import CantRender, CSEVar, KernelSource, Renderer, buffer_ptr_type, merge_dims
+from .codegen_common import (
+    CantRender, CSEVar, KernelSource, Renderer, buffer_ptr_type, code_text, merge_dims,
+    size_symbols_in,
+)  # fmt: skip
 from .loop_ir import COMPARE_OPS, compute_dtype
 
 CTYPE = {
@@ -296,10 +299,14 @@ class CppRenderer(Renderer):
         body = self._pointwise_body() if not k.rsizes else self._reduction_body()
         params = [f"    auto* {p} = static_cast<{'const ' if p.startswith('in') else ''}"
                   f"{CTYPE[self.dtype_of(n)]}*>(args[{i}]);" for i, (n, p) in enumerate(self.args.items())]  # fmt: skip
+        # Dynamic sizes come after the buffers, as integers in the pointer slots.
+        syms = size_symbols_in(body)
+        params += [f"    const int64_t {name} = reinterpret_cast<intptr_t>(args[{len(self.args) + j}]);"
+                   for j, name in enumerate(syms)]  # fmt: skip
         src = "\n".join(['#include "ember_cpu.h"', "", f"EMBER_EXPORT void {self.name}(void** args) {{",
                          *params, *body, "}", ""])  # fmt: skip
-        types = tuple(buffer_ptr_type(self.dtype_of(n)) for n in self.args)
-        return KernelSource(self.name, "cpp", src, tuple(self.args), types)
+        types = tuple(buffer_ptr_type(self.dtype_of(n)) for n in self.args) + ("i64",) * len(syms)
+        return KernelSource(self.name, "cpp", src, (*self.args, *syms), types)
 
     def _body(self, members, xassign, rassign, vector, vec_var=None, x_level=False):
         """Lines of one loop body (vector or scalar), with a fresh CSE scope."""
@@ -318,11 +325,13 @@ class CppRenderer(Renderer):
             self.vector_mode = False
 
     def _loop(self, var, lo, hi, body, step="1"):
+        lo, hi = code_text(lo), code_text(hi)
         inc = f"++{var}" if step == "1" else f"{var} += {step}"
         return [f"for (int64_t {var} = {lo}; {var} < {hi}; {inc}) {{", *_indent(body), "}"]
 
     def _vector_loop(self, var, lo, hi, vec, scalar):
         """The innermost loop: vector steps, then a scalar tail."""
+        lo, hi = code_text(lo), code_text(hi)
         if vec is None:
             return self._loop(var, lo, hi, scalar)
         return [f"int64_t {var} = {lo};",
@@ -339,7 +348,7 @@ class CppRenderer(Renderer):
         total = sympy.Mul(*sizes)
         par = "" if total.is_Integer and total < PARALLEL_MIN else "#pragma omp parallel for"
         if len(xv) == 1:
-            n = sizes[0]
+            n = code_text(sizes[0])
             chunks = f"({n} + {CHUNK - 1}) / {CHUNK}"
             inner_loop = self._vector_loop(inner, "lo", "hi", vec, scalar)
             body = [
@@ -369,7 +378,7 @@ class CppRenderer(Renderer):
         self.phase = i
         rv, rs = self.rvars, self.rsizes
         strides = [sympy.Mul(*rs[j + 1 :]) for j in range(len(rs))]
-        self.rflat = " + ".join(f"{v} * {s}" for v, s in zip(rv, strides)) or "0"
+        self.rflat = " + ".join(f"{v} * {code_text(s)}" for v, s in zip(rv, strides)) or "0"
         vec, vreds = (
             self._try_vector(loop_members, self.xassign, self.rassign, rv[-1])
             if rv

@@ -24,6 +24,7 @@ from .codegen_common import (
     merge_dims,
     print_index,
     simplify_index,
+    size_symbols_in,
 )
 from .config import config
 from .loop_ir import compute_dtype
@@ -90,6 +91,7 @@ def next_pow2(n: int) -> int:
 class TritonRenderer(Renderer):
     language = "triton"
     block_values = True
+    hints: dict = {}  # dynamic size symbol -> its example value (render_kernels sets it)
 
     def assign(self, var, text):
         return f"{var} = {text}"
@@ -207,8 +209,8 @@ class TritonRenderer(Renderer):
         lines = []
         for j, (v, s) in enumerate(zip(vars_, sizes)):
             inner = sympy.Mul(*sizes[j + 1 :])
-            e = f"{flat} // {inner}" if inner != 1 else flat
-            lines.append(f"{v} = {e}" + (f" % {s}" if j else ""))
+            e = f"{flat} // {_py(inner)}" if inner != 1 else flat
+            lines.append(f"{v} = {e}" + (f" % {_py(s)}" if j else ""))
         return lines
 
     def render(self) -> KernelSource:
@@ -222,13 +224,15 @@ class TritonRenderer(Renderer):
         rsizes, rvars, rassign = merge_dims(k.rsizes, rs, exprs)
         self.ranges = dict(zip(xvars + rvars, xsizes + rsizes))
         xnumel, rnumel = sympy.Mul(*xsizes), sympy.Mul(*rsizes)
-        if not (xnumel.is_Integer and rnumel.is_Integer):
-            raise NotImplementedError("Triton kernels with dynamic sizes")
-        big = (
+        dynamic = not (xnumel.is_Integer and rnumel.is_Integer)
+        # Dynamic sizes: 64-bit offsets (any size may be large), loops over rnumel when it varies.
+        big = dynamic or (
             any(int(self.buffers[n].layout.storage_size()) >= 2**31 for n in self.args)
             or xnumel * rnumel >= 2**31
         )
-        self.persistent = bool(rsizes) and bool(rnumel <= config.persistent_reduction_max)
+        self.persistent = bool(rsizes) and rnumel.is_Integer and bool(
+            rnumel <= config.persistent_reduction_max
+        )
         self.locals, self.deferred, self.mask_stack = {}, {}, []
         reduction = bool(k.rsizes)
         pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
@@ -241,7 +245,9 @@ class TritonRenderer(Renderer):
             body = ["rbase = tl.arange(0, RBLOCK)[None, :]"]
             for i, (loop_members, post) in enumerate(k.phases):
                 body += self._phase(i, loop_members, post, xassign, rassign, rvars, rsizes)
-        params = [*self.args.values(), "xnumel"] + (["rnumel"] if reduction else [])
+        # Dynamic sizes (in the body or the numels) are arguments after xnumel and rnumel.
+        syms = size_symbols_in([*head, *body, _py(xnumel), _py(rnumel)])
+        params = [*self.args.values(), "xnumel"] + (["rnumel"] if reduction else []) + syms
         consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if reduction else [])
         src = "\n".join([
             "import triton", "import triton.language as tl",
@@ -249,11 +255,17 @@ class TritonRenderer(Renderer):
             f"def {self.name}({', '.join(params + consts)}):", *_indent(head + body), "",
         ])  # fmt: skip
         types = tuple(buffer_ptr_type(self.dtype_of(n)) for n in self.args) + ("i64",) * (
-            1 + reduction
+            1 + reduction + len(syms)
         )
-        return KernelSource(self.name, "triton", src, tuple(self.args), types,
-                            meta=(("xnumel", int(xnumel)), ("rnumel", int(rnumel)),
-                                  ("persistent", int(self.persistent)), ("reduction", int(reduction))))  # fmt: skip
+        meta = (("xnumel", self._hint(xnumel)), ("rnumel", self._hint(rnumel)),
+                ("persistent", int(self.persistent)), ("reduction", int(reduction)))  # fmt: skip
+        if dynamic:  # the wrapper computes the numels from the sizes at each call
+            meta += (("numel", (_py(xnumel), _py(rnumel))),)
+        return KernelSource(self.name, "triton", src, (*self.args, *syms), types, meta=meta)
+
+    def _hint(self, expr) -> int:
+        """`expr` at the example's sizes (block sizes are chosen for it; any size runs)."""
+        return int(expr.xreplace(self.hints)) if expr.free_symbols else int(expr)
 
     def _body(self, members, xassign, rassign, mask, x_level=False, keep_cse=False):
         self.lines, self.base_mask, self.at_x_level = [], mask, x_level
@@ -273,7 +285,7 @@ class TritonRenderer(Renderer):
         if self.persistent:
             lines = (["rindex = rbase", *rhead] if i == 0 else []) + loop
         else:
-            lines = pre + [f"for roffset in range(0, {sympy.Mul(*rsizes)}, RBLOCK):",
+            lines = pre + [f"for roffset in range(0, {_py(sympy.Mul(*rsizes))}, RBLOCK):",
                            *_indent(["rindex = roffset + rbase", *rhead, *loop]), *fin]  # fmt: skip
         for name, (index, value) in self.deferred.items():
             self.locals[("load", name, sympy.expand(index))] = value
@@ -295,6 +307,10 @@ def _indent(lines):
     return ["    " + line for line in lines]
 
 
+def _py(expr) -> str:
+    return print_index(sympy.sympify(expr), floordiv="//", mod="%")
+
+
 def launch_configs(src: KernelSource) -> list[dict]:
     """Candidate block sizes and warps for autotuning (the first is the untuned default)."""
     meta = dict(src.meta)
@@ -312,8 +328,10 @@ def launch_configs(src: KernelSource) -> list[dict]:
 
 
 def grid_of(src: KernelSource, cfg: dict) -> tuple:
-    """The launch grid as sympy expressions."""
-    return (CeilDiv(sympy.Integer(dict(src.meta)["xnumel"]), sympy.Integer(cfg["XBLOCK"])),)
+    """The launch grid as sympy expressions (over the size symbols when sizes are dynamic)."""
+    meta = dict(src.meta)
+    xnumel = sympy.sympify(meta["numel"][0]) if "numel" in meta else sympy.Integer(meta["xnumel"])
+    return (CeilDiv(xnumel, sympy.Integer(cfg["XBLOCK"])),)
 
 
 __all__ = ["CantRender", "TritonRenderer", "grid_of", "launch_configs"]

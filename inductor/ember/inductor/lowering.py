@@ -156,6 +156,8 @@ def broadcast_to(x, sizes):
 def load_as(x, idx, dtype):
     """Element `idx` of tensor or scalar `x`, converted to `dtype`'s compute type."""
     if not is_tensor(x):
+        if isinstance(x, sympy.Basic) and x.free_symbols:  # a size used as a number
+            return ops.index_expr(x, dtype)
         return ops.constant(x, dtype)
     v = x.load(idx)
     if compute_dtype(x.dtype) != compute_dtype(dtype):
@@ -179,6 +181,14 @@ class Lowerer(fx.Interpreter):
         self._ids = itertools.count()
         self.current: fx.Node | None = None
         self._reductions: dict = {}
+        # Dynamic sizes: symbol -> (input index, dim) of the first input dimension of that size.
+        self.size_symbols: dict = {}
+        for i, p in enumerate(gm.graph.find_nodes(op="placeholder")):
+            meta = p.meta.get(NODE_META_KEY)
+            if isinstance(meta, TensorMeta):
+                for d, size in enumerate(meta.sizes):
+                    if size.is_Symbol:
+                        self.size_symbols.setdefault(size, (i, d))
 
     def new_name(self) -> str:
         return f"buf{next(self._ids)}"
@@ -189,10 +199,11 @@ class Lowerer(fx.Interpreter):
     def run_node(self, n: fx.Node):
         self.current = n
         for m in pytree.tree_leaves(n.meta.get(NODE_META_KEY)):
-            if isinstance(m, TensorMeta) and (m.dtype.is_complex or not m.is_static()):
+            if isinstance(m, TensorMeta) and (m.dtype.is_complex or not self._bound(m)):
                 raise NotImplementedError(
                     f"ember.inductor: {n.format_node()} produces a {m.dtype} tensor of sizes "
-                    f"{m.sizes}; complex dtypes and data-dependent sizes are not supported"
+                    f"{m.sizes}; complex dtypes and sizes that no input's size gives (data-dependent "
+                    "sizes) are not supported"
                 )
         value = super().run_node(n)
         if isinstance(value, Lazy):
@@ -203,12 +214,17 @@ class Lowerer(fx.Interpreter):
                 value = self.realize(value, self._meta_strides(value))
         return value
 
+    def _bound(self, meta: TensorMeta) -> bool:
+        if meta.is_static():
+            return True
+        free = set()
+        for e in (*meta.sizes, *meta.strides, meta.storage_offset):
+            free |= e.free_symbols
+        return free <= set(self.size_symbols)
+
     def placeholder(self, target, args, kwargs):
         i = len(self.inputs)
         meta = self.meta() or TensorMeta.from_tensor(self.example_inputs[i])
-        if isinstance(meta, TensorMeta) and not meta.is_static():
-            raise NotImplementedError(f"ember.inductor compiles static shapes only; input {target} is "
-                                      f"{meta.describe()} (compile with static sizes instead)")  # fmt: skip
         if not isinstance(meta, TensorMeta):  # a symbolic or Python scalar input
             self.inputs.append(None)
             return self.example_inputs[i]

@@ -45,8 +45,14 @@ def _expand(L, a, shape):
 
 
 def view_strides(old_sizes, old_strides, new_sizes):
-    """Strides that view `old` as `new_sizes` without a copy, or None (static sizes only)."""
+    """Strides that view `old` as `new_sizes` without a copy, or None (symbolic sizes: only a
+    contiguous `old`)."""
     if not all(S(x).is_Integer for x in (*old_sizes, *old_strides, *new_sizes)):
+        # Symbolic sizes: a contiguous tensor views as any shape of the same numel, contiguously.
+        want = contiguous_strides(old_sizes)
+        if all(S(sz) == 1 or sympy.expand(S(st) - w) == 0
+               for sz, st, w in zip(old_sizes, old_strides, want)):  # fmt: skip
+            return list(contiguous_strides(new_sizes))
         return None
     old_sizes, old_strides = [int(x) for x in old_sizes], [int(x) for x in old_strides]
     new_sizes = [int(x) for x in new_sizes]

@@ -75,14 +75,17 @@ def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
     program, constants = cache.load(key), {}
     if program is None:
         lowered = lower_graph(gm, example_inputs)  # 1. prims -> loop-IR buffers
-        verify([b for b in lowered.inputs if b is not None] + lowered.buffers)  # 2. loop-IR checks
+        verify([b for b in lowered.inputs if b is not None] + lowered.buffers,
+               lowered.size_symbols)  # 2. loop-IR checks  # fmt: skip
         out_names = [o.name for o in lowered.outputs if hasattr(o, "name")]
         steps = schedule(lowered.buffers, out_names)  # 3. dead code, fusion, phases, locals
         buffers = {b.name: b for b in [*lowered.inputs, *lowered.buffers] if b is not None}
-        kernels = render_kernels(steps, buffers, _device(lowered))  # 4. kernel source
+        hints = {s: example_inputs[i].shape[d] for s, (i, d) in lowered.size_symbols.items()}
+        kernels = render_kernels(steps, buffers, _device(lowered), hints)  # 4. kernel source
         program = generate(lowered, steps, kernels)  # 5. wrapper + artifact, memory plan
         constants = lowered.constants
-        if not constants:  # tensors held by the graph are not part of the cache entry
+        # Tensors held by the graph are not part of the cache entry; nor (yet) are dynamic sizes.
+        if not constants and not lowered.size_symbols:
             cache.store(key, program)
     return CompiledGraph(program, constants)  # 6. build kernels, load the wrapper
 
@@ -94,15 +97,18 @@ def _device(lowered) -> str:
     return "cpu"
 
 
-def render_kernels(steps, buffers: dict, device: str) -> dict:
-    """One KernelSource per scheduled Kernel, by the renderer the device calls for."""
+def render_kernels(steps, buffers: dict, device: str, hints=None) -> dict:
+    """One KernelSource per scheduled Kernel, by the renderer the device calls for; `hints` give
+    dynamic sizes' example values (Triton block sizes are chosen for them)."""
     use_triton = device.startswith("cuda") or config.cpu_backend == "triton"
     out = {}
     for s in steps:
         if not isinstance(s, Kernel):
             continue
         if use_triton:
-            src = TritonRenderer(s, buffers, s.name).render()
+            renderer = TritonRenderer(s, buffers, s.name)
+            renderer.hints = hints or {}
+            src = renderer.render()
             configs = launch_configs(src)
             src = dataclasses.replace(src, grid=grid_of(src, configs[0]), num_warps=configs[0]["num_warps"],
                                       meta=src.meta + (("configs", tuple(configs)),))  # fmt: skip

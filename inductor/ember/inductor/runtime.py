@@ -65,6 +65,16 @@ class CppLauncher:
         self.fn(argv)
 
 
+class CppSizesLauncher(CppLauncher):
+    """A CppLauncher whose trailing arguments are dynamic sizes (ints), passed in pointer slots."""
+
+    def __call__(self, *args):
+        argv = self.argv
+        for i, a in enumerate(args):
+            argv[i] = a if type(a) is int else a.data_ptr()
+        self.fn(argv)
+
+
 def _build_options() -> dict:
     isa = cpu_isa()
     return dict(openmp=config.openmp, isa=isa, cflags=tuple(config.cpp_flags),
@@ -95,14 +105,14 @@ def _pch_dir(options_key: str) -> str:
         return str(CSRC)
 
 
-def cpp_kernel(name: str, source: str, nargs: int) -> CppLauncher:
+def cpp_kernel(name: str, source: str, nargs: int, sizes: int = 0) -> CppLauncher:
     """Compile (cached by content) and load one C++ kernel."""
     opts = _build_options()
     include = _pch_dir(repr(sorted(opts.items()))) if config.cpp_pch else str(CSRC)
     so = toolchain.compile_shared(name, code=source, include_dirs=(include,), **opts)
     fn = getattr(ctypes.CDLL(str(so)), name)
     fn.argtypes, fn.restype = [ctypes.c_void_p], None
-    return CppLauncher(fn, nargs)
+    return (CppSizesLauncher if sizes else CppLauncher)(fn, nargs)
 
 
 # --- Triton ------------------------------------------------------------------------------------
@@ -195,7 +205,28 @@ def autotune(launcher: TritonLauncher, args) -> dict:
     return best
 
 
-def triton_kernel(name, source, configs, xnumel, rnumel) -> TritonLauncher:
+class TritonSizesLauncher(TritonLauncher):
+    """A Triton launcher for dynamic sizes: its trailing arguments are the size symbols, from
+    which `numel` computes (xnumel, rnumel), and so the grid, at each call. Block sizes are the
+    first config's (chosen for the example sizes; every config is correct for any size)."""
+
+    def __init__(self, name, source, configs, xnumel, rnumel, numel):
+        super().__init__(name, source, configs, xnumel, rnumel)
+        self.numel, self.nsyms, self.cfg = numel, numel.__code__.co_argcount, configs[0]
+
+    def __call__(self, *args):
+        buffers, syms = args[: -self.nsyms], args[-self.nsyms :]
+        xnumel, rnumel = self.numel(*syms)
+        sizes = (xnumel,) if rnumel is None else (xnumel, rnumel)
+        cfg = self.cfg
+        grid = (-(-xnumel // cfg["XBLOCK"]),)
+        consts = {k: v for k, v in cfg.items() if k != "num_warps"}
+        self.fn[grid](*buffers, *sizes, *syms, **consts, num_warps=cfg["num_warps"])
+
+
+def triton_kernel(name, source, configs, xnumel, rnumel, numel=None) -> TritonLauncher:
+    if numel is not None:
+        return TritonSizesLauncher(name, source, configs, xnumel, rnumel, numel)
     return TritonLauncher(name, source, configs, xnumel, rnumel)
 
 

@@ -14,9 +14,10 @@ import sympy
 import torch
 from torch.utils import _pytree as pytree
 
-from ember.ir import BufferIR, KernelIR, StepIR, TensorMeta, new_artifact
+from ember.ir import BufferIR, KernelIR, StepIR, SymbolSpec, TensorMeta, new_artifact
 from ember.ir.codec import value_to_json
 
+from .codegen_common import print_index
 from .config import config
 from .loop_ir import AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput
 from .scheduler import Kernel, _step_reads
@@ -34,7 +35,22 @@ class Program:
 
 
 def _ints(xs) -> tuple:
-    return tuple(int(x) for x in xs)
+    """Static sizes as ints; a symbolic one stays a sympy expression (see `_text`)."""
+    return tuple(int(x) if _is_int(x) else sympy.sympify(x) for x in xs)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) or sympy.sympify(x).is_Integer
+
+
+def _text(value) -> str:
+    """Python source for sizes: ints as before, symbolic sizes as expressions over s0, s1, ..."""
+    if isinstance(value, tuple):
+        inner = ", ".join(_text(v) for v in value)
+        return f"({inner}{',' if len(value) == 1 else ''})"
+    if isinstance(value, sympy.Basic) and not value.is_Integer:
+        return print_index(value, floordiv="//")
+    return str(int(value))
 
 
 def _meta(lay) -> TensorMeta:
@@ -70,7 +86,8 @@ class WrapperBuilder:
 
     def _key(self, b: Buffer):
         lay = b.layout
-        return (lay.dtype, lay.device, int(lay.storage_size()))
+        size = lay.storage_size()
+        return (lay.dtype, lay.device, int(size) if _is_int(size) else sympy.expand(size))
 
     def _alloc(self, b: Buffer, inplace_of=None):
         lay = b.layout
@@ -79,20 +96,20 @@ class WrapperBuilder:
         if donor is None and config.reuse_buffers and self.pool.get(self._key(b)):
             donor = self.pool[self._key(b)].pop()
         if donor is not None:
-            self.lines.append(f"{b.name} = reinterpret({donor}, {sizes}, {strides}, {int(lay.offset)})"
-                              f"  # reuses {donor}")  # fmt: skip
+            self.lines.append(f"{b.name} = reinterpret({donor}, {_text(sizes)}, {_text(strides)}, "
+                              f"{_text(lay.offset)})  # reuses {donor}")  # fmt: skip
             self.art_steps.append(
                 StepIR(
                     "view",
                     "",
-                    [donor, [list(sizes), list(strides), int(lay.offset)]],
+                    [donor, [list(sizes), list(strides), _ints([lay.offset])[0]]],
                     {},
                     (b.name,),
                 )
             )
         else:
             self.lines.append(
-                f"{b.name} = empty_strided({sizes}, {strides}, {lay.dtype}, '{lay.device}')"
+                f"{b.name} = empty_strided({_text(sizes)}, {_text(strides)}, {lay.dtype}, '{lay.device}')"
             )
             self.art_steps.append(StepIR("alloc", "", [], {}, (b.name,)))
         self.art_buffers[b.name] = BufferIR(
@@ -144,11 +161,13 @@ class WrapperBuilder:
         # The caller hands over its list: clearing it lets each input die at its last use below
         # (a backward's saved activations, say), as in eager.
         self.lines += [f"{head} = args" if names else "", "args.clear()"]
+        for s, (i, d) in sorted(self.lowered.size_symbols.items(), key=lambda kv: kv[0].name):
+            self.lines.append(f"{s.name} = {names[i]}.shape[{d}]")
         for b in inputs:  # kernels index inputs with the traced strides: copy any that differ
             if b is not None and b.layout.sizes and any(s != 1 for s in b.layout.sizes):
                 lay = b.layout
                 self.lines.append(
-                    f"{b.name} = restride({b.name}, {_ints(lay.sizes)}, {_ints(lay.strides)})"
+                    f"{b.name} = restride({b.name}, {_text(_ints(lay.sizes))}, {_text(_ints(lay.strides))})"
                 )
         self.alloc_steps = self._alloc_steps()
         for i, s in enumerate(self.steps):
@@ -219,15 +238,15 @@ class WrapperBuilder:
             self.art_steps.append(StepIR("kernel", s.name, list(src.args), {}, ()))
         elif isinstance(s, AliasBuffer):
             lay = s.layout
-            self.lines.append(f"{s.name} = reinterpret({s.source.name}, {_ints(lay.sizes)}, "
-                              f"{_ints(lay.strides)}, {int(lay.offset)})")  # fmt: skip
+            self.lines.append(f"{s.name} = reinterpret({s.source.name}, {_text(_ints(lay.sizes))}, "
+                              f"{_text(_ints(lay.strides))}, {_text(lay.offset)})")  # fmt: skip
             self.art_steps.append(
                 StepIR(
                     "view",
                     "",
                     [
                         s.source.name,
-                        [list(_ints(lay.sizes)), list(_ints(lay.strides)), int(lay.offset)],
+                        [list(_ints(lay.sizes)), list(_ints(lay.strides)), _ints([lay.offset])[0]],
                     ],
                     {},
                     (s.name,),
@@ -239,7 +258,8 @@ class WrapperBuilder:
         elif isinstance(s, MultiOutput):
             lay = s.layout
             self.lines.append(
-                f"{s.name} = restride({s.source.name}[{s.index}], {_ints(lay.sizes)}, {_ints(lay.strides)})"
+                f"{s.name} = restride({s.source.name}[{s.index}], {_text(_ints(lay.sizes))}, "
+                f"{_text(_ints(lay.strides))})"
             )
             self.art_buffers[s.name] = BufferIR(
                 s.name, "output" if s.name in self.outputs else "intermediate", _meta(lay)
@@ -255,7 +275,7 @@ class WrapperBuilder:
         lay = s.layout
         call = f"{fn}({args}{kwargs})"
         if not s.outputs:
-            call = f"restride({call}, {_ints(lay.sizes)}, {_ints(lay.strides)})"
+            call = f"restride({call}, {_text(_ints(lay.sizes))}, {_text(_ints(lay.strides))})"
         self.lines.append(f"{s.name} = {call}")
         self.art_steps.append(StepIR("extern", s.op, [_json_arg(a) for a in s.args],
                                      {k: _json_arg(v) for k, v in s.kwargs.items()},
@@ -278,8 +298,9 @@ class WrapperBuilder:
         kernels = [KernelIR(k.name, k.language, _standalone(k), k.name, k.arg_types,
                             grid=k.grid, num_warps=k.num_warps) for k in ks]  # fmt: skip
         device = next((b.meta.device for b in self.art_buffers.values()), "cpu")
+        symbols = tuple(SymbolSpec(s.name) for s in sorted(self.lowered.size_symbols, key=str))
         art = new_artifact(
-            device=device, symbols=(), guards=(),
+            device=device, symbols=symbols, guards=(),
             buffers=tuple(self.art_buffers.values()), kernels=tuple(kernels),
             steps=tuple(self.art_steps),
             inputs=tuple(b.name for b in self.lowered.inputs if b is not None),
@@ -307,14 +328,20 @@ def _standalone(k) -> str:
 
 def _kernel_loader(k) -> list[str]:
     if k.language == "cpp":
+        nsyms = k.arg_types.count("i64")  # trailing size arguments (dynamic shapes)
         return [
             f"{k.name} = cpp_kernel({k.name!r}, r'''",
             k.source.rstrip("\n"),
-            f"''', {len(k.args)})",
+            f"''', {len(k.args)}{f', sizes={nsyms}' if nsyms else ''})",
         ]
     meta = dict(k.meta)
+    numel = ""
+    if "numel" in meta:  # dynamic sizes: (xnumel, rnumel) computed from them at each call
+        syms = [a for a, t in zip(k.args, k.arg_types) if t == "i64"]
+        xn, rn = meta["numel"]
+        numel = f", numel=lambda {', '.join(syms)}: ({xn}, {rn if meta['reduction'] else None})"
     return [f"{k.name} = triton_kernel({k.name!r}, r'''", k.source.rstrip("\n"),
-            f"''', {list(meta['configs'])!r}, {meta['xnumel']}, {meta['rnumel'] if meta['reduction'] else None})"]  # fmt: skip
+            f"''', {list(meta['configs'])!r}, {meta['xnumel']}, {meta['rnumel'] if meta['reduction'] else None}{numel})"]  # fmt: skip
 
 
 def _produces_names(s) -> set:
@@ -338,7 +365,7 @@ def _py_arg(a) -> str:
     if isinstance(a, (torch.dtype, torch.memory_format, torch.layout)):
         return str(a)
     if isinstance(a, sympy.Basic):
-        return str(int(a))
+        return _text(a)
     return repr(a)
 
 

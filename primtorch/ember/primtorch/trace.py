@@ -31,15 +31,24 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ember.ir import NODE_META_KEY, TensorMeta
+from ember.ir.symbols import as_expr
 
 from .errors import DataDependentError, NotDecomposableError, TraceError
 from .prims import core
 from .prims.extern import ATEN_TO_EXTERN
+from .symbolic import SymbolicTensor, symbolic_tensor, to_expr
 from .trace_checks import check_decomposition, check_prim_output
 from .trace_mutation import functional_variant, mutated_arguments
 
 aten = torch.ops.aten
 
+
+# Size queries that reach the mode, answered from a SymbolicTensor's symbolic metadata.
+_SIZE_QUERIES = {
+    aten.size.default: lambda t: tuple(t.shape), aten.size.int: lambda t, d: t.shape[d],
+    aten.sym_size.int: lambda t, d: t.shape[d], aten.stride.default: lambda t: tuple(t.stride()),
+    aten.stride.int: lambda t, d: t.stride()[d], aten.sym_numel.default: lambda t: t.numel(),
+}  # fmt: skip
 
 # Ops whose non-tensor result comes from metadata only, so recording nothing is exact.
 _METADATA_OPS = {
@@ -94,6 +103,8 @@ class Tracer(TorchDispatchMode):
         self._storage_ids: dict[int, set[int]] = {}
         self._stale: set[int] = set()
         self._suspended = 0
+        # Set (a symbolic.ShapeEnv) when inputs are SymbolicTensors: sizes are then symbolic.
+        self.shape_env = None
 
     # --- public API -------------------------------------------------------------------------------
 
@@ -218,6 +229,8 @@ class Tracer(TorchDispatchMode):
 
     def dispatch(self, func, args, kwargs):
         """Record one ATen call (mode off); returns its real result."""
+        if self.shape_env is not None and func in _SIZE_QUERIES:
+            return _SIZE_QUERIES[func](*args, **kwargs)  # the symbolic sizes, not the hints
         self._check_data_dependence(func)
         if func._schema.is_mutable:
             return self._functionalize(func, args, kwargs)
@@ -271,7 +284,7 @@ class Tracer(TorchDispatchMode):
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor) and not self.is_traced(t):
                 raise TraceError(f"the decomposition of {func} returned a tensor it did not trace")
-        if self.check and not func._schema.is_mutable:
+        if self.check and not func._schema.is_mutable and self.shape_env is None:
             with self._suspend():
                 msg = check_decomposition(func, args, kwargs, out, self.strict_strides)
             if msg:
@@ -279,6 +292,8 @@ class Tracer(TorchDispatchMode):
         return out
 
     def _record_aten(self, func, args, kwargs):
+        if self.shape_env is not None:
+            raise NotImplementedError(f"{func} is kept as an ATen op, which symbolic sizes do not support")
         node_args, node_kwargs = self._to_nodes((args, kwargs))
         with self._suspend():
             out = func(*args, **kwargs)
@@ -291,6 +306,8 @@ class Tracer(TorchDispatchMode):
     def record_prim(self, prim, args, kwargs):
         """Run `prim` on real values and record it (called by Prim.__call__ while tracing)."""
         args, kwargs = prim.canonical_args(args, kwargs)
+        if self.shape_env is not None:
+            return self._record_symbolic(prim, args, kwargs)
         args, kwargs = _tmap(_plain, (args, kwargs))
         node_args, node_kwargs = self._to_nodes((args, kwargs))
         meta_args, meta_kwargs = _tmap(
@@ -307,6 +324,40 @@ class Tracer(TorchDispatchMode):
         if self.check:
             check_prim_output(prim, meta, out)
         node = self.graph.call_function(prim, tuple(node_args), dict(node_kwargs))
+        return self._bind(node, out, meta)
+
+    def _record_symbolic(self, prim, args, kwargs):
+        """record_prim with symbolic sizes: the node gets sympy size arguments and the meta rule's
+        symbolic TensorMeta; the reference runs on the values at the hints."""
+        env = self.shape_env
+        args, kwargs = _tmap(_symbolic_plain, (args, kwargs))
+        node_args, node_kwargs = self._to_nodes((args, kwargs))
+        meta_args, meta_kwargs = _tmap(
+            lambda n: n.meta[NODE_META_KEY] if isinstance(n, fx.Node) else n,
+            (node_args, node_kwargs),
+        )
+        real_args, real_kwargs = _tmap(lambda x: _hint_value(env, x), (args, kwargs))
+        with self._suspend():
+            out = prim.ref(*real_args, **real_kwargs)
+            if isinstance(out, torch.Tensor) and any(
+                out is a for a in _leaves((real_args, real_kwargs))
+            ):
+                out = out.view(out.shape)
+        meta = prim._meta(*meta_args, **meta_kwargs)
+        if "view" not in prim.tags:
+            _check_fresh(prim, real_args, real_kwargs, out)
+        if self.check:
+            hint_meta = _tmap(lambda m: env.hint_meta(m) if isinstance(m, TensorMeta) else m, meta)
+            check_prim_output(prim, hint_meta, out)
+        node = self.graph.call_function(prim, tuple(node_args), dict(node_kwargs))
+        if isinstance(out, torch.Tensor):
+            out = symbolic_tensor(out, meta, env)
+        elif isinstance(out, (tuple, list)):
+            metas = meta if isinstance(meta, (tuple, list)) else (None,) * len(out)
+            out = type(out)(
+                symbolic_tensor(t, m, env) if isinstance(m, TensorMeta) else t
+                for t, m in zip(out, metas)
+            )
         return self._bind(node, out, meta)
 
     # --- values and nodes -------------------------------------------------------------------------
@@ -479,6 +530,8 @@ _STORAGE_CHANGING = {"set_", "resize_", "resize_as_", "_resize_output_"}
 
 
 def _storage_key(t: torch.Tensor) -> int:
+    if type(t) is SymbolicTensor:
+        t = t.value
     return t.untyped_storage()._cdata
 
 
@@ -531,8 +584,26 @@ def _plain(x):
     return x
 
 
+def _symbolic_plain(x):
+    # A SymInt of ours is recorded as its sympy expression (an int when constant).
+    if isinstance(x, torch.SymInt):
+        return to_expr(x)
+    return _plain(x)
+
+
+def _hint_value(env, x):
+    if type(x) is SymbolicTensor:
+        return x.value
+    if isinstance(x, sympy.Basic):
+        return env.hint(x)
+    return x
+
+
 def _significant_strides(sizes, strides):
-    return tuple(int(st) for s, st in zip(sizes, strides) if int(s) > 1)
+    # Dims of size 0 or 1 have no meaningful stride; symbolic sizes are at least 2.
+    return tuple(
+        as_expr(st) for s, st in zip(sizes, strides) if not (as_expr(s).is_number and int(s) <= 1)
+    )
 
 
 def _check_fresh(prim, args, kwargs, out) -> None:

@@ -58,11 +58,13 @@ def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def dtype_of_number(x) -> torch.dtype:
     """The dtype torch gives a Python number when it stands alone (a "wrapped number")."""
-    if isinstance(x, bool):
+    if isinstance(x, (bool, torch.SymBool)):
         return torch.bool
-    if isinstance(x, numbers.Integral) or (isinstance(x, sympy.Expr) and x.is_integer):
+    if isinstance(x, (numbers.Integral, torch.SymInt)) or (
+        isinstance(x, sympy.Expr) and x.is_integer
+    ):
         return torch.int64
-    if isinstance(x, numbers.Real) or isinstance(x, sympy.Expr):
+    if isinstance(x, (numbers.Real, sympy.Expr, torch.SymFloat)):
         return torch.get_default_dtype()
     if isinstance(x, numbers.Complex):
         return complex_dtype(torch.get_default_dtype())
@@ -70,7 +72,9 @@ def dtype_of_number(x) -> torch.dtype:
 
 
 def is_number(x) -> bool:
-    return isinstance(x, (numbers.Number, sympy.Expr)) and not isinstance(x, torch.Tensor)
+    return isinstance(
+        x, (numbers.Number, sympy.Expr, torch.SymInt, torch.SymFloat, torch.SymBool)
+    ) and not isinstance(x, torch.Tensor)
 
 
 def is_tensor_like(x) -> bool:

@@ -1,0 +1,235 @@
+"""Dynamic shapes: a graph module with `ember_symbols` (DYNAMIC.md) compiles once and runs every size.
+
+The graph modules are built the way dynamo hands them over: torch-level fx graphs whose sizes are
+`x.size(d)` nodes, with symbolic TensorMeta on the placeholders and the symbols in gm.meta.
+"""
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ember.aot_autograd import aot_eager
+from ember.aot_autograd.dynamic import ShapeMismatch
+from ember.inductor import compile_fx, config, metrics
+from ember.ir import NODE_META_KEY, SymbolSpec, TensorMeta, contiguous_strides
+from ember.ir.symbols import sym
+
+SIZES = (2, 3, 5, 8, 13, 31)
+
+
+def dynamic_gm(module, example_inputs, dims, upper=None):
+    """fx.symbolic_trace(module) with input `i`'s dims `dims[i]` ({dim: symbol name}) symbolic."""
+    gm = fx.symbolic_trace(module)
+    names = {}
+    for p, t, d in zip(gm.graph.find_nodes(op="placeholder"), example_inputs, dims):
+        sizes = [sym(d[k]) if k in d else s for k, s in enumerate(t.shape)]
+        p.meta[NODE_META_KEY] = TensorMeta(t.dtype, sizes, contiguous_strides(sizes), device="cpu")
+        names.update(dict.fromkeys(d.values()))
+    gm.meta["ember_symbols"] = tuple(SymbolSpec(n, upper=upper) for n in names)
+    return gm
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.l1(x).relu()
+        return self.l2(h) + x.mean(0).sum(), h.view(x.size(0), 4, -1).sum(1)
+
+
+class Softmax(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, -1) * x.size(1), torch.log_softmax(x * 2, 1)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(24)
+
+    def forward(self, x):
+        return self.ln(x).relu()
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=32, heads=4, causal=False):
+        super().__init__()
+        self.heads, self.causal, self.scale = heads, causal, (dim // heads) ** -0.5
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, c = x.size(0), x.size(1), x.size(2)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * self.scale
+        if self.causal:
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class GPT2Block(nn.Module):
+    """GPT-2-like: token and position embeddings, a causal pre-norm block, tied LM head."""
+
+    def __init__(self, vocab=50, dim=32, heads=4, max_len=64):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Embedding(max_len, dim)
+        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, causal=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        x = x + self.attn(self.ln1(x))
+        x = x + self.mlp(self.ln2(x))
+        return self.ln_f(x) @ self.wte.weight.t()
+
+
+def _check(backend, model, make_inputs, dims, sizes=SIZES, upper=None):
+    """Compile once at the first size, then every size matches eager with no new kernels."""
+    torch.manual_seed(0)
+    example = make_inputs(sizes[0])
+    gm = dynamic_gm(model, example, dims, upper)
+    with torch.no_grad():
+        compiled = backend(gm, example)
+        kernels = metrics.generated_kernel_count
+        for n in sizes:
+            inputs = make_inputs(n)
+            got, want = compiled(*inputs), model(*inputs)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert metrics.generated_kernel_count == kernels  # one kernel per group, for all sizes
+    return compiled
+
+
+# Not done yet (strict xfail, so fixing them is noticed): a 3-d Linear is traced with a reshape to
+# the hint's flat size, and torch.ones(t, t) with a symbolic t fails in its decomposition.
+NOT_YET = pytest.mark.xfail(strict=True, reason="symbolic trace of 3-d Linear / ones(t, t)")
+
+CASES = {
+    "mlp": (MLP, lambda n: (torch.randn(n, 16),), [{0: "s0"}]),
+    "softmax": (Softmax, lambda n: (torch.randn(3, n + 1),), [{1: "s0"}]),
+    "layer_norm": (LayerNorm, lambda n: (torch.randn(n, 2 * n, 24),), [{0: "s0", 1: "s1"}]),
+    "attention": (Attention, lambda n: (torch.randn(n % 3 + 2, n + 1, 32),), [{0: "s0", 1: "s1"}]),
+    "gpt2": (GPT2Block, lambda n: (torch.randint(0, 50, (2, n + 1)),), [{1: "s0"}]),
+}
+
+
+def _cases(names=None):
+    return [pytest.param(n, marks=NOT_YET) if n in ("attention", "gpt2") else n
+            for n in names or sorted(CASES)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_inductor_cpp_matches_eager_for_every_size(name):
+    model, make, dims = CASES[name]
+    compiled = _check(compile_fx, model().eval(), make, dims)
+    assert compiled.ember_guards == ()
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_aot_eager_matches_eager_for_every_size(name):
+    model, make, dims = CASES[name]
+    _check(aot_eager, model().eval(), make, dims)
+
+
+@pytest.mark.parametrize("name", ["layer_norm"])
+def test_inductor_triton_interpreted(name, monkeypatch):
+    """Triton kernels take the sizes as arguments; numels and grid are computed per call. (Under
+    the interpreter, a reduction loop over a dynamic length cannot run: numpy 2 refuses the
+    interpreter's scalar-to-int conversion in range(), so this case reduces over a static
+    length; on a GPU the same kernels loop over rnumel.)"""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(config, "cpu_backend", "triton")
+    model, make, dims = CASES[name]
+    if name == "attention":
+        make, dims = (lambda n: (torch.randn(n + 1, 4, 32),)), [{0: "s0"}]
+    _check(compile_fx, model().eval(), make, dims, sizes=SIZES[:6])
+
+
+@NOT_YET
+def test_training_gradients_match_eager_for_every_size():
+    torch.manual_seed(0)
+    model = Attention()
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    gm = dynamic_gm(model, [x], [{0: "s0", 1: "s1"}])
+    for backend in (aot_eager, compile_fx):
+        compiled = backend(gm, [x])
+        for n in SIZES:
+            xs = torch.randn(2, n + 1, 32, requires_grad=True)
+            compiled(xs).square().sum().backward()
+            got = (xs.grad, model.qkv.weight.grad.clone())
+            xs.grad = None
+            model.zero_grad()
+            model(xs).square().sum().backward()
+            torch.testing.assert_close(got[0], xs.grad, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(got[1], model.qkv.weight.grad, rtol=1e-4, atol=1e-4)
+            model.zero_grad()
+
+
+def test_size_outside_range_or_wrong_static_size_is_refused():
+    model = Softmax()
+    compiled = _check(compile_fx, model, lambda n: (torch.randn(3, n + 1),), [{1: "s0"}],
+                      sizes=(4, 9), upper=16)  # fmt: skip
+    with pytest.raises(ShapeMismatch, match="outside"):
+        compiled(torch.randn(3, 40))
+    with pytest.raises(ShapeMismatch, match="expects"):
+        compiled(torch.randn(4, 9))
+
+
+def test_a_branch_on_a_size_becomes_a_guard():
+    class Branch(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.size(0) > 4 else x - 1
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 3)
+    # fx cannot trace a Python branch on a size: the graph calls the module opaquely, and the
+    # branch runs (and is guarded) while aot_autograd traces.
+    gm = dynamic_gm(_Traced(Branch()), [x], [{0: "s0"}])
+    compiled = aot_eager(gm, [x])
+    assert [str(g) for g in compiled.ember_guards] == ["s0 > 4"]
+    torch.testing.assert_close(compiled(torch.randn(6, 3) * 0 + 1), torch.full((6, 3), 2.0))
+    with pytest.raises(ShapeMismatch, match="guards"):
+        compiled(torch.randn(3, 3))
+
+
+class _Traced(nn.Module):
+    """Wraps a module so fx records one opaque call (the branch runs while aot_autograd traces)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return _call_inner(self.inner, x)
+
+
+@fx.wrap
+def _call_inner(inner, x):
+    return inner(x)
+
+
+@pytest.mark.parametrize("backend", [aot_eager, compile_fx], ids=["aot_eager", "inductor"])
+def test_training_mlp_gradients_match_eager_for_every_size(backend):
+    torch.manual_seed(0)
+    model = MLP()
+    x = torch.randn(4, 16, requires_grad=True)
+    compiled = backend(dynamic_gm(model, [x], [{0: "s0"}]), [x])
+    for n in SIZES:
+        xs = torch.randn(n, 16, requires_grad=True)
+        out = compiled(xs)
+        (out[0].square().sum() + out[1].sum()).backward()
+        got = (xs.grad, model.l1.weight.grad.clone())
+        xs.grad = None
+        model.zero_grad()
+        want = model(xs)
+        (want[0].square().sum() + want[1].sum()).backward()
+        torch.testing.assert_close(got[0], xs.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got[1], model.l1.weight.grad, rtol=1e-4, atol=1e-4)
+        model.zero_grad()
