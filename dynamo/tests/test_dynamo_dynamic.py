@@ -295,7 +295,7 @@ def test_export_specialisation_names_the_size_and_line():
     with pytest.raises(SpecializationError, match=r"L\['x'\].size\(\)\[1\].*'seq'.*:\d+") as e:
         ember.export(f, (torch.randn(2, 8),), dynamic_shapes={"x": {1: seq}})
     line = f.__code__.co_firstlineno + 1
-    assert f"test_dynamic.py:{line}" in str(e.value)
+    assert f"test_dynamo_dynamic.py:{line}" in str(e.value)
 
 
 def test_export_unshared_dims_that_must_be_equal_fail():
