@@ -115,3 +115,43 @@ def test_package_from_a_saved_exported_program(tmp_path):
     saved = ember.export(model, (x,)).save(tmp_path / "exported")
     path = package(saved, tmp_path / "pkg")
     torch.testing.assert_close(load_package(path)(x)[0], model(x).detach(), **TOL)
+
+
+class ConvNet(torch.nn.Module):
+    """Every convolution kind the CUDA runtime gets as im2col + matmul (or a reduction)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 5, stride=2, padding=2, bias=False)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.dw = torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8)
+        self.pw = torch.nn.Conv2d(8, 16, 1)
+        self.down = torch.nn.Conv2d(16, 12, 1, stride=2)
+        self.grouped = torch.nn.Conv2d(12, 12, 3, padding=1, groups=3)
+        self.c1d = torch.nn.Conv1d(12, 6, 3, padding=1)
+        self.fc = torch.nn.Linear(6, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.stem(x)))
+        x = self.grouped(self.down(torch.relu(self.pw(self.dw(x)))))
+        return self.fc(self.c1d(x.flatten(2)).mean(-1))
+
+
+def test_conv_as_matmul_package_matches_eager(run_package, tmp_path, monkeypatch):
+    """What a CUDA package does with convolutions, forced on for the CPU runtime."""
+    from ember.cpp_wrapper import config
+    from ember.cpp_wrapper.exported import compile_exported
+
+    torch.manual_seed(0)
+    model, x = ConvNet().eval(), torch.randn(2, 3, 20, 20)
+    exported = ember.export(model, (x,))
+    monkeypatch.setattr(config, "conv_as_matmul", True)
+    externs = [s.target for s in compile_exported(exported, "cpu")[0].steps if s.kind == "extern"]
+    assert "extern.convolution" not in externs and externs.count("extern.bmm") == 4, externs
+    path = package(exported, tmp_path / "pkg", device="cpu")
+    y = torch.randn_like(x)
+    want = model(y).detach()
+    torch.testing.assert_close(load_package(path)(y)[0], want, **TOL)
+    r = _run(run_package, path, y.numpy(), tmp_path)
+    assert r.returncode == 0, r.stderr
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "y.npy")), want, **TOL)

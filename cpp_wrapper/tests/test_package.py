@@ -63,6 +63,24 @@ def test_run_package_reads_and_writes_npy(mlp_package, run_package, tmp_path):
     torch.testing.assert_close(out, A.small_mlp_eager(x, consts), atol=1e-4, rtol=1e-4)
 
 
+def test_run_package_bench_times_the_model(mlp_package, run_package, tmp_path):
+    path, consts = mlp_package
+    x = torch.randn(6, 8)
+    np.save(tmp_path / "in.npy", x.numpy())
+    r = run(run_package, "--bench", 50, "--rounds", 3, path, tmp_path / "in.npy",
+            tmp_path / "out.npy")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    fields = dict(f.split("=") for f in r.stdout.split()[1:])
+    assert r.stdout.startswith("bench ") and fields["calls"] == "50" and fields["rounds"] == "3"
+    assert 0 < float(fields["sync_median_ms"]) < 1000 and 0 < float(fields["loop_median_ms"]) < 1000
+    out = torch.from_numpy(np.load(tmp_path / "out.npy"))  # the warm-up run wrote the output
+    torch.testing.assert_close(out, A.small_mlp_eager(x, consts), atol=1e-4, rtol=1e-4)
+    r = run(run_package, "--bench", 5, path, tmp_path / "in.npy")  # outputs may be left out
+    assert r.returncode == 0 and "loop_median_ms=" in r.stdout, r.stderr
+    r = run(run_package, path, tmp_path / "in.npy")  # but not without --bench
+    assert r.returncode == STATUS["EMBER_ERR_INVALID_ARGUMENT"], r.stderr
+
+
 def test_run_package_with_dynamic_shapes_and_two_outputs(run_package, tmp_path):
     w = torch.randn(8)
     path = package(A.elementwise_reduction(), tmp_path / "ew", constants={"w": w})

@@ -58,3 +58,21 @@ def test_64_bit_indexing_when_sizes_need_it():
     kernel.xsizes = tuple(x.shape)
     src = TritonRenderer(kernel, buffers, "k").render().source
     assert "tl.program_id(0).to(tl.int64)" in src
+
+
+@pytest.mark.parametrize("w_shape, stride, padding, groups", [
+    ((4, 3, 3, 3), [2, 1], [1, 1], 1),  # im2col gather + bmm
+    ((3, 1, 3, 3), [1, 1], [1, 0], 3),  # depthwise: one reduction kernel
+    ((4, 3, 1, 1), [2, 2], [0, 0], 1),  # 1x1 stride 2: a strided read + bmm
+])  # fmt: skip
+def test_convolution_as_matmul(w_shape, stride, padding, groups):
+    """The decomposition CUDA packages use for convolution (see primtorch decomp/conv.py)."""
+    from ember.primtorch.decomp.conv import convolution_as_matmul
+
+    def conv(x, w, b):
+        return convolution_as_matmul(x, w, b, stride, padding, [1, 1], False, [0, 0], groups)
+
+    x, w, b = torch.randn(2, 3, 6, 5), torch.randn(w_shape), torch.randn(w_shape[0])
+    check(conv, x, w, b, atol=1e-5, rtol=1e-5)
+    want = torch.convolution(x, w, b, stride, padding, [1, 1], False, [0, 0], groups)
+    torch.testing.assert_close(conv(x, w, b), want, atol=1e-5, rtol=1e-5)

@@ -529,7 +529,7 @@ class WrapperCodegen:
         args = step.args if isinstance(step.args, (list, tuple)) else [step.args]
         args = [decode_value(v) for v in args]
         kwargs = {k: decode_value(v) for k, v in (step.kwargs or {}).items()}
-        spec, bound = bind_extern(step.target, args, kwargs)
+        spec, bound = bind_extern(step.target, args, kwargs, self.device.type)
         if len(step.outputs) != 1:
             raise UnsupportedArtifactError(f"{step.target} with {len(step.outputs)} outputs")
         first = buffer_ref(bound[spec.tensors[0]])

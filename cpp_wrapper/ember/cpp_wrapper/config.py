@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Optional
+
+
+def _env_flag(name: str) -> Optional[bool]:
+    value = os.environ.get(name)
+    return None if value in (None, "") else value not in ("0", "false", "False")
 
 
 def _env_list(name: str) -> list[str]:
@@ -25,6 +31,18 @@ class CppWrapperConfig:
     )
     kernel_defines: list[str] = dataclasses.field(default_factory=list)
     restride_inputs: bool = True
+    conv_as_matmul: Optional[bool] = dataclasses.field(
+        default_factory=lambda: _env_flag("EMBER_CONV_AS_MATMUL")
+    )
+
+    def decomposed_externs(self, device: str) -> tuple[str, ...]:
+        """The extern ops a package for `device` gets as generated code plus other externs."""
+        on = self.conv_as_matmul
+        if on is None:
+            from .extern_ops import EXTERN_OPS  # the runtime's kernels per device
+
+            on = device not in EXTERN_OPS["extern.convolution"].devices
+        return ("extern.convolution",) if on else ()
 
 
 config = CppWrapperConfig()

@@ -6,7 +6,9 @@ backends). The compiler entry is `ember.inductor.compile_prims(prim_gm, example_
 inductor proper (no aot_autograd around it), which returns a `CompiledGraph` whose `.artifact` is
 the `CompiledArtifact` of the graph, inputs named `arg0..argN` in placeholder order. An exported
 program's placeholders are its inputs then its constants, so the trailing artifact inputs are the
-constants, which `package` freezes into weights.
+constants, which `package` freezes into weights. Extern ops the runtime lacks on the target device
+(convolution on CUDA, see config.conv_as_matmul) are first rewritten by the registry entry
+"decompose_externs" (ember.primtorch) into prims and the matmul externs.
 
 An exported program is read by duck typing (`graph_module`, `inputs`, `constants`,
 `example_inputs()`), the attributes `ember.dynamo.ExportedProgram` has.
@@ -25,10 +27,12 @@ from torch.utils import _pytree as pytree
 
 from ember.ir import CompiledArtifact, dtype_name
 
+from .config import config
 from .errors import UnsupportedArtifactError
 
 _ENTRIES = {
     "compile_prims": "ember.inductor:compile_prims",
+    "decompose_externs": "ember.primtorch:decompose_externs",
     "load_exported": "ember.dynamo:load_exported",
 }
 _RESOLVED: dict[str, Any] = {}
@@ -71,7 +75,11 @@ def compile_exported(exported, device: str = "cpu") -> tuple[CompiledArtifact, d
             raise ValueError(f"input {spec.name} of the exported program is on "
                              f"{spec.meta.device}; export with {want} tensors to package for "
                              f"{want}")  # fmt: skip
-    compiled = resolve_entry("compile_prims")(exported.graph_module, exported.example_inputs())
+    gm = exported.graph_module
+    externs = config.decomposed_externs(want)
+    if externs:  # the runtime has no kernel for these on `want`: generated code + matmuls instead
+        gm = resolve_entry("decompose_externs")(gm, externs)
+    compiled = resolve_entry("compile_prims")(gm, exported.example_inputs())
     artifact = getattr(compiled, "artifact", compiled)
     if not isinstance(artifact, CompiledArtifact):
         raise UnsupportedArtifactError(f"the compiler returned {type(artifact).__name__}, "

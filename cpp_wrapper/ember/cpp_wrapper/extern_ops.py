@@ -25,6 +25,7 @@ class ExternSpec:
     optional: frozenset = frozenset()  # tensors that may be None (passed as a null view)
     ints: Callable[[dict], Sequence[int]] = lambda b: ()
     floats: Callable[[dict], Sequence[float]] = lambda b: ()
+    devices: tuple[str, ...] = ("cpu", "cuda")  # where csrc/runtime/externs.cc runs it
 
 
 def _pair(value, fill, spatial: int) -> list[int]:
@@ -72,6 +73,7 @@ EXTERN_OPS: dict[str, ExternSpec] = {
         {"beta": 1.0, "alpha": 1.0},
         ("self", "batch1", "batch2"),
         floats=lambda b: (float(b["beta"]), float(b["alpha"])),
+        devices=("cpu",),
     ),
     "extern.convolution": ExternSpec(
         OP_CONVOLUTION,
@@ -98,6 +100,7 @@ EXTERN_OPS: dict[str, ExternSpec] = {
         ("input", "weight", "bias"),
         optional=frozenset({"bias"}),
         ints=_conv_ints,
+        devices=("cpu",),  # CUDA packages get im2col + matmul (config.conv_as_matmul)
     ),
 }
 
@@ -112,14 +115,15 @@ def _vocabulary_names(target: str) -> tuple[str, ...]:
         return ()
 
 
-def bind_extern(target: str, args: Sequence, kwargs: Mapping) -> tuple[ExternSpec, dict]:
+def bind_extern(target: str, args: Sequence, kwargs: Mapping,
+                device: str = "cpu") -> tuple[ExternSpec, dict]:  # fmt: skip
     """The spec of `target` and its arguments by our parameter names (JSON form, unresolved)."""
     spec = EXTERN_OPS.get(target)
-    if spec is None:
-        known = ", ".join(sorted(EXTERN_OPS))
+    if spec is None or device not in spec.devices:
+        known = ", ".join(sorted(n for n, s in EXTERN_OPS.items() if device in s.devices))
         raise UnsupportedArtifactError(
-            f"extern op {target!r} has no C++ runtime implementation (it has: {known}); "
-            "run this artifact with the Python wrapper instead"
+            f"extern op {target!r} has no C++ runtime implementation on {device} (it has: "
+            f"{known}); run this artifact with the Python wrapper instead"
         )
     if len(args) > len(spec.params):
         raise UnsupportedArtifactError(

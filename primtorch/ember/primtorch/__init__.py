@@ -12,6 +12,7 @@ from .errors import (  # noqa: E402
 )  # fmt: skip
 from .prims.core import is_extern, is_prim  # noqa: E402
 from .trace import Tracer, trace_to_prims  # noqa: E402
+from .extern_rewrite import decompose_externs  # noqa: E402
 
 
 def __getattr__(name):
@@ -25,5 +26,6 @@ def __getattr__(name):
 
 __all__ = [
     "DECOMPOSITIONS", "DataDependentError", "MetaMismatchError", "NotDecomposableError",
-    "TraceError", "Tracer", "config", "is_extern", "is_prim", "prims", "trace_to_prims", "utils",
+    "TraceError", "Tracer", "config", "decompose_externs", "is_extern", "is_prim", "prims",
+    "trace_to_prims", "utils",
 ]  # fmt: skip

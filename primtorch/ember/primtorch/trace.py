@@ -2,7 +2,8 @@
 
 Every ATen op that reaches the mode is decomposed as it runs (through `DECOMPOSITIONS`, re-entering
 the mode so that ATen ops inside a decomposition are decomposed in turn), recorded as an extern op,
-or recorded as itself when kept. Prims called by decompositions (or by the traced function) record
+or recorded as itself when kept. An op in `no_extern` (its extern has no kernel on the target) is
+decomposed through `decomp.EXTERN_DECOMPOSITIONS` instead of being recorded as an extern. Prims called by decompositions (or by the traced function) record
 an fx node whose `NODE_META_KEY` is the TensorMeta from the prim's meta rule. Values are real
 tensors throughout, so the traced program computes as eager does while it is recorded.
 
@@ -73,6 +74,7 @@ class Tracer(TorchDispatchMode):
         decompose: bool = True,
         keep: Iterable = (),
         allow_extern: bool = True,
+        no_extern: Iterable = (),
         decompositions: Optional[dict] = None,
         unknown_tensors: str = "constant",
         allow_data_dependent: bool = False,
@@ -85,6 +87,7 @@ class Tracer(TorchDispatchMode):
         self.decompose = decompose
         self.keep = _overloads(keep)
         self.allow_extern = allow_extern
+        self.no_extern = _overloads(no_extern)
         self._decompositions = decompositions
         self.unknown_tensors = unknown_tensors
         self.allow_data_dependent = allow_data_dependent
@@ -236,12 +239,16 @@ class Tracer(TorchDispatchMode):
             return self._functionalize(func, args, kwargs)
         if not self.decompose or func in self.keep:
             return self._record_aten(func, args, kwargs)
-        if self.allow_extern and func in ATEN_TO_EXTERN:
+        if self.allow_extern and func in ATEN_TO_EXTERN and func not in self.no_extern:
             p, adapt = ATEN_TO_EXTERN[func]
             if adapt is not None:
                 args, kwargs = adapt(args, kwargs)
             return self.record_prim(p, args, kwargs)
         decomposition = self.decompositions.get(func)
+        if decomposition is None and func in self.no_extern:
+            from .decomp import EXTERN_DECOMPOSITIONS
+
+            decomposition = EXTERN_DECOMPOSITIONS.get(func)
         if decomposition is None and torch._C._dispatch_has_kernel_for_dispatch_key(
             func.name(), "CompositeImplicitAutograd"
         ):

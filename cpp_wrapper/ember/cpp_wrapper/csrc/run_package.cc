@@ -2,9 +2,18 @@
 //
 //   run_package [--device N] PACKAGE IN.npy... OUT.npy...   (as many of each as the model has)
 //   run_package PACKAGE --info                              (describe the inputs and outputs)
+//   run_package [--device N] --bench CALLS [--rounds R] PACKAGE IN.npy... [OUT.npy...]
+//
+// --bench: after the run that writes the outputs (a warm-up), time CALLS more runs, each one
+// synchronised (CUDA), and print their median milliseconds; then R rounds (default 10) of CALLS
+// back-to-back runs, synchronised once per round, and print the median per-run milliseconds of a
+// round (the figure bench/measure.py's per-call overhead timing gives for in-process backends):
+//   bench calls=CALLS sync_median_ms=X rounds=R loop_median_ms=Y
 //
 // The exit status is 0 on success, else the EmberStatus of the failure (the message goes to
 // stderr): 1 bad arguments, 2 dtype, 3 shape, 4 device, 5 guard, 6 package, 7 version, ...
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +21,7 @@
 #include <vector>
 
 #include "detail/common.h"
+#include "detail/cuda_api.h"
 #include "detail/npy.h"
 #include "ember_runtime.h"
 
@@ -66,18 +76,73 @@ void release(std::vector<DLManagedTensor*>& tensors) {
 
 void noop_deleter(DLManagedTensor*) {}
 
+// Wait for the work queued on the legacy default stream (the stream runs use) of a CUDA model.
+void synchronize(DLDevice device) {
+  if (device.device_type == kDLCPU) return;
+  ember::CudaContextScope scope(device.device_id);
+  ember::cuda_check(ember::cuda_driver().stream_synchronize(nullptr), "cuStreamSynchronize");
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+// One run whose outputs are released at once; throws the failing status.
+void run_once(EmberModel* model, std::vector<DLManagedTensor*>& inputs,
+              std::vector<DLManagedTensor*>& outputs) {
+  EmberStatus st = ember_model_run(model, inputs.data(), inputs.size(), outputs.data(),
+                                   outputs.size(), nullptr);
+  if (st != EMBER_OK) throw st;
+  size_t n = outputs.size();
+  release(outputs);
+  outputs.assign(n, nullptr);
+}
+
+void bench(EmberModel* model, DLDevice device, std::vector<DLManagedTensor*>& inputs,
+           size_t n_out, int calls, int rounds) {
+  std::vector<DLManagedTensor*> outputs(n_out, nullptr);
+  std::vector<double> each, per_round;
+  for (int i = 0; i < calls; ++i) {
+    double t0 = now_ms();
+    run_once(model, inputs, outputs);
+    synchronize(device);
+    each.push_back(now_ms() - t0);
+  }
+  for (int r = 0; r < rounds; ++r) {
+    double t0 = now_ms();
+    for (int i = 0; i < calls; ++i) run_once(model, inputs, outputs);
+    synchronize(device);
+    per_round.push_back((now_ms() - t0) / calls);
+  }
+  printf("bench calls=%d sync_median_ms=%.6f rounds=%d loop_median_ms=%.6f\n", calls,
+         median(each), rounds, median(per_round));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   EmberLoadOptions options;
   ember_load_options_init(&options);
-  if (args.size() >= 2 && args[0] == "--device") {
-    options.device_id = atoi(args[1].c_str());
+  int calls = 0, rounds = 10;
+  auto is_option = [](const std::string& a) {
+    return a == "--device" || a == "--bench" || a == "--rounds";
+  };
+  while (args.size() >= 2 && is_option(args[0])) {
+    int value = atoi(args[1].c_str());
+    (args[0] == "--device" ? options.device_id : args[0] == "--bench" ? calls : rounds) = value;
     args.erase(args.begin(), args.begin() + 2);
   }
-  if (args.empty()) {
-    fprintf(stderr, "usage: run_package [--device N] PACKAGE IN.npy... OUT.npy...\n");
+  if (args.empty() || calls < 0 || rounds < 1) {
+    fprintf(stderr, "usage: run_package [--device N] [--bench CALLS [--rounds R]] PACKAGE "
+                    "IN.npy... OUT.npy...\n");
     return EMBER_ERR_INVALID_ARGUMENT;
   }
   EmberModel* model = nullptr;
@@ -91,7 +156,8 @@ int main(int argc, char** argv) {
     ember_model_free(model);
     return 0;
   }
-  if (args.size() != 1 + n_in + n_out) {
+  bool write = args.size() == 1 + n_in + n_out;  // with --bench the outputs may be left out
+  if (!write && !(calls > 0 && args.size() == 1 + n_in)) {
     fprintf(stderr, "run_package: the model takes %zu inputs and %zu outputs; give that many .npy paths\n",
             n_in, n_out);
     ember_model_free(model);
@@ -122,7 +188,7 @@ int main(int argc, char** argv) {
     }
     st = ember_model_run(model, inputs.data(), n_in, outputs.data(), n_out, nullptr);
     if (st != EMBER_OK) throw st;
-    for (size_t i = 0; i < n_out; ++i) {
+    for (size_t i = 0; write && i < n_out; ++i) {
       DLTensor t = outputs[i]->dl_tensor;
       std::vector<uint8_t> staged;
       DLManagedTensor* h = nullptr;
@@ -137,6 +203,9 @@ int main(int argc, char** argv) {
       if (h) h->deleter(h);
       ember::npy_write(args[1 + n_in + i], t.dtype, shape.data(), t.ndim, staged.data());
     }
+    release(outputs);
+    outputs.assign(n_out, nullptr);
+    if (calls > 0) bench(model, device, inputs, n_out, calls, rounds);
   } catch (EmberStatus s) {
     rc = report(s, "");
   } catch (const ember::Error& e) {
