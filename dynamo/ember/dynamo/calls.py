@@ -524,6 +524,8 @@ def call(tx, fn, args: list, kwargs: dict):
         from .pybuiltins import construct
 
         return construct(tx, fn, args, kwargs)
+    if isinstance(fn, V.ContextExitVT) and fn.user:
+        return call_method(tx, fn.ctx, "__exit__", args, kwargs)
     if isinstance(fn, V.ContextExitVT):
         from .pybuiltins import exit_grad_mode
 

@@ -220,6 +220,8 @@ def finish(tx, output, code, backend, reason):
         if env is not None and env.symbols:
             gm.meta["ember_symbols"] = env.specs()
         compiled = backend(gm, example_inputs)
+        del example_inputs
+        _drop_example_values(gm)
         if compiled is None:
             raise Unsupported("the backend returned None")
         if env is not None and env.symbols:
@@ -249,6 +251,14 @@ def finish(tx, output, code, backend, reason):
     if not has_graph and kind == "return" and not output.side_effects and not output.mutated:
         return program, None  # nothing to compile: run the original code under these guards
     return program, fn
+
+
+def _drop_example_values(gm) -> None:
+    """The interpreter ran the program on real tensors and left each value in its node's meta;
+    once the backend has compiled the graph they would only pin a whole call's activations in
+    memory for as long as the graph lives (the graph, or the explain record, keeps them)."""
+    for node in gm.graph.nodes:
+        node.meta.pop("example_value", None)
 
 
 def _count_ops(gm) -> int:

@@ -195,7 +195,7 @@ class Translator:
 
     def WITH_EXCEPT_START(self, inst):
         exit_fn = self.stack[-4]
-        if not isinstance(exit_fn, V.ContextExitVT):
+        if not isinstance(exit_fn, V.ContextExitVT) or exit_fn.user:
             raise Unsupported("exception inside a with-block")
         from .pybuiltins import exit_grad_mode
 
@@ -632,6 +632,13 @@ class Translator:
     # -- with blocks --------------------------------------------------------------------------
     def BEFORE_WITH(self, inst):
         ctx = self.pop()
+        if isinstance(ctx, (V.ObjectVT, V.NewObjectVT)) and all(
+            calls._py_method(ctx.python_type(), m) for m in ("__enter__", "__exit__")
+        ):  # a context manager written in Python: its __enter__ and __exit__ are inlined
+            entered = calls.call_method(self, ctx, "__enter__", [], {})
+            self.push(V.ContextExitVT(ctx, user=True))
+            self.push(entered)
+            return
         if not isinstance(ctx, V.GradModeVT):
             raise Unsupported(f"with-block over {type(ctx).__name__}")
         from .pybuiltins import enter_grad_mode

@@ -300,8 +300,9 @@ class GradModeVT(VT):
 class ContextExitVT(VT):
     """The bound `__exit__` BEFORE_WITH leaves on the stack for a symbolic context manager."""
 
-    def __init__(self, ctx: VT):
+    def __init__(self, ctx: VT, user: bool = False):
         self.ctx = ctx
+        self.user = user  # a Python-level context manager (else a grad-mode one)
 
 
 def is_const(vt: VT) -> bool:

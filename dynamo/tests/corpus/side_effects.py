@@ -151,3 +151,37 @@ def exception_handled_in_trace(x, d):
     except (TypeError, ValueError) as e:
         v = v + len(e.args)
     return x * v
+
+
+class Scaled:
+    """A context manager written in Python that flips a flag and restores it (transformers'
+    configs do this around attribute reads)."""
+
+    def __init__(self, holder, factor):
+        self.holder, self.factor = holder, factor
+
+    def __enter__(self):
+        self.saved = self.holder.value
+        self.holder.value = self.factor
+        return self
+
+    def __exit__(self, *exc):
+        self.holder.value = self.saved
+        return False
+
+
+@case(lambda: (r(3), Holder()))
+def with_user_context_manager(x, h):
+    with Scaled(h, 3) as s:
+        y = x * h.value + s.factor
+    return y * (h.value + 1)
+
+
+SCALE = Scaled(Holder(), 5)
+
+
+@case(lambda: (r(3),))
+def with_global_context_manager(x):
+    with SCALE:
+        y = x * SCALE.holder.value
+    return y + SCALE.holder.value
