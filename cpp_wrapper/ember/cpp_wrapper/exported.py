@@ -32,6 +32,7 @@ from .errors import UnsupportedArtifactError
 
 _ENTRIES = {
     "compile_prims": "ember.inductor:compile_prims",
+    "attach_cubins": "ember.inductor.triton_aot:attach_cubins",
     "decompose_externs": "ember.primtorch:decompose_externs",
     "load_exported": "ember.dynamo:load_exported",
 }
@@ -81,6 +82,9 @@ def compile_exported(exported, device: str = "cpu") -> tuple[CompiledArtifact, d
         gm = resolve_entry("decompose_externs")(gm, externs)
     compiled = resolve_entry("compile_prims")(gm, exported.example_inputs())
     artifact = getattr(compiled, "artifact", compiled)
+    if isinstance(artifact, CompiledArtifact) and any(k.language == "triton" and not k.binary
+                                                      for k in artifact.kernels):  # fmt: skip
+        artifact = resolve_entry("attach_cubins")(compiled)  # the runtime launches cubins
     if not isinstance(artifact, CompiledArtifact):
         raise UnsupportedArtifactError(f"the compiler returned {type(artifact).__name__}, "
                                        "not a CompiledArtifact")  # fmt: skip

@@ -108,7 +108,12 @@ class TritonRenderer(Renderer):
             return self.locals[key]
         dtype = self.dtype_of(name)
         other = ", other=0.0" if self.mask_stack or self.kernel.rsizes else ""
-        text = f"tl.load({self.args[name]} + ({self.index_text(index)}), {self._mask()}{other})"
+        ptr, mask = f"{self.args[name]} + ({self.index_text(index)})", self._mask()
+        if mask and not (sympy.sympify(index).free_symbols - set(self.hints)):
+            # An index that depends on no block variable gives a scalar pointer, which Triton
+            # will not load under a block mask: broadcast it to the mask's shape.
+            ptr += f" + 0 * ({mask}).to(tl.int32)"
+        text = f"tl.load({ptr}, {mask}{other})"
         if dtype in (torch.float16, torch.bfloat16):
             text += ".to(tl.float32)"
         return self.emit(text, compute_dtype(dtype), key=key)
@@ -131,7 +136,11 @@ class TritonRenderer(Renderer):
             if dtype != value.dtype or dtype in (torch.float16, torch.bfloat16)
             else str(value)
         )
-        return f"tl.store({self.args[name]} + ({self.index_text(index)}), {v}, {mask})"
+        ptr = f"{self.args[name]} + ({self.index_text(index)})"
+        if not (sympy.sympify(index).free_symbols - set(self.hints)):
+            # A scalar pointer takes no block value or mask: broadcast it to the value's shape.
+            ptr += f" + tl.zeros({value}.shape, tl.int32)"
+        return f"tl.store({ptr}, {v}, {mask})"
 
     def constant(self, value, dtype):
         return self.emit(tl_constant(value, compute_dtype(dtype)), compute_dtype(dtype))

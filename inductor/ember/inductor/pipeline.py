@@ -29,6 +29,7 @@ from .config import config
 from .loop_ir import verify
 from .lowering import lower_graph
 from .scheduler import Kernel, schedule
+from .triton_aot import attach_cubins
 from .wrapper import Program, generate
 
 log = logging.getLogger("ember.inductor")
@@ -59,6 +60,9 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
 def _cpp_wrapper_compiler(gm: fx.GraphModule, example_inputs):
     """compile_prims, then run its artifact through the C++ wrapper instead of Python."""
     compiled = compile_prims(gm, example_inputs)
+    artifact = compiled.artifact
+    if any(k.language == "triton" for k in artifact.kernels):  # the C++ wrapper launches cubins
+        artifact = attach_cubins(compiled)
     module_name, attr = CPP_WRAPPER_LOADER.split(":")
     try:
         load_artifact = getattr(importlib.import_module(module_name), attr)
@@ -66,7 +70,7 @@ def _cpp_wrapper_compiler(gm: fx.GraphModule, example_inputs):
         raise RuntimeError(
             "options={'cpp_wrapper': True} needs ember.cpp_wrapper: pip install ./cpp_wrapper"
         ) from e
-    return load_artifact(compiled.artifact, compiled.constants)
+    return load_artifact(artifact, compiled.constants)
 
 
 def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:

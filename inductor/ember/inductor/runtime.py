@@ -118,12 +118,12 @@ def cpp_kernel(name: str, source: str, nargs: int, sizes: int = 0) -> CppLaunche
 # --- Triton ------------------------------------------------------------------------------------
 
 
-def _load_module(source: str):
+def _load_module(source: str, suffix: str = ""):
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     path = cache_dir() / "triton" / f"k_{digest}.py"
     if not path.exists():
         atomic_write(path, source)
-    modname = f"ember_inductor_triton_{digest}"
+    modname = f"ember_inductor_triton_{digest}{suffix}"
     if modname in sys.modules:
         return sys.modules[modname]
     spec = importlib.util.spec_from_file_location(modname, path)

@@ -21,6 +21,7 @@ from .codegen_common import print_index
 from .config import config
 from .loop_ir import AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput
 from .scheduler import Kernel, _step_reads
+from .triton_aot import launch_args
 
 
 @dataclasses.dataclass
@@ -235,7 +236,8 @@ class WrapperBuilder:
                     continue
                 self._alloc(b, self._inplace_donor(s, b, i, last))
             self.lines.append(f"{s.name}({', '.join(src.args)})")
-            self.art_steps.append(StepIR("kernel", s.name, list(src.args), {}, ()))
+            args = launch_args(src, list(src.args)) if src.language == "triton" else list(src.args)
+            self.art_steps.append(StepIR("kernel", s.name, args, {}, ()))
         elif isinstance(s, AliasBuffer):
             lay = s.layout
             self.lines.append(f"{s.name} = reinterpret({s.source.name}, {_text(_ints(lay.sizes))}, "

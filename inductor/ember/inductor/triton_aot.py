@@ -1,0 +1,186 @@
+"""Triton kernels compiled ahead of time, with no GPU: cubins for the C++ wrapper, and a check.
+
+`triton.compile` runs its whole pipeline (TTIR, TTGIR, LLVM IR, PTX, and ptxas for the cubin) for a
+named target without a device, so a CUDA artifact's kernels can be built on any machine, and the
+kernels a graph generates can be checked against the real compiler (Triton's CPU interpreter
+accepts programs the compiler rejects, such as a block mask on a scalar pointer).
+
+A cubin is compiled with the kernel's declared parameter types and no value specialisation (no
+"equal to 1", no divisibility hints), so it is valid for every argument value the wrapper passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import sympy
+
+from ember.ir import CompiledArtifact
+from ember.ir.symbols import expr_to_json
+
+from .runtime import _load_module, atomic_write, cache_dir
+
+DEFAULT_ARCH = 90  # Hopper, when no GPU says otherwise
+
+
+@dataclasses.dataclass(frozen=True)
+class Cubin:
+    path: str  # the cubin on disk, content-addressed
+    name: str  # the entry point's symbol in it
+    num_warps: int
+    shared_mem: int
+
+
+def current_arch() -> int:
+    """The compute capability of the current CUDA device as 90, 80, ...; DEFAULT_ARCH without one."""
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return major * 10 + minor
+    return DEFAULT_ARCH
+
+
+def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
+                   arch: Optional[int] = None) -> Cubin:  # fmt: skip
+    """Compile the @triton.jit function `name` of `source` for sm_`arch` with block sizes `cfg`.
+
+    arg_types are the non-constexpr parameters' types in order ("*fp32", "i64", ...); cfg holds
+    the constexpr block sizes and num_warps. Raises triton's CompilationError on a bad kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    arch = arch or current_arch()
+    consts = {k: v for k, v in cfg.items() if k != "num_warps"}
+    key = hashlib.sha256(
+        json.dumps([source, name, list(arg_types), cfg, arch, triton.__version__]).encode()
+    ).hexdigest()[:32]
+    folder = cache_dir() / "cubin"
+    meta_path = folder / f"{key}.json"
+    if meta_path.exists():
+        try:
+            meta = json.loads(meta_path.read_text())
+            if (folder / f"{key}.cubin").exists():
+                return Cubin(str(folder / f"{key}.cubin"), meta["name"], meta["num_warps"],
+                             meta["shared_mem"])  # fmt: skip
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged entry: compile again
+    fn = _jit_function(source, name)
+    params = [p for p in fn.arg_names if p not in consts]
+    if len(params) != len(arg_types):
+        raise ValueError(f"kernel {name}: {len(params)} parameters for {len(arg_types)} types")
+    signature = {**dict(zip(params, arg_types)), **{k: "constexpr" for k in consts}}
+    compiled = triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=consts),
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": int(cfg.get("num_warps", 4))},
+    )
+    cubin = folder / f"{key}.cubin"
+    _write_bytes(cubin, compiled.asm["cubin"])
+    meta = {"name": compiled.metadata.name, "num_warps": compiled.metadata.num_warps,
+            "shared_mem": compiled.metadata.shared}  # fmt: skip
+    atomic_write(meta_path, json.dumps(meta))
+    return Cubin(str(cubin), meta["name"], meta["num_warps"], meta["shared_mem"])
+
+
+def _jit_function(source: str, name: str):
+    """The compiler's JITFunction for `name`, also while TRITON_INTERPRET=1 makes `triton.jit`
+    return interpreted functions (the module is loaded afresh under its own name)."""
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        if saved != "1":
+            return getattr(_load_module(source), name)
+        return getattr(_load_module(source, suffix="_compiled"), name)
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def launch_args(k, step_args: list) -> list:
+    """A Triton kernel step's full argument list: the buffers, then xnumel (and rnumel), then the
+    size symbols, as the kernel's signature has them (the Python launcher appends the numels
+    itself; the C++ wrapper needs them in the step)."""
+    meta = dict(k.meta)
+    if "numel" in meta:
+        numels = [sympy.sympify(meta["numel"][0])]
+        if meta["reduction"]:
+            numels.append(sympy.sympify(meta["numel"][1]))
+        numels = [expr_to_json(n) if n.free_symbols else int(n) for n in numels]
+        numels = [{"expr": n} if isinstance(n, (dict, list)) else n for n in numels]
+    else:
+        numels = [int(meta["xnumel"])] + ([int(meta["rnumel"])] if meta["reduction"] else [])
+    n_ptr = sum(1 for t in k.arg_types if t.startswith("*"))
+    syms = [{"expr": {"sym": str(a)}} for a in step_args[n_ptr:]]
+    return [*step_args[:n_ptr], *numels, *syms]
+
+
+def attach_cubins(compiled, arch: Optional[int] = None) -> CompiledArtifact:
+    """The artifact of a compiled graph (pipeline.CompiledGraph) with every Triton kernel compiled
+    to a cubin (KernelIR.binary) with the block sizes its grid was computed for."""
+    sources = {k.name: k for k in compiled.program.kernels}
+    kernels = []
+    for k in compiled.artifact.kernels:
+        if k.language != "triton" or k.binary:
+            kernels.append(k)
+            continue
+        src = sources[k.name]
+        cfg = dict(dict(src.meta)["configs"][0])
+        c = compile_kernel(src.source, src.name, src.arg_types, cfg, arch)
+        kernels.append(dataclasses.replace(k, entry=c.name, binary=c.path, num_warps=c.num_warps,
+                                           shared_mem=c.shared_mem))  # fmt: skip
+    return dataclasses.replace(compiled.artifact, kernels=tuple(kernels))
+
+
+def check_kernels(sources, arch: int = DEFAULT_ARCH) -> list[str]:
+    """Compile each (name, KernelSource) with the real Triton compiler; the failures, as text.
+
+    Runs in a fresh process: once Triton's interpreter has run kernels in this one, its patches
+    of triton.language break the compiler."""
+    from .codegen_triton import launch_configs
+
+    jobs = [(name, src.source, list(src.arg_types), launch_configs(src)[0]) for name, src in sources]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernels.json"
+        path.write_text(json.dumps({"arch": arch, "jobs": jobs}))
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = os.pathsep.join([*sys.path, env.get("PYTHONPATH", "")])
+        proc = subprocess.run([sys.executable, "-m", "ember.inductor.triton_aot", str(path)],
+                              env=env, capture_output=True, text=True)  # fmt: skip
+        if proc.returncode != 0:
+            return [f"the compile check itself failed:\n{proc.stderr[-4000:]}"]
+        return json.loads(path.read_text())
+
+
+def _check_main(path: str) -> None:
+    doc = json.loads(Path(path).read_text())
+    failures = []
+    for name, source, arg_types, cfg in doc["jobs"]:
+        try:
+            compile_kernel(source, name, tuple(arg_types), cfg, doc["arch"])
+        except Exception as e:  # noqa: BLE001  (reported, with the kernel, to the caller)
+            failures.append(f"{name} {cfg}: {type(e).__name__}: {e}\n{source}")
+    Path(path).write_text(json.dumps(failures))
+
+
+if __name__ == "__main__":
+    _check_main(sys.argv[1])
+
+
+__all__ = ["Cubin", "attach_cubins", "check_kernels", "compile_kernel", "launch_args"]
