@@ -36,13 +36,15 @@ class CppWrapperConfig:
     )
 
     def decomposed_externs(self, device: str) -> tuple[str, ...]:
-        """The extern ops a package for `device` gets as generated code plus other externs."""
+        """The extern ops a package for `device` gets as generated code plus other externs:
+        cumsum always (the runtime has no scan), convolution where the runtime has no kernel
+        for it on `device` (or as conv_as_matmul says)."""
         on = self.conv_as_matmul
         if on is None:
             from .extern_ops import EXTERN_OPS  # the runtime's kernels per device
 
             on = device not in EXTERN_OPS["extern.convolution"].devices
-        return ("extern.convolution",) if on else ()
+        return ("extern.cumsum",) + (("extern.convolution",) if on else ())
 
 
 config = CppWrapperConfig()

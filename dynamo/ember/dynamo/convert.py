@@ -194,6 +194,7 @@ def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic):
 
 def finish(tx, output, code, backend, reason):
     """Generate the transformed function for a translated frame."""
+    output.drop_restored_attributes()
     arg_names = [sanitize(n) for n in code.co_varnames[: len(tx.fn_args)]]
     cg = CodeGen(output, arg_names)
     kind = tx.result[0]

@@ -163,6 +163,7 @@ def _capture(fn, frame_args: list, tensors: list, fqns: dict, export_dims=None):
         output.where = tx.innermost_where
         tx.run_root()
         result = tx.result[1]
+        output.drop_restored_attributes()
         _check_side_effects(output, tx.where())
         out_vts: list = []
         struct = _result_structure(result, out_vts)

@@ -187,6 +187,34 @@ class OutputGraph:
     def record_side_effect(self, *effect) -> None:
         self.side_effects.append(effect)
 
+    def drop_restored_attributes(self) -> None:
+        """Forget attribute writes whose net effect is nothing: the last value written is the
+        constant the attribute holds now (a flag set and then reset, as transformers' context
+        variables do around a forward), guarding that it still holds it on later calls."""
+        from .source import AttrSource
+
+        last: dict = {}
+        for effect in self.side_effects:
+            if effect[0] == "setattr":
+                obj, name, value = effect[1:]
+                last[(id(_identity_of(obj)), name)] = (obj, name, value)
+        restored = set()
+        for key, (obj, name, value) in last.items():
+            real = _identity_of(obj)
+            if (isinstance(value, V.ConstVT) and getattr(obj, "source", None) is not None
+                    and hasattr(real, name) and type(getattr(real, name)) is type(value.value)
+                    and type(value.value) in (bool, int, str, type(None))
+                    and getattr(real, name) == value.value):  # fmt: skip
+                self.guards.add("EQ", AttrSource(obj.source, name), value.value)
+                restored.add(key)
+        self.side_effects = [e for e in self.side_effects if not (
+            e[0] == "setattr" and (id(_identity_of(e[1])), e[2]) in restored)]  # fmt: skip
+
+
+def _identity_of(obj):
+    """The Python object a module or object variable stands for."""
+    return obj.module if isinstance(obj, V.ModuleVT) else getattr(obj, "obj", obj)
+
 
 _getitem = __import__("operator").getitem
 _TF = torch.Tensor.__torch_function__.__func__

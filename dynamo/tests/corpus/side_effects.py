@@ -185,3 +185,24 @@ def with_global_context_manager(x):
     with SCALE:
         y = x * SCALE.holder.value
     return y + SCALE.holder.value
+
+
+class Flag:
+    def __init__(self):
+        self.on = False
+        self.value = None
+
+
+FLAG = Flag()
+
+
+@case(lambda: (r(3),))
+def attribute_set_then_restored(x):
+    # The net effect on FLAG is nothing (transformers' compile-time context variables do this):
+    # no write is replayed, and a guard keeps the restored values true.
+    FLAG.value = x.shape[0]
+    FLAG.on = True
+    y = x * FLAG.value
+    FLAG.value = None
+    FLAG.on = False
+    return y
