@@ -78,3 +78,28 @@ def test_scalar_address_kernels_compile(triton_kernels):
     assert triton_kernels
     failures = triton_aot.check_kernels(triton_kernels.values())
     assert not failures, "\n\n".join(failures[:2])
+
+
+def test_attach_cubins_from_a_fresh_and_a_cached_program(triton_kernels, tmp_path, monkeypatch):
+    """A CUDA artifact for the C++ wrapper: each Triton kernel gets a cubin, and each kernel step
+    passes every parameter of the kernel's signature (the numels too), also when the program
+    comes from the on-disk cache."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "cache", True)  # the conftest turns the graph cache off
+    from ember.inductor import metrics
+    from ember.primtorch import trace_to_prims
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    prims = trace_to_prims(lambda x, w: torch.relu(x @ w).sum(1), x, w)
+    for attempt in ("fresh", "cached"):
+        hits = metrics.cache_hits
+        compiled = pipeline.compile_prims(prims, [x, w])
+        assert (metrics.cache_hits > hits) == (attempt == "cached")
+        art = triton_aot.attach_cubins(compiled)
+        kernels = {k.name: k for k in art.kernels if k.language == "triton"}
+        assert kernels, attempt
+        for k in kernels.values():
+            assert k.binary and pathlib.Path(k.binary).read_bytes()[:4] == b"\x7fELF", attempt
+        for step in art.steps:
+            if step.kind == "kernel" and step.target in kernels:
+                assert len(step.args) == len(kernels[step.target].arg_types), attempt

@@ -23,7 +23,7 @@ from .runtime import atomic_write, cache_dir
 from .wrapper import Program
 
 log = logging.getLogger("ember.inductor")
-FORMAT = 1
+FORMAT = 2
 
 
 def _versions() -> str:
@@ -69,6 +69,7 @@ def _payload(program: Program) -> dict:
                 source=k.source,
                 args=list(k.args),
                 arg_types=list(k.arg_types),
+                meta=[[name, value] for name, value in k.meta],  # launch configs, numels
             )
             for k in program.kernels
         ],  # fmt: skip
@@ -105,7 +106,8 @@ def load(key: str) -> Program | None:
         if not ok:
             raise ValueError("checksum, key or version mismatch")
         kernels = [KernelSource(k["name"], k["language"], k["source"], tuple(k["args"]),
-                                tuple(k["arg_types"])) for k in payload["kernels"]]  # fmt: skip
+                                tuple(k["arg_types"]), meta=tuple(tuple(m) for m in k["meta"]))
+                   for k in payload["kernels"]]  # fmt: skip
         program = Program(payload["source"], kernels, from_json(CompiledArtifact, payload["artifact"]),
                           payload["num_outputs"], payload["out_spec"])  # fmt: skip
     except FileNotFoundError:

@@ -135,13 +135,19 @@ def attach_cubins(compiled, arch: Optional[int] = None) -> CompiledArtifact:
     """The artifact of a compiled graph (pipeline.CompiledGraph) with every Triton kernel compiled
     to a cubin (KernelIR.binary) with the block sizes its grid was computed for."""
     sources = {k.name: k for k in compiled.program.kernels}
+    if os.environ.get("TRITON_INTERPRET") == "1":  # compile in a clean process (check_kernels)
+        todo = [(k.name, sources[k.name]) for k in compiled.artifact.kernels
+                if k.language == "triton" and not k.binary]  # fmt: skip
+        failures = check_kernels(todo, arch or current_arch())
+        if failures:
+            raise RuntimeError("Triton kernels failed to compile:\n" + "\n\n".join(failures))
     kernels = []
     for k in compiled.artifact.kernels:
         if k.language != "triton" or k.binary:
             kernels.append(k)
             continue
         src = sources[k.name]
-        cfg = dict(dict(src.meta)["configs"][0])
+        cfg = _config(src)
         c = compile_kernel(src.source, src.name, src.arg_types, cfg, arch)
         kernels.append(dataclasses.replace(k, entry=c.name, binary=c.path, num_warps=c.num_warps,
                                            shared_mem=c.shared_mem))  # fmt: skip
@@ -153,9 +159,7 @@ def check_kernels(sources, arch: int = DEFAULT_ARCH) -> list[str]:
 
     Runs in a fresh process: once Triton's interpreter has run kernels in this one, its patches
     of triton.language break the compiler."""
-    from .codegen_triton import launch_configs
-
-    jobs = [(name, src.source, list(src.arg_types), launch_configs(src)[0]) for name, src in sources]
+    jobs = [(name, src.source, list(src.arg_types), _config(src)) for name, src in sources]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernels.json"
         path.write_text(json.dumps({"arch": arch, "jobs": jobs}))
@@ -166,6 +170,14 @@ def check_kernels(sources, arch: int = DEFAULT_ARCH) -> list[str]:
         if proc.returncode != 0:
             return [f"the compile check itself failed:\n{proc.stderr[-4000:]}"]
         return json.loads(path.read_text())
+
+
+def _config(src) -> dict:
+    """The block sizes a kernel's artifact grid was computed for (its first launch config)."""
+    from .codegen_triton import launch_configs
+
+    meta = dict(src.meta)
+    return dict(meta["configs"][0]) if "configs" in meta else launch_configs(src)[0]
 
 
 def _check_main(path: str) -> None:

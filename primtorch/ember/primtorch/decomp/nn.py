@@ -206,6 +206,17 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     return out, _empty_stats(input), _empty_stats(input)
 
 
+# ATen's _batch_norm_impl_index picks cuDNN's kernel for CUDA tensors (when it is not under
+# autograd's inference path); its outputs add a reserve buffer (empty here: nothing reads it but
+# cuDNN's own backward, which the tracer replaces by its derivative decomposition).
+@register_decomposition(aten.cudnn_batch_norm)
+def cudnn_batch_norm(input, weight, bias, running_mean, running_var, training,
+                     exponential_average_factor, epsilon):  # fmt: skip
+    out, mean, invstd = native_batch_norm(input, weight, bias, running_mean, running_var,
+                                          training, exponential_average_factor, epsilon)  # fmt: skip
+    return out, mean, invstd, _reserve(input)
+
+
 @register_decomposition(aten._native_batch_norm_legit.no_stats)
 def native_batch_norm_no_stats(input, weight, bias, training, momentum, eps):
     out, mean, invstd, _, _ = _bn_train(input, weight, bias, None, None, momentum, eps)
