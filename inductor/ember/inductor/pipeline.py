@@ -20,6 +20,7 @@ from ember.ir import NODE_META_KEY
 
 from . import (
     cache,
+    fx_cache,
     lowering_views,  # noqa: F401  (registers the view, reduction and extern lowerings)
     metrics,
 )
@@ -42,7 +43,10 @@ MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cu
 
 def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
     """A backend with the torch compiler's backend contract: aot_autograd, with inductor
-    compiling forward and backward. options: {"cpp_wrapper": True} runs the C++ wrapper."""
+    compiling forward and backward. options: {"cpp_wrapper": True} runs the C++ wrapper.
+
+    What it compiles is remembered on disk by `gm` and the inputs of each call (fx_cache.py), so
+    a later compile of the same graph skips tracing and lowering."""
     from ember.aot_autograd import aot_module_simplified
 
     options = dict(options or {})
@@ -51,14 +55,25 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
         raise TypeError(f"ember.inductor.compile_fx: unknown options {sorted(options)}")
     if mode not in MODES:
         raise ValueError(f"ember.inductor.compile_fx: unknown mode {mode!r}; one of {MODES}")
-    compiler = _cpp_wrapper_compiler if cpp_wrapper else compile_prims
+    finish = _load_cpp_wrapper if cpp_wrapper else _as_is
+    runtime_cache = fx_cache.runtime_cache_for(
+        gm, f"mode={mode} cpp_wrapper={cpp_wrapper}",
+        rebuild=lambda program: finish(CompiledGraph(program, {})),
+    )  # fmt: skip
+    if runtime_cache is not None:
+        compiler = runtime_cache.compiler(compile_prims, finish)
+    else:
+        compiler = lambda gm, inputs: finish(compile_prims(gm, inputs))  # noqa: E731
     return aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler,
-                                 bw_compiler=compiler)  # fmt: skip
+                                 bw_compiler=compiler, runtime_cache=runtime_cache)  # fmt: skip
 
 
-def _cpp_wrapper_compiler(gm: fx.GraphModule, example_inputs):
-    """compile_prims, then run its artifact through the C++ wrapper instead of Python."""
-    compiled = compile_prims(gm, example_inputs)
+def _as_is(compiled: CompiledGraph) -> CompiledGraph:
+    return compiled
+
+
+def _load_cpp_wrapper(compiled: CompiledGraph):
+    """The compiled graph's artifact run through the C++ wrapper instead of Python."""
     module_name, attr = CPP_WRAPPER_LOADER.split(":")
     try:
         load_artifact = getattr(importlib.import_module(module_name), attr)
