@@ -146,7 +146,9 @@ def aot_function(
     runtime_cache: Optional[RuntimeCache] = None,
 ) -> AOTFunction:
     """Trace `fn` ahead of time (forward and backward as prim graphs) and run it compiled."""
-    return AOTFunction(fn, fw_compiler, bw_compiler, partition_fn, inference_compiler, runtime_cache)
+    return AOTFunction(
+        fn, fw_compiler, bw_compiler, partition_fn, inference_compiler, runtime_cache
+    )
 
 
 class AOTModule(nn.Module):

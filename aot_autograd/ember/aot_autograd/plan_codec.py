@@ -49,7 +49,8 @@ def _output_from_json(d: dict) -> OutputSpec:
     if "alias" in d:
         a = d["alias"]
         alias = AliasSpec(bool(a["of_input"]), int(a["index"]), tuple(a["sizes"]),
-                          tuple(a["strides"]), int(a["offset"]), bool(a["requires_grad"]))  # fmt: skip
+                          tuple(a["strides"]), int(a["offset"]),
+                          bool(a["requires_grad"]))  # fmt: skip
     return OutputSpec(d["kind"], int(d["index"]), alias, d.get("value"))
 
 

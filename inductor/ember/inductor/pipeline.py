@@ -55,11 +55,11 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
         raise TypeError(f"ember.inductor.compile_fx: unknown options {sorted(options)}")
     if mode not in MODES:
         raise ValueError(f"ember.inductor.compile_fx: unknown mode {mode!r}; one of {MODES}")
-    finish = _load_cpp_wrapper if cpp_wrapper else _as_is
-    runtime_cache = fx_cache.runtime_cache_for(
-        gm, f"mode={mode} cpp_wrapper={cpp_wrapper}",
-        rebuild=lambda program: finish(CompiledGraph(program, {})),
-    )  # fmt: skip
+    # finish: a compiled graph -> what runs it; rebuild: a cached Program -> the same
+    finish, rebuild = (_load_cpp_wrapper, _program_cpp_wrapper) if cpp_wrapper else (
+        _as_is, _program_python)  # fmt: skip
+    options_text = f"mode={mode} cpp_wrapper={cpp_wrapper}"
+    runtime_cache = fx_cache.runtime_cache_for(gm, options_text, rebuild)
     if runtime_cache is not None:
         compiler = runtime_cache.compiler(compile_prims, finish)
     else:
@@ -72,8 +72,20 @@ def _as_is(compiled: CompiledGraph) -> CompiledGraph:
     return compiled
 
 
+def _program_python(program: Program) -> CompiledGraph:
+    return CompiledGraph(program, {})
+
+
+def _program_cpp_wrapper(program: Program):
+    return _load_artifact(program.artifact, {})
+
+
 def _load_cpp_wrapper(compiled: CompiledGraph):
     """The compiled graph's artifact run through the C++ wrapper instead of Python."""
+    return _load_artifact(compiled.artifact, compiled.constants)
+
+
+def _load_artifact(artifact, constants: dict):
     module_name, attr = CPP_WRAPPER_LOADER.split(":")
     try:
         load_artifact = getattr(importlib.import_module(module_name), attr)
@@ -81,7 +93,7 @@ def _load_cpp_wrapper(compiled: CompiledGraph):
         raise RuntimeError(
             "options={'cpp_wrapper': True} needs ember.cpp_wrapper: pip install ./cpp_wrapper"
         ) from e
-    return load_artifact(compiled.artifact, compiled.constants)
+    return load_artifact(artifact, constants)
 
 
 def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
