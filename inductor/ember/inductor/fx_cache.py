@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 
 from . import cache, metrics
 from .config import config, fingerprint
-from .runtime import cache_dir
+from .runtime import cache_dir, parallel_builds
 
 log = logging.getLogger("ember.inductor")
 
@@ -203,7 +203,8 @@ class FxGraphCache:
         try:
             payload = cache.read_entry(path, key)
             plan = plan_from_json(payload["plan"])
-            compiled = [self.rebuild(cache.program_from_json(p)) for p in payload["programs"]]
+            with parallel_builds():  # the forward's and the backward's kernels together
+                compiled = [self.rebuild(cache.program_from_json(p)) for p in payload["programs"]]
         except FileNotFoundError:
             metrics.fx_cache_misses += 1
             return None

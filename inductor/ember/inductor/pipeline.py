@@ -23,6 +23,7 @@ from . import (
     fx_cache,
     lowering_views,  # noqa: F401  (registers the view, reduction and extern lowerings)
     metrics,
+    runtime,
 )
 from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs
@@ -152,7 +153,11 @@ class CompiledGraph:
         code = compile(
             program.source, f"<ember.inductor wrapper {_digest(program.source)}>", "exec"
         )
-        exec(code, namespace)
+        with runtime.parallel_builds():  # every kernel of the program builds at once
+            exec(code, namespace)
+            for k in program.kernels:
+                if k.language == "triton":
+                    runtime.precompile_triton(k.name, namespace[k.name], k.arg_types)
         self._call = namespace["call"]
         self._spec = pytree.treespec_loads(program.out_spec) if program.out_spec else None
         leaves = tuple(range(program.num_outputs))

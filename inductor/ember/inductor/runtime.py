@@ -3,10 +3,16 @@
 Launchers are prepared once per compiled graph: a C++ launcher keeps its ctypes argument array
 and only writes data pointers into it per call; a Triton launcher binds its grid and block sizes
 (chosen by autotuning on first call, and remembered on disk).
+
+Kernels are independent, so a wrapper that loads inside `parallel_builds()` has its C++ kernels
+built and its Triton kernels compiled concurrently, on a thread pool sized to the cores (each
+job is a compiler subprocess or Triton's own compile); failures are reported together, by kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import functools
 import hashlib
@@ -15,17 +21,20 @@ import json
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from ember.ir import resolve
 
+from .codegen_common import POINTER_TYPES
 from .config import config
 
 CSRC = Path(__file__).with_name("csrc")
 _HEADER_HASH = hashlib.sha256((CSRC / "ember_cpu.h").read_bytes()).hexdigest()[:16]
 VEC_WIDTH = {"avx512": 16, "avx2": 8, "generic": 4}
+POINTER_DTYPES = {name: dtype for dtype, name in POINTER_TYPES.items()}
 
 from ember.ir import toolchain
 
@@ -55,14 +64,70 @@ def atomic_write(path: Path, text: str) -> None:
 class CppLauncher:
     """Calls `void entry(void** args)` with the tensors' data pointers."""
 
-    def __init__(self, fn, nargs: int):
-        self.fn, self.argv = fn, (ctypes.c_void_p * nargs)()
+    def __init__(self, nargs: int):
+        self.fn, self.argv = None, (ctypes.c_void_p * nargs)()
+
+    def bind(self, so: Path, name: str) -> None:
+        """Load the built library and take its entry point."""
+        fn = getattr(ctypes.CDLL(str(so)), name)
+        fn.argtypes, fn.restype = [ctypes.c_void_p], None
+        self.fn = fn
 
     def __call__(self, *tensors):
         argv = self.argv
         for i, t in enumerate(tensors):
             argv[i] = t.data_ptr()
         self.fn(argv)
+
+
+@functools.cache
+def build_pool() -> ThreadPoolExecutor:
+    """The threads that run kernel builds: one per core (a build is mostly a subprocess)."""
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="ember-build")
+
+
+# The builds started while a wrapper loads: None outside `parallel_builds()`.
+_PENDING: contextvars.ContextVar = contextvars.ContextVar("ember_inductor_builds", default=None)
+
+
+class Builds:
+    """Kernel builds under way: (kernel name, future, what to do with its result)."""
+
+    def __init__(self):
+        self.jobs: list = []
+
+    def submit(self, name: str, fn, *args, then=None) -> None:
+        self.jobs.append((name, build_pool().submit(fn, *args), then))
+
+    def finish(self) -> None:
+        """Wait for every build; raise one BuildError naming each kernel that failed."""
+        failures = []
+        for name, future, then in self.jobs:
+            try:
+                result = future.result()
+                if then is not None:
+                    then(result)
+            except Exception as e:  # noqa: BLE001  (each failure is reported below)
+                failures.append(f"--- kernel {name}: {type(e).__name__}: {e}")
+        if failures:
+            head = f"{len(failures)} of {len(self.jobs)} kernels failed to build:"
+            raise toolchain.BuildError("\n".join([head, *failures]))
+
+
+@contextlib.contextmanager
+def parallel_builds():
+    """Kernels loaded inside are built concurrently and ready when the block exits (the
+    outermost block, when they nest: everything loaded within it builds together)."""
+    if _PENDING.get() is not None:
+        yield _PENDING.get()
+        return
+    builds = Builds()
+    token = _PENDING.set(builds)
+    try:
+        yield builds
+    finally:
+        _PENDING.reset(token)
+    builds.finish()
 
 
 def _build_options() -> dict:
@@ -95,14 +160,24 @@ def _pch_dir(options_key: str) -> str:
         return str(CSRC)
 
 
+def _cpp_build(name: str, source: str, include: str) -> Path:
+    return toolchain.compile_shared(name, code=source, include_dirs=(include,), **_build_options())
+
+
 def cpp_kernel(name: str, source: str, nargs: int) -> CppLauncher:
-    """Compile (cached by content) and load one C++ kernel."""
+    """Compile (cached by content) and load one C++ kernel; inside `parallel_builds()` the build
+    runs in the background and the launcher is bound when the block exits."""
     opts = _build_options()
+    # resolved here, on the calling thread, so the precompiled header is built once
     include = _pch_dir(repr(sorted(opts.items()))) if config.cpp_pch else str(CSRC)
-    so = toolchain.compile_shared(name, code=source, include_dirs=(include,), **opts)
-    fn = getattr(ctypes.CDLL(str(so)), name)
-    fn.argtypes, fn.restype = [ctypes.c_void_p], None
-    return CppLauncher(fn, nargs)
+    launcher = CppLauncher(nargs)
+    builds = _PENDING.get()
+    if builds is None:
+        launcher.bind(_cpp_build(name, source, include), name)
+    else:
+        builds.submit(name, _cpp_build, name, source, include,
+                      then=lambda so: launcher.bind(so, name))  # fmt: skip
+    return launcher
 
 
 # --- Triton ------------------------------------------------------------------------------------
@@ -132,10 +207,25 @@ class TritonLauncher:
         self.configs, self.sizes = configs, (xnumel,) + ((rnumel,) if rnumel is not None else ())
         self.cfg, self.fast = None, None
 
-    def _launch(self, cfg, args):
+    def _grid_and_constants(self, cfg) -> tuple:
         grid = (-(-self.sizes[0] // cfg["XBLOCK"]),)
-        consts = {k: v for k, v in cfg.items() if k != "num_warps"}
+        return grid, {k: v for k, v in cfg.items() if k != "num_warps"}
+
+    def _launch(self, cfg, args):
+        grid, consts = self._grid_and_constants(cfg)
         return self.fn[grid](*args, *self.sizes, **consts, num_warps=cfg["num_warps"])
+
+    def precompile(self, dtypes: tuple) -> None:
+        """Compile, ahead of the first call, each config that call will launch (every config
+        when it autotunes), for pointer arguments of these dtypes (Triton's warmup)."""
+        remembered = _remembered_config(self)
+        if remembered is not None:
+            planned = [remembered]
+        else:
+            planned = self.configs if _autotunes(self) else self.configs[:1]
+        for cfg in planned:
+            grid, consts = self._grid_and_constants(cfg)
+            self.fn.warmup(*dtypes, *self.sizes, grid=grid, **consts, num_warps=cfg["num_warps"])
 
     def __call__(self, *args):
         if self.fast is not None:
@@ -166,22 +256,44 @@ def _direct_launcher(compiled, cfg, sizes):
     return launch
 
 
+def _autotunes(launcher: TritonLauncher) -> bool:
+    return (
+        config.autotune
+        and os.environ.get("TRITON_INTERPRET") != "1"
+        and len(launcher.configs) > 1
+    )
+
+
+def _autotune_path() -> Path:
+    return cache_dir() / "autotune.json"
+
+
+def _known_choices() -> dict:
+    try:
+        return json.loads(_autotune_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _autotune_key(launcher: TritonLauncher) -> str:
+    return f"{launcher.key}:{launcher.sizes}"
+
+
+def _remembered_config(launcher: TritonLauncher):
+    """The config autotuning chose for this kernel and sizes before, if it is still offered."""
+    if not _autotunes(launcher):
+        return None
+    known = _known_choices().get(_autotune_key(launcher))
+    return known if isinstance(known, dict) and known in launcher.configs else None
+
+
 def autotune(launcher: TritonLauncher, args) -> dict:
     """The fastest config (on copies of the arguments), remembered on disk by kernel and sizes."""
-    if (
-        not config.autotune
-        or os.environ.get("TRITON_INTERPRET") == "1"
-        or len(launcher.configs) == 1
-    ):
+    if not _autotunes(launcher):
         return launcher.configs[0]
-    path = cache_dir() / "autotune.json"
-    key = f"{launcher.key}:{launcher.sizes}"
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if isinstance(known.get(key), dict) and known[key] in launcher.configs:
-        return known[key]
+    remembered = _remembered_config(launcher)
+    if remembered is not None:
+        return remembered
     from triton.testing import do_bench
 
     copies = [a.clone() for a in args]
@@ -190,13 +302,24 @@ def autotune(launcher: TritonLauncher, args) -> dict:
         for c in launcher.configs
     ]
     best = launcher.configs[min(range(len(times)), key=times.__getitem__)]
-    known[key] = best
-    atomic_write(path, json.dumps(known))
+    known = _known_choices()
+    known[_autotune_key(launcher)] = best
+    atomic_write(_autotune_path(), json.dumps(known))
     return best
 
 
 def triton_kernel(name, source, configs, xnumel, rnumel) -> TritonLauncher:
     return TritonLauncher(name, source, configs, xnumel, rnumel)
+
+
+def precompile_triton(name: str, launcher: TritonLauncher, arg_types: tuple) -> None:
+    """Inside `parallel_builds()` on a GPU, compile `launcher`'s kernel in the background;
+    arg_types are its ir types ("*fp32" for a pointer; the trailing sizes are the launcher's)."""
+    builds = _PENDING.get()
+    if builds is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    dtypes = tuple(POINTER_DTYPES[t[1:]] for t in arg_types if t.startswith("*"))
+    builds.submit(name, launcher.precompile, dtypes)
 
 
 # --- externs and buffers -----------------------------------------------------------------------
