@@ -297,6 +297,7 @@ def compute_type(dtype):
 
 
 __all__ = [
-    "CSEVar", "CantRender", "ExternBuffer", "KernelSource", "MultiOutput", "POINTER_TYPES", "Renderer",
+    "CSEVar", "CantRender", "ExternBuffer", "KernelSource", "MultiOutput", "POINTER_TYPES",
+    "Renderer",
     "buffer_ptr_type", "merge_dims", "print_index", "simplify_index",
 ]  # fmt: skip
