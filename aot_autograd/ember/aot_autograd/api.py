@@ -27,7 +27,8 @@ Compiler = Callable[[fx.GraphModule, list], Callable]
 class RuntimeCache(Protocol):
     """A compiler's store of traced-and-compiled programs by their flat inputs (a disk cache,
     say): a hit skips tracing, partitioning and compiling. The compiled list is the inference
-    graph's callable, or the forward's and the backward's."""
+    graph's callable, or the forward's and the backward's. `store` follows the `load` that
+    missed, for the same inputs, once they are compiled."""
 
     def load(self, flat: list, in_spec) -> Optional[tuple[RuntimePlan, list[Callable]]]: ...
 

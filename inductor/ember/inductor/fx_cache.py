@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 
 from . import cache, metrics
 from .config import config, fingerprint
-from .runtime import cache_dir, parallel_builds
+from .runtime import cache_dir
 
 log = logging.getLogger("ember.inductor")
 
@@ -161,7 +161,10 @@ class FxGraphCache:
         self.context = "\n".join([options, fingerprint(), repr(partition_config),
                                   source_fingerprint()])  # fmt: skip
         self.rebuild = rebuild
-        self._programs: list = []  # (compiled callable, CompiledGraph) of the compile under way
+        # Of the compile under way: its key (None: not cacheable) and the (compiled callable,
+        # CompiledGraph) pairs made so far.
+        self._key: Optional[str] = None
+        self._programs: list = []
 
     def compiler(self, compile_graph: Callable, finish: Callable) -> Callable:
         """`(gm, inputs) -> finish(compile_graph(gm, inputs))`, remembering the CompiledGraph."""
@@ -191,7 +194,7 @@ class FxGraphCache:
         """(plan, compiled callables) stored for these inputs, or None (compile normally)."""
         from ember.aot_autograd import plan_from_json
 
-        self._programs.clear()
+        self._key, self._programs = None, []
         if not (config.cache and config.fx_cache):
             return None
         try:
@@ -199,12 +202,12 @@ class FxGraphCache:
         except Exception as e:  # noqa: BLE001  (Uncacheable, a custom pytree node, ...)
             log.debug("ember.inductor: no torch-level cache for this call: %s", e)
             return None
+        self._key = key
         path = self._path(key)
         try:
             payload = cache.read_entry(path, key)
             plan = plan_from_json(payload["plan"])
-            with parallel_builds():  # the forward's and the backward's kernels together
-                compiled = [self.rebuild(cache.program_from_json(p)) for p in payload["programs"]]
+            compiled = [self.rebuild(cache.program_from_json(p)) for p in payload["programs"]]
         except FileNotFoundError:
             metrics.fx_cache_misses += 1
             return None
@@ -217,20 +220,21 @@ class FxGraphCache:
         return plan, compiled
 
     def store(self, flat: list, in_spec, plan, compiled: list) -> None:
-        """Write the plan and programs just compiled for these inputs, when they are plain data."""
+        """Write the plan and programs just compiled for these inputs (keyed by the load that
+        preceded the compile), when they are plain data."""
         from ember.aot_autograd import NotSerializable, plan_to_json
 
-        recorded, self._programs = self._programs, []
-        if not (config.cache and config.fx_cache):
-            return
+        key, recorded = self._key, self._programs
+        self._key, self._programs = None, []
+        if key is None or not (config.cache and config.fx_cache):
+            return  # the load that preceded this compile could not key it
         graphs = [next((g for r, g in recorded if r is c), None) for c in compiled]
         if any(g is None or g.constants for g in graphs):
             return  # compiled elsewhere, or the program holds tensors: not plain data
         try:
-            key = self.key(flat, in_spec)
             payload = {"plan": plan_to_json(plan),
                        "programs": [cache.program_to_json(g.program) for g in graphs]}  # fmt: skip
-        except (Uncacheable, NotSerializable) as e:
+        except NotSerializable as e:
             log.debug("ember.inductor: not caching this program at torch level: %s", e)
             return
         cache.write_entry(self._path(key), key, payload)

@@ -36,6 +36,7 @@ from .loop_ir import (
     MultiOutput,
     Pointwise,
     Reduction,
+    SketchHandler,
     TextHandler,
     compute_dtype,
     loop_vars,
@@ -104,7 +105,7 @@ class Lazy:
     def cost(self) -> tuple[int, int, bool]:
         """(ops, loads, uses a transcendental) of one element, from a dry run of the body."""
         if self._cost is None:
-            with set_handler(TextHandler()) as h:
+            with set_handler(SketchHandler()) as h:
                 self.fn(loop_vars("i", len(self.sizes)))
             loads = sum(" = load(" in line for line in h.lines)
             pricey = any(f" = {op}(" in line for line in h.lines for op in TRANSCENDENTAL)

@@ -153,12 +153,14 @@ class CompiledGraph:
         code = compile(
             program.source, f"<ember.inductor wrapper {_digest(program.source)}>", "exec"
         )
-        with runtime.parallel_builds():  # every kernel of the program builds at once
+        # Every kernel of the program builds at once, in the background until the first call.
+        with runtime.collect_builds() as builds:
             exec(code, namespace)
             for k in program.kernels:
                 if k.language == "triton":
                     runtime.precompile_triton(k.name, namespace[k.name], k.arg_types)
-        self._call = namespace["call"]
+        self._builds, self._run = builds, namespace["call"]
+        self._call = self._first_call if builds.jobs else self._run
         self._spec = pytree.treespec_loads(program.out_spec) if program.out_spec else None
         leaves = tuple(range(program.num_outputs))
         # A flat tuple or list of outputs needs no unflattening on each call.
@@ -166,6 +168,11 @@ class CompiledGraph:
             pytree.tree_structure(leaves), pytree.tree_structure(list(leaves))
         )
         metrics.generated_kernel_count += len(program.kernels)
+
+    def _first_call(self, args):
+        self._builds.finish()
+        self._call = self._run
+        return self._run(args)
 
     @property
     def source(self) -> str:

@@ -4,9 +4,10 @@ Launchers are prepared once per compiled graph: a C++ launcher keeps its ctypes 
 and only writes data pointers into it per call; a Triton launcher binds its grid and block sizes
 (chosen by autotuning on first call, and remembered on disk).
 
-Kernels are independent, so a wrapper that loads inside `parallel_builds()` has its C++ kernels
+Kernels are independent, so a wrapper that loads inside `collect_builds()` has its C++ kernels
 built and its Triton kernels compiled concurrently, on a thread pool sized to the cores (each
-job is a compiler subprocess or Triton's own compile); failures are reported together, by kernel.
+job is a compiler subprocess or Triton's own compile), while the compiler goes on (to the
+backward graph, say); failures are reported together, by kernel, before the first launch.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def build_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="ember-build")
 
 
-# The builds started while a wrapper loads: None outside `parallel_builds()`.
+# The builds started while a wrapper loads: None outside `collect_builds()`.
 _PENDING: contextvars.ContextVar = contextvars.ContextVar("ember_inductor_builds", default=None)
 
 
@@ -115,19 +116,15 @@ class Builds:
 
 
 @contextlib.contextmanager
-def parallel_builds():
-    """Kernels loaded inside are built concurrently and ready when the block exits (the
-    outermost block, when they nest: everything loaded within it builds together)."""
-    if _PENDING.get() is not None:
-        yield _PENDING.get()
-        return
+def collect_builds():
+    """Kernels loaded inside start building in the background; the yielded Builds finishes
+    them (its owner calls `finish()` before the first launch)."""
     builds = Builds()
     token = _PENDING.set(builds)
     try:
         yield builds
     finally:
         _PENDING.reset(token)
-    builds.finish()
 
 
 def _build_options() -> dict:
@@ -165,8 +162,8 @@ def _cpp_build(name: str, source: str, include: str) -> Path:
 
 
 def cpp_kernel(name: str, source: str, nargs: int) -> CppLauncher:
-    """Compile (cached by content) and load one C++ kernel; inside `parallel_builds()` the build
-    runs in the background and the launcher is bound when the block exits."""
+    """Compile (cached by content) and load one C++ kernel; inside `collect_builds()` the build
+    runs in the background and the launcher is bound by `Builds.finish()`."""
     opts = _build_options()
     # resolved here, on the calling thread, so the precompiled header is built once
     include = _pch_dir(repr(sorted(opts.items()))) if config.cpp_pch else str(CSRC)
@@ -313,7 +310,7 @@ def triton_kernel(name, source, configs, xnumel, rnumel) -> TritonLauncher:
 
 
 def precompile_triton(name: str, launcher: TritonLauncher, arg_types: tuple) -> None:
-    """Inside `parallel_builds()` on a GPU, compile `launcher`'s kernel in the background;
+    """Inside `collect_builds()` on a GPU, compile `launcher`'s kernel in the background;
     arg_types are its ir types ("*fp32" for a pointer; the trailing sizes are the launcher's)."""
     builds = _PENDING.get()
     if builds is None or os.environ.get("TRITON_INTERPRET") == "1":
