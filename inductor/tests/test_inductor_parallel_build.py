@@ -1,5 +1,6 @@
-"""A program's C++ kernels build concurrently (in the background until its first call), and a
-kernel that fails to build is named."""
+"""A program's kernels build concurrently, in the background until its first call: C++ kernels
+(a failure names its kernel and fails the program) and Triton kernels compiled ahead of their
+first launch (a failure there only warns: the launch compiles again)."""
 
 import dataclasses
 import threading
@@ -103,3 +104,50 @@ def _renamed(program, tag):
         source = source.replace(_loader_text(k), _loader_text(new))
         kernels.append(new)
     return dataclasses.replace(program, source=source, kernels=kernels)
+
+
+class _WarmupLog:
+    """Stands in for a Triton JITFunction (no GPU here): records `warmup` calls, or fails."""
+
+    def __init__(self, fail=False):
+        self.calls, self.fail = [], fail
+
+    def warmup(self, *args, grid, num_warps, **constants):
+        if self.fail:
+            raise RuntimeError("no GPU")
+        self.calls.append((args, grid, num_warps, constants, threading.current_thread().name))
+
+
+def _triton_launcher(fn, configs):
+    launcher = runtime.TritonLauncher.__new__(runtime.TritonLauncher)
+    launcher.fn, launcher.key, launcher.configs = fn, "k" * 20, configs
+    launcher.sizes, launcher.cfg, launcher.fast = (1000, 64), None, None
+    return launcher
+
+
+def test_triton_kernels_compile_ahead_on_the_pool(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(runtime, "cache_dir", lambda: tmp_path)  # no remembered autotune choice
+    configs = [{"XBLOCK": 8, "RBLOCK": 64, "num_warps": 2},
+               {"XBLOCK": 16, "RBLOCK": 64, "num_warps": 4}]  # fmt: skip
+    fn = _WarmupLog()
+    with runtime.collect_builds() as builds:
+        runtime.precompile_triton("k0", _triton_launcher(fn, configs),
+                                  ("*bf16", "*fp32", "i64", "i64"))  # fmt: skip
+    builds.finish()
+    # every config autotuning will try, with the pointer dtypes, sizes and grid of the launch
+    assert [(c[0], c[1], c[2], c[3]) for c in fn.calls] == [
+        ((torch.bfloat16, torch.float32, 1000, 64), (125,), 2, {"XBLOCK": 8, "RBLOCK": 64}),
+        ((torch.bfloat16, torch.float32, 1000, 64), (63,), 4, {"XBLOCK": 16, "RBLOCK": 64}),
+    ]
+    assert all(c[4].startswith("ember-build") for c in fn.calls)
+
+
+def test_a_failed_triton_precompile_only_warns(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(runtime, "cache_dir", lambda: tmp_path)
+    with runtime.collect_builds() as builds:
+        launcher = _triton_launcher(_WarmupLog(fail=True), [{"XBLOCK": 8, "num_warps": 1}])
+        runtime.precompile_triton("k7", launcher, ("*fp32", "i64"))
+    builds.finish()  # the launch compiles again and reports its own error
+    assert "kernel k7: RuntimeError: no GPU" in caplog.text

@@ -19,6 +19,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -36,6 +37,7 @@ CSRC = Path(__file__).with_name("csrc")
 _HEADER_HASH = hashlib.sha256((CSRC / "ember_cpu.h").read_bytes()).hexdigest()[:16]
 VEC_WIDTH = {"avx512": 16, "avx2": 8, "generic": 4}
 POINTER_DTYPES = {name: dtype for dtype, name in POINTER_TYPES.items()}
+log = logging.getLogger("ember.inductor")
 
 from ember.ir import toolchain
 
@@ -92,27 +94,34 @@ _PENDING: contextvars.ContextVar = contextvars.ContextVar("ember_inductor_builds
 
 
 class Builds:
-    """Kernel builds under way: (kernel name, future, what to do with its result)."""
+    """Kernel builds under way: (kernel name, future, what to do with its result, required).
+
+    A required build (a C++ kernel) that fails fails the program; an optional one (a Triton
+    compile ahead of the first launch) only logs a warning: the launch compiles it again and
+    reports its own error."""
 
     def __init__(self):
         self.jobs: list = []
 
-    def submit(self, name: str, fn, *args, then=None) -> None:
-        self.jobs.append((name, build_pool().submit(fn, *args), then))
+    def submit(self, name: str, fn, *args, then=None, required=True) -> None:
+        self.jobs.append((name, build_pool().submit(fn, *args), then, required))
 
     def finish(self) -> None:
-        """Wait for every build; raise one BuildError naming each kernel that failed."""
+        """Wait for every build; raise one BuildError naming each required kernel that failed."""
         failures = []
-        for name, future, then in self.jobs:
+        for name, future, then, required in self.jobs:
             try:
                 result = future.result()
                 if then is not None:
                     then(result)
             except Exception as e:  # noqa: BLE001  (each failure is reported below)
-                failures.append(f"--- kernel {name}: {type(e).__name__}: {e}")
-        if failures:
-            head = f"{len(failures)} of {len(self.jobs)} kernels failed to build:"
-            raise toolchain.BuildError("\n".join([head, *failures]))
+                failures.append((required, f"--- kernel {name}: {type(e).__name__}: {e}"))
+        for _, text in (f for f in failures if not f[0]):
+            log.warning("ember.inductor: compiling ahead of launch failed\n%s", text)
+        fatal = [text for required, text in failures if required]
+        if fatal:
+            head = f"{len(fatal)} of {len(self.jobs)} kernels failed to build:"
+            raise toolchain.BuildError("\n".join([head, *fatal]))
 
 
 @contextlib.contextmanager
@@ -316,7 +325,7 @@ def precompile_triton(name: str, launcher: TritonLauncher, arg_types: tuple) -> 
     if builds is None or os.environ.get("TRITON_INTERPRET") == "1":
         return
     dtypes = tuple(POINTER_DTYPES[t[1:]] for t in arg_types if t.startswith("*"))
-    builds.submit(name, launcher.precompile, dtypes)
+    builds.submit(name, launcher.precompile, dtypes, required=False)
 
 
 # --- externs and buffers -----------------------------------------------------------------------
