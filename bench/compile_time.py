@@ -35,8 +35,8 @@ def _one(name: str, device: str, mode: str) -> dict:
     spec = MODELS[name]
     torch.manual_seed(0)
     model = spec.build().to(device)
-    inputs = [t.to(device) for t in spec.make_inputs(spec.batch, spec.seq,
-                                                      torch.Generator().manual_seed(0))]  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    inputs = [t.to(device) for t in spec.make_inputs(spec.batch, spec.seq, gen)]
     train = mode.startswith("train")
     model.train(train)
     autocast = torch.bfloat16 if mode in ("infer-bf16", "train-amp") else None

@@ -564,7 +564,7 @@ def _run_extern(b, tensors):
 # --- invariants ----------------------------------------------------------------------------------
 
 
-class _Checker(TextHandler):
+class _Checker(SketchHandler):  # checks indices, never prints them
     def __init__(self, known: set, allowed_symbols: set, where: str):
         super().__init__()
         self.known, self.allowed, self.context = known, allowed_symbols, where

@@ -82,7 +82,8 @@ class View:
         return cls(buf, lay.sizes, lay.strides, lay.offset)
 
     def index(self, idx) -> sympy.Expr:
-        return self.offset + sum((i * s for i, s in zip(idx, self.strides)), sympy.S.Zero)
+        # one Add of all terms: summing them one by one rebuilds an Add per term
+        return sympy.Add(self.offset, *(i * s for i, s in zip(idx, self.strides)))
 
     def load(self, idx):
         return ops.load(self.buffer.name, self.index(idx))

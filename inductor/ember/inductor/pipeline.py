@@ -159,8 +159,9 @@ class CompiledGraph:
             for k in program.kernels:
                 if k.language == "triton":
                     runtime.precompile_triton(k.name, namespace[k.name], k.arg_types)
+        builds.start()
         self._builds, self._run = builds, namespace["call"]
-        self._call = self._first_call if builds.jobs else self._run
+        self._call = self._first_call if builds.pending() else self._run
         self._spec = pytree.treespec_loads(program.out_spec) if program.out_spec else None
         leaves = tuple(range(program.num_outputs))
         # A flat tuple or list of outputs needs no unflattening on each call.

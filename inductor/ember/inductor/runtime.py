@@ -94,40 +94,96 @@ _PENDING: contextvars.ContextVar = contextvars.ContextVar("ember_inductor_builds
 
 
 class Builds:
-    """Kernel builds under way: (kernel name, future, what to do with its result, required).
+    """The kernel builds of one program: C++ kernels, built in a few translation units at once,
+    and Triton kernels compiled ahead of their first launch.
 
-    A required build (a C++ kernel) that fails fails the program; an optional one (a Triton
-    compile ahead of the first launch) only logs a warning: the launch compiles it again and
-    reports its own error."""
+    A C++ kernel that fails to build fails the program, with every failing kernel named; a
+    Triton compile-ahead that fails only logs a warning (the launch compiles it again and
+    reports its own error)."""
 
     def __init__(self):
-        self.jobs: list = []
+        self.cpp: list = []  # (name, source, include dir, launcher) not yet submitted
+        self.cpp_jobs: list = []  # (kernels of one translation unit, future)
+        self.optional: list = []  # (name, future)
 
-    def submit(self, name: str, fn, *args, then=None, required=True) -> None:
-        self.jobs.append((name, build_pool().submit(fn, *args), then, required))
+    def pending(self) -> bool:
+        """Is there anything to wait for before the first launch?"""
+        return bool(self.cpp or self.cpp_jobs or self.optional)
+
+    def add_cpp(self, name: str, source: str, include: str, launcher: CppLauncher) -> None:
+        self.cpp.append((name, source, include, launcher))
+
+    def submit_optional(self, name: str, fn, *args) -> None:
+        self.optional.append((name, build_pool().submit(fn, *args)))
+
+    def start(self) -> None:
+        """Submit the C++ kernels added so far: one translation unit per core (a compiler
+        process costs more than most kernels), each kernel in exactly one."""
+        kernels, self.cpp = self.cpp, []
+        for include in sorted({k[2] for k in kernels}):  # one set of build options per unit
+            same = [k for k in kernels if k[2] == include]
+            for group in _groups(same, os.cpu_count() or 1):
+                self.cpp_jobs.append((group, build_pool().submit(_build_group, group)))
 
     def finish(self) -> None:
-        """Wait for every build; raise one BuildError naming each required kernel that failed."""
-        failures = []
-        for name, future, then, required in self.jobs:
+        """Wait for every build and bind the C++ launchers; raise one BuildError naming each
+        C++ kernel that failed."""
+        self.start()
+        for name, future in self.optional:
             try:
-                result = future.result()
-                if then is not None:
-                    then(result)
-            except Exception as e:  # noqa: BLE001  (each failure is reported below)
-                failures.append((required, f"--- kernel {name}: {type(e).__name__}: {e}"))
-        for _, text in (f for f in failures if not f[0]):
-            log.warning("ember.inductor: compiling ahead of launch failed\n%s", text)
-        fatal = [text for required, text in failures if required]
-        if fatal:
-            head = f"{len(fatal)} of {len(self.jobs)} kernels failed to build:"
-            raise toolchain.BuildError("\n".join([head, *fatal]))
+                future.result()
+            except Exception as e:  # noqa: BLE001  (the launch compiles again and says why)
+                log.warning("ember.inductor: compiling kernel %s ahead of launch failed: %s: %s",
+                            name, type(e).__name__, e)  # fmt: skip
+        failures, total = [], 0
+        for group, future in self.cpp_jobs:
+            total += len(group)
+            for (name, _, _, launcher), built in zip(group, future.result()):
+                if isinstance(built, Exception):
+                    failures.append(f"--- kernel {name}: {type(built).__name__}: {built}")
+                else:
+                    launcher.bind(built, name)
+        if failures:
+            head = f"{len(failures)} of {total} kernels failed to build:"
+            raise toolchain.BuildError("\n".join([head, *failures]))
+
+
+def _groups(kernels: list, n: int) -> list:
+    """`kernels` in at most n groups of about equal source size (largest first, each to the
+    lightest group); deterministic, so a program always builds the same (cached) units."""
+    groups = [[] for _ in range(min(n, len(kernels)))]
+    sizes = [0] * len(groups)
+    for k in sorted(kernels, key=lambda k: (-len(k[1]), k[0])):
+        i = sizes.index(min(sizes))
+        groups[i].append(k)
+        sizes[i] += len(k[1])
+    return [g for g in groups if g]
+
+
+def _build_group(group: list) -> list:
+    """Build the kernels of one group as one library; per kernel its path or its error. When the
+    unit fails, each kernel is built alone, so every failure is pinned on its own kernel."""
+    names = [name for name, *_ in group]
+    if len(group) > 1 and len(set(names)) == len(names):
+        code = "\n".join(source for _, source, _, _ in group)
+        try:
+            so = _cpp_build("kernels_" + "_".join(names[:4]), code, group[0][2])
+            return [so] * len(group)
+        except toolchain.BuildError:
+            pass
+    out = []
+    for name, source, include, _ in group:
+        try:
+            out.append(_cpp_build(name, source, include))
+        except Exception as e:  # noqa: BLE001  (reported by Builds.finish)
+            out.append(e)
+    return out
 
 
 @contextlib.contextmanager
 def collect_builds():
-    """Kernels loaded inside start building in the background; the yielded Builds finishes
-    them (its owner calls `finish()` before the first launch)."""
+    """Kernels loaded inside are collected into the yielded Builds, whose owner starts them
+    (`start()`, in the background) and finishes them before the first launch (`finish()`)."""
     builds = Builds()
     token = _PENDING.set(builds)
     try:
@@ -172,7 +228,7 @@ def _cpp_build(name: str, source: str, include: str) -> Path:
 
 def cpp_kernel(name: str, source: str, nargs: int) -> CppLauncher:
     """Compile (cached by content) and load one C++ kernel; inside `collect_builds()` the build
-    runs in the background and the launcher is bound by `Builds.finish()`."""
+    joins the program's (`Builds.start()`) and the launcher is bound by `Builds.finish()`."""
     opts = _build_options()
     # resolved here, on the calling thread, so the precompiled header is built once
     include = _pch_dir(repr(sorted(opts.items()))) if config.cpp_pch else str(CSRC)
@@ -181,8 +237,7 @@ def cpp_kernel(name: str, source: str, nargs: int) -> CppLauncher:
     if builds is None:
         launcher.bind(_cpp_build(name, source, include), name)
     else:
-        builds.submit(name, _cpp_build, name, source, include,
-                      then=lambda so: launcher.bind(so, name))  # fmt: skip
+        builds.add_cpp(name, source, include, launcher)
     return launcher
 
 
@@ -325,7 +380,7 @@ def precompile_triton(name: str, launcher: TritonLauncher, arg_types: tuple) -> 
     if builds is None or os.environ.get("TRITON_INTERPRET") == "1":
         return
     dtypes = tuple(POINTER_DTYPES[t[1:]] for t in arg_types if t.startswith("*"))
-    builds.submit(name, launcher.precompile, dtypes, required=False)
+    builds.submit_optional(name, launcher.precompile, dtypes)
 
 
 # --- externs and buffers -----------------------------------------------------------------------
