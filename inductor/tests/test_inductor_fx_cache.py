@@ -164,6 +164,11 @@ def test_graphs_that_cannot_be_keyed_compile_normally(cache_on):
     graph.output(graph.call_function(torch.add, (graph.placeholder("x"), torch.tensor(3.0))))
     with pytest.raises(fx_cache.Uncacheable):
         fx_cache.fx_graph_text(fx.GraphModule({}, graph))
+    graph = fx.Graph()  # an operator outside aten: a library may define it differently
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(torch.ops.quantized.add.default, (x, x, 1.0, 0)))
+    with pytest.raises(fx_cache.Uncacheable, match="outside aten"):
+        fx_cache.fx_graph_text(fx.GraphModule({}, graph))
     x = torch.randn(3, 4)
     with torch.no_grad():
         torch.testing.assert_close(compile_fx(fx.symbolic_trace(module), [x])(x), module(x))

@@ -49,6 +49,9 @@ class Uncacheable(Exception):
 @functools.cache
 def _target_text(target) -> str:
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        # aten's meaning is torch's (versioned); another library's op may be redefined
+        if str(target).split(".")[0] != "aten":
+            raise Uncacheable(f"operator {target} outside aten")
         return f"op:{target}"
     module = getattr(target, "__module__", None)
     if not module or module.split(".")[0] not in _TRUSTED_MODULES:
