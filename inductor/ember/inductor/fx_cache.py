@@ -58,8 +58,12 @@ def _target_text(target) -> str:
         raise Uncacheable(f"call target {target!r} is not from a trusted module")
     # A Python function by its qualified name; a builtin (torch.conv2d's qualname is
     # torch._VariableFunctionsClass.conv2d) by the name its module exports it under.
+    try:
+        owner = importlib.import_module(module)
+    except ImportError:
+        raise Uncacheable(f"call target {target!r} names a module that does not import") from None
     for name in (getattr(target, "__qualname__", None), getattr(target, "__name__", None)):
-        obj = importlib.import_module(module)
+        obj = owner
         for part in (name or "<none>").split("."):
             obj = getattr(obj, part, None)
         if obj is target:
@@ -249,6 +253,6 @@ def runtime_cache_for(gm, options: str, rebuild: Callable) -> Optional[FxGraphCa
         return None
     try:
         return FxGraphCache(gm, options, rebuild)
-    except Uncacheable as e:
+    except Exception as e:  # noqa: BLE001  (Uncacheable, or a graph we failed to read)
         log.info("ember.inductor: compiling without the torch-level cache: %s", e)
         return None
