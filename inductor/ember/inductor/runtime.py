@@ -83,9 +83,14 @@ class CppLauncher:
         self.fn(argv)
 
 
-@functools.cache
 def build_pool() -> ThreadPoolExecutor:
     """The threads that run kernel builds: one per core (a build is mostly a subprocess)."""
+    return _pool_of_process(os.getpid())
+
+
+@functools.cache
+def _pool_of_process(pid: int) -> ThreadPoolExecutor:
+    # per process: a forked child inherits the pool object but none of its threads
     return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="ember-build")
 
 
