@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import torch
 import torch.fx as fx
@@ -17,11 +17,23 @@ from .dynamic import SYMBOLS_META, dynamic_module_call, runnable_graph
 from .joint import trace
 from .module_call import GUARDED_INPUTS_META, module_caller
 from .partition import min_cut_partition
-from .runtime import InferenceRuntime, TrainingRuntime, check_mutated_aliasing
+from .plan_codec import build_runtime
+from .runtime import RuntimePlan, check_mutated_aliasing
 from .signature import input_signature, tensor_key
 
 # A compiler turns a graph and example inputs into a callable taking the same inputs.
 Compiler = Callable[[fx.GraphModule, list], Callable]
+
+
+class RuntimeCache(Protocol):
+    """A compiler's store of traced-and-compiled programs by their flat inputs (a disk cache,
+    say): a hit skips tracing, partitioning and compiling. The compiled list is the inference
+    graph's callable, or the forward's and the backward's. `store` follows the `load` that
+    missed, for the same inputs, once they are compiled."""
+
+    def load(self, flat: list, in_spec) -> Optional[tuple[RuntimePlan, list[Callable]]]: ...
+
+    def store(self, flat: list, in_spec, plan: RuntimePlan, compiled: list[Callable]) -> None: ...
 
 
 def run_as_fx(gm: fx.GraphModule, example_inputs: list) -> Callable:
@@ -50,8 +62,10 @@ def example_inputs_from_meta(gm: fx.GraphModule, shape_env=None) -> list:
 class AOTFunction:
     """The callable `aot_function` returns: traces once per input signature, then runs compiled."""
 
-    def __init__(self, fn, fw_compiler, bw_compiler, partition_fn, inference_compiler):
+    def __init__(self, fn, fw_compiler, bw_compiler, partition_fn, inference_compiler,
+                 runtime_cache: Optional[RuntimeCache] = None):  # fmt: skip
         self.fn = fn
+        self.runtime_cache = runtime_cache
         self.fw_compiler = fw_compiler
         self.bw_compiler = bw_compiler or fw_compiler
         self.inference_compiler = inference_compiler or fw_compiler
@@ -91,21 +105,30 @@ class AOTFunction:
         return runtime
 
     def _compile(self, flat: list, in_spec):
-        flat_fn = _flat_program(self.fn, flat, in_spec)
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
-        traced = trace(flat_fn, tensors, self.symbolic)
+        cache = self.runtime_cache if self.symbolic is None else None  # static programs only
+        hit = cache.load(flat, in_spec) if cache is not None else None
+        if hit is not None:
+            plan, compiled = hit
+            check_mutated_aliasing(plan, tensors)
+            self.last_graphs = {}
+            return build_runtime(plan, compiled)
+        traced = trace(_flat_program(self.fn, flat, in_spec), tensors, self.symbolic)
         check_mutated_aliasing(traced.plan, tensors)
         example = list(traced.example_inputs)
         example += [torch.zeros((), dtype=torch.int64, device=d) for d in traced.plan.rng_devices]
         if not traced.is_joint:
             self.last_graphs = {"inference": traced.gm}
-            return InferenceRuntime(traced.plan, self.inference_compiler(traced.gm, example))
-        fw_gm, bw_gm = self.partition_fn(traced.gm, num_fwd_outputs=traced.plan.num_fw_outputs)
-        self.last_graphs = {"joint": traced.gm, "forward": fw_gm, "backward": bw_gm}
-        forward = self.fw_compiler(fw_gm, example)
-        env = self.symbolic[1] if self.symbolic is not None else None
-        backward = self.bw_compiler(bw_gm, example_inputs_from_meta(bw_gm, env))
-        return TrainingRuntime(traced.plan, forward, backward)
+            compiled = [self.inference_compiler(traced.gm, example)]
+        else:
+            fw_gm, bw_gm = self.partition_fn(traced.gm, num_fwd_outputs=traced.plan.num_fw_outputs)
+            self.last_graphs = {"joint": traced.gm, "forward": fw_gm, "backward": bw_gm}
+            forward = self.fw_compiler(fw_gm, example)
+            env = self.symbolic[1] if self.symbolic is not None else None
+            compiled = [forward, self.bw_compiler(bw_gm, example_inputs_from_meta(bw_gm, env))]
+        if cache is not None:
+            self.runtime_cache.store(flat, in_spec, traced.plan, compiled)
+        return build_runtime(traced.plan, compiled)
 
 
 def _flat_program(fn: Callable, flat: list, in_spec):
@@ -130,9 +153,12 @@ def aot_function(
     bw_compiler: Optional[Compiler] = None,
     partition_fn=min_cut_partition,
     inference_compiler: Optional[Compiler] = None,
+    runtime_cache: Optional[RuntimeCache] = None,
 ) -> AOTFunction:
     """Trace `fn` ahead of time (forward and backward as prim graphs) and run it compiled."""
-    return AOTFunction(fn, fw_compiler, bw_compiler, partition_fn, inference_compiler)
+    return AOTFunction(
+        fn, fw_compiler, bw_compiler, partition_fn, inference_compiler, runtime_cache
+    )
 
 
 class AOTModule(nn.Module):
@@ -177,15 +203,17 @@ def aot_module_simplified(
     partition_fn=min_cut_partition,
     inference_compiler=None,
     guarded: Optional[bool] = None,
+    runtime_cache: Optional[RuntimeCache] = None,
 ) -> Callable:
     """A compiler-backend body (the dynamo contract): `(*flat_inputs) -> what gm returns`.
 
     `guarded=True` promises that every call's tensors (gm's own parameters and buffers too) have
     the sizes, strides, dtypes, devices and requires_grad of the first call, as a frontend's
     guards ensure; calls then skip re-keying. None reads `gm.meta[GUARDED_INPUTS_META]`.
+    `runtime_cache` (see RuntimeCache) lets a compiler reuse what it compiled for gm before.
     """
     compiled = aot_function(
-        _functional(gm), fw_compiler, bw_compiler, partition_fn, inference_compiler
+        _functional(gm), fw_compiler, bw_compiler, partition_fn, inference_compiler, runtime_cache
     )
     if getattr(gm, "meta", {}).get(SYMBOLS_META):
         return dynamic_module_call(gm, example_inputs, compiled)

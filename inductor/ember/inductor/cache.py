@@ -57,7 +57,8 @@ def _path(key: str):
     return cache_dir() / "graphs" / f"{key}.json"
 
 
-def _payload(program: Program) -> dict:
+def program_to_json(program: Program) -> dict:
+    """A compiled program as JSON-able data (wrapper source, kernels, artifact)."""
     return {
         "source": program.source,
         "num_outputs": program.num_outputs,
@@ -77,18 +78,44 @@ def _payload(program: Program) -> dict:
     }
 
 
-def store(key: str, program: Program) -> None:
-    """Write `program` under `key` (atomically)."""
-    if not config.cache:
-        return
-    payload = _payload(program)
+def program_from_json(payload: dict) -> Program:
+    """The inverse of `program_to_json` (KeyError/TypeError/ValueError on malformed data)."""
+    kernels = [KernelSource(k["name"], k["language"], k["source"], tuple(k["args"]),
+                            tuple(k["arg_types"]), meta=tuple(tuple(m) for m in k["meta"]))
+               for k in payload["kernels"]]  # fmt: skip
+    return Program(payload["source"], kernels, from_json(CompiledArtifact, payload["artifact"]),
+                   payload["num_outputs"], payload["out_spec"])  # fmt: skip
+
+
+def write_entry(path, key: str, payload: dict) -> None:
+    """Write `payload` under `key` atomically, with its format, versions and checksum."""
     body = json.dumps(payload, sort_keys=True)
     entry = {"format": FORMAT, "key": key, "versions": _versions(),
              "checksum": hashlib.sha256(body.encode()).hexdigest(), "payload": payload}  # fmt: skip
     try:
-        atomic_write(_path(key), json.dumps(entry, sort_keys=True))
+        atomic_write(path, json.dumps(entry, sort_keys=True))
     except OSError as e:  # a read-only or full cache must not fail the compile
         log.warning("ember.inductor: cannot write compile cache entry: %s", e)
+
+
+def read_entry(path, key: str) -> dict:
+    """The payload stored at `path` for `key`; FileNotFoundError when absent, ValueError (or
+    KeyError/TypeError/OSError) when it is not trustworthy."""
+    entry = json.loads(path.read_text())
+    payload = entry["payload"]
+    body = json.dumps(payload, sort_keys=True)
+    ok = (entry.get("format") == FORMAT and entry.get("key") == key
+          and entry.get("versions") == _versions()
+          and entry.get("checksum") == hashlib.sha256(body.encode()).hexdigest())  # fmt: skip
+    if not ok:
+        raise ValueError("checksum, key or version mismatch")
+    return payload
+
+
+def store(key: str, program: Program) -> None:
+    """Write `program` under `key` (atomically)."""
+    if config.cache:
+        write_entry(_path(key), key, program_to_json(program))
 
 
 def load(key: str) -> Program | None:
@@ -97,19 +124,7 @@ def load(key: str) -> Program | None:
         return None
     path = _path(key)
     try:
-        entry = json.loads(path.read_text())
-        payload = entry["payload"]
-        body = json.dumps(payload, sort_keys=True)
-        ok = (entry.get("format") == FORMAT and entry.get("key") == key
-              and entry.get("versions") == _versions()
-              and entry.get("checksum") == hashlib.sha256(body.encode()).hexdigest())  # fmt: skip
-        if not ok:
-            raise ValueError("checksum, key or version mismatch")
-        kernels = [KernelSource(k["name"], k["language"], k["source"], tuple(k["args"]),
-                                tuple(k["arg_types"]), meta=tuple(tuple(m) for m in k["meta"]))
-                   for k in payload["kernels"]]  # fmt: skip
-        program = Program(payload["source"], kernels, from_json(CompiledArtifact, payload["artifact"]),
-                          payload["num_outputs"], payload["out_spec"])  # fmt: skip
+        program = program_from_json(read_entry(path, key))
     except FileNotFoundError:
         metrics.cache_misses += 1
         return None

@@ -292,13 +292,17 @@ class Renderer:
         return self.buffers[name].dtype
 
 
+# Element types of kernel pointer arguments, by their ir KernelIR names.
+POINTER_TYPES = {
+    torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
+    torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.int16: "i16",
+    torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1",
+}  # fmt: skip
+
+
 def buffer_ptr_type(dtype: torch.dtype) -> str:
     """The ir KernelIR argument type of a buffer pointer ("*fp32")."""
-    return "*" + {
-        torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
-        torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.int16: "i16",
-        torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1",
-    }[dtype]  # fmt: skip
+    return "*" + POINTER_TYPES[dtype]
 
 
 def is_float(dtype) -> bool:
@@ -310,7 +314,7 @@ def compute_type(dtype):
 
 
 __all__ = [
-    "CSEVar", "CantRender", "ExternBuffer", "KernelSource", "MultiOutput", "Renderer",
-    "buffer_ptr_type", "code_text", "merge_dims", "print_index", "simplify_index",
+    "CSEVar", "CantRender", "ExternBuffer", "KernelSource", "MultiOutput", "POINTER_TYPES",
+    "Renderer", "buffer_ptr_type", "code_text", "merge_dims", "print_index", "simplify_index",
     "size_symbols_in",
 ]  # fmt: skip

@@ -1,7 +1,8 @@
 """ember.inductor's configuration: every knob in one object, with documented env-var overrides.
 
 Overrides (read once at import):
-  EMBER_INDUCTOR_CACHE=0          disable the on-disk compile cache (`cache`)
+  EMBER_INDUCTOR_CACHE=0          disable the on-disk compile caches (`cache`)
+  EMBER_INDUCTOR_FX_CACHE=0       disable only its torch-level part (`fx_cache`)
   EMBER_INDUCTOR_CPU_BACKEND=...  "cpp" (default) or "triton" (render CPU graphs as Triton, for
                                   testing the Triton renderer with TRITON_INTERPRET=1)
   EMBER_INDUCTOR_AUTOTUNE=0       disable Triton block-size autotuning (`autotune`)
@@ -41,8 +42,9 @@ class Config:
     # Triton backend
     persistent_reduction_max: int = 1024  # rows this short are reduced in one block
     autotune: bool = True
-    # compile cache
+    # compile cache: prim-graph entries, and torch-level ones that skip tracing too
     cache: bool = True
+    fx_cache: bool = True
     output_code: bool = False
 
 
@@ -50,6 +52,8 @@ def _from_env(cfg: Config) -> Config:
     env = os.environ
     if env.get("EMBER_INDUCTOR_CACHE") == "0":
         cfg.cache = False
+    if env.get("EMBER_INDUCTOR_FX_CACHE") == "0":
+        cfg.fx_cache = False
     if env.get("EMBER_INDUCTOR_CPU_BACKEND"):
         cfg.cpu_backend = env["EMBER_INDUCTOR_CPU_BACKEND"]
     if env.get("EMBER_INDUCTOR_AUTOTUNE") == "0":
@@ -68,4 +72,5 @@ def fingerprint() -> str:
     """The configuration as text, part of every compile-cache key."""
     fields = dataclasses.asdict(config)
     fields.pop("output_code")
+    fields.pop("fx_cache")  # which cache levels are on does not change what a compile makes
     return repr(sorted(fields.items()))

@@ -296,17 +296,20 @@ class TextHandler:
             return lambda *args: self._emit(f"{name}({', '.join(map(str, args))})")
         raise AttributeError(name)
 
+    def _index(self, index) -> str:
+        return str(index)
+
     def load(self, name, index):
-        return self._emit(f"load({name}, {index})")
+        return self._emit(f"load({name}, {self._index(index)})")
 
     def store(self, name, index, value):
-        self.lines.append(f"store({name}, {index}, {value})")
+        self.lines.append(f"store({name}, {self._index(index)}, {value})")
 
     def reduction(self, dtype, src_dtype, rtype, value):
         return self._emit(f"reduction({rtype}, {dtype_name(dtype)}, {value})")
 
     def index_expr(self, expr, dtype):
-        return self._emit(f"index_expr({expr}, {dtype_name(dtype)})")
+        return self._emit(f"index_expr({self._index(expr)}, {dtype_name(dtype)})")
 
     def constant(self, value, dtype):
         return self._emit(f"constant({value!r}, {dtype_name(dtype)})")
@@ -326,6 +329,14 @@ class TextHandler:
 
     def indirect_indexing(self, value, size):
         return sympy.Symbol(f"ind_{value}", integer=True)
+
+
+class SketchHandler(TextHandler):
+    """TextHandler's lines with every index printed as `?`: enough to count ops and loads, and
+    printing sympy indices would cost most of a compile."""
+
+    def _index(self, index) -> str:
+        return "?"
 
 
 def body_text(buf: ComputedBuffer) -> str:
@@ -553,7 +564,7 @@ def _run_extern(b, tensors):
 # --- invariants ----------------------------------------------------------------------------------
 
 
-class _Checker(TextHandler):
+class _Checker(SketchHandler):  # checks indices, never prints them
     def __init__(self, known: set, allowed_symbols: set, where: str):
         super().__init__()
         self.known, self.allowed, self.context = known, allowed_symbols, where

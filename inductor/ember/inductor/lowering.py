@@ -36,6 +36,7 @@ from .loop_ir import (
     MultiOutput,
     Pointwise,
     Reduction,
+    SketchHandler,
     TextHandler,
     compute_dtype,
     loop_vars,
@@ -81,7 +82,8 @@ class View:
         return cls(buf, lay.sizes, lay.strides, lay.offset)
 
     def index(self, idx) -> sympy.Expr:
-        return self.offset + sum((i * s for i, s in zip(idx, self.strides)), sympy.S.Zero)
+        # one Add of all terms: summing them one by one rebuilds an Add per term
+        return sympy.Add(self.offset, *(i * s for i, s in zip(idx, self.strides)))
 
     def load(self, idx):
         return ops.load(self.buffer.name, self.index(idx))
@@ -104,7 +106,7 @@ class Lazy:
     def cost(self) -> tuple[int, int, bool]:
         """(ops, loads, uses a transcendental) of one element, from a dry run of the body."""
         if self._cost is None:
-            with set_handler(TextHandler()) as h:
+            with set_handler(SketchHandler()) as h:
                 self.fn(loop_vars("i", len(self.sizes)))
             loads = sum(" = load(" in line for line in h.lines)
             pricey = any(f" = {op}(" in line for line in h.lines for op in TRANSCENDENTAL)

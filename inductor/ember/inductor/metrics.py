@@ -3,11 +3,13 @@
 generated_kernel_count = 0
 cache_hits = 0
 cache_misses = 0
+fx_cache_hits = 0  # the torch-level cache (fx_cache.py): a hit skips tracing and lowering
+fx_cache_misses = 0
 fallbacks: list = []
 
 
 def reset() -> None:
     """Zero every counter."""
-    global generated_kernel_count, cache_hits, cache_misses
-    generated_kernel_count = cache_hits = cache_misses = 0
+    global generated_kernel_count, cache_hits, cache_misses, fx_cache_hits, fx_cache_misses
+    generated_kernel_count = cache_hits = cache_misses = fx_cache_hits = fx_cache_misses = 0
     fallbacks.clear()

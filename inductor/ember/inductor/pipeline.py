@@ -20,8 +20,10 @@ from ember.ir import NODE_META_KEY
 
 from . import (
     cache,
+    fx_cache,
     lowering_views,  # noqa: F401  (registers the view, reduction and extern lowerings)
     metrics,
+    runtime,
 )
 from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs
@@ -43,7 +45,10 @@ MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cu
 
 def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
     """A backend with the torch compiler's backend contract: aot_autograd, with inductor
-    compiling forward and backward. options: {"cpp_wrapper": True} runs the C++ wrapper."""
+    compiling forward and backward. options: {"cpp_wrapper": True} runs the C++ wrapper.
+
+    What it compiles is remembered on disk by `gm` and the inputs of each call (fx_cache.py), so
+    a later compile of the same graph skips tracing and lowering."""
     from ember.aot_autograd import aot_module_simplified
 
     options = dict(options or {})
@@ -52,17 +57,40 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
         raise TypeError(f"ember.inductor.compile_fx: unknown options {sorted(options)}")
     if mode not in MODES:
         raise ValueError(f"ember.inductor.compile_fx: unknown mode {mode!r}; one of {MODES}")
-    compiler = _cpp_wrapper_compiler if cpp_wrapper else compile_prims
+    # finish: a compiled graph -> what runs it; rebuild: a cached Program -> the same
+    finish, rebuild = (_load_cpp_wrapper, _program_cpp_wrapper) if cpp_wrapper else (
+        _as_is, _program_python)  # fmt: skip
+    options_text = f"mode={mode} cpp_wrapper={cpp_wrapper}"
+    runtime_cache = fx_cache.runtime_cache_for(gm, options_text, rebuild)
+    if runtime_cache is not None:
+        compiler = runtime_cache.compiler(compile_prims, finish)
+    else:
+        compiler = lambda gm, inputs: finish(compile_prims(gm, inputs))  # noqa: E731
     return aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler,
-                                 bw_compiler=compiler)  # fmt: skip
+                                 bw_compiler=compiler, runtime_cache=runtime_cache)  # fmt: skip
 
 
-def _cpp_wrapper_compiler(gm: fx.GraphModule, example_inputs):
-    """compile_prims, then run its artifact through the C++ wrapper instead of Python."""
-    compiled = compile_prims(gm, example_inputs)
-    artifact = compiled.artifact
+def _as_is(compiled: CompiledGraph) -> CompiledGraph:
+    return compiled
+
+
+def _program_python(program: Program) -> CompiledGraph:
+    return CompiledGraph(program, {})
+
+
+def _program_cpp_wrapper(program: Program):
+    return _load_artifact(program, {})
+
+
+def _load_cpp_wrapper(compiled: CompiledGraph):
+    """The compiled graph's artifact run through the C++ wrapper instead of Python."""
+    return _load_artifact(compiled.program, compiled.constants)
+
+
+def _load_artifact(program: Program, constants: dict):
+    artifact = program.artifact
     if any(k.language == "triton" for k in artifact.kernels):  # the C++ wrapper launches cubins
-        artifact = attach_cubins(compiled)
+        artifact = attach_cubins(program)
     module_name, attr = CPP_WRAPPER_LOADER.split(":")
     try:
         load_artifact = getattr(importlib.import_module(module_name), attr)
@@ -70,7 +98,7 @@ def _cpp_wrapper_compiler(gm: fx.GraphModule, example_inputs):
         raise RuntimeError(
             "options={'cpp_wrapper': True} needs ember.cpp_wrapper: pip install ./cpp_wrapper"
         ) from e
-    return load_artifact(artifact, compiled.constants)
+    return load_artifact(artifact, constants)
 
 
 def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
@@ -135,8 +163,15 @@ class CompiledGraph:
         code = compile(
             program.source, f"<ember.inductor wrapper {_digest(program.source)}>", "exec"
         )
-        exec(code, namespace)
-        self._call = namespace["call"]
+        # Every kernel of the program builds at once, in the background until the first call.
+        with runtime.collect_builds() as builds:
+            exec(code, namespace)
+            for k in program.kernels:
+                if k.language == "triton":
+                    runtime.precompile_triton(k.name, namespace[k.name], k.arg_types)
+        builds.start()
+        self._builds, self._run = builds, namespace["call"]
+        self._call = self._first_call if builds.pending() else self._run
         self._spec = pytree.treespec_loads(program.out_spec) if program.out_spec else None
         leaves = tuple(range(program.num_outputs))
         # A flat tuple or list of outputs needs no unflattening on each call.
@@ -144,6 +179,11 @@ class CompiledGraph:
             pytree.tree_structure(leaves), pytree.tree_structure(list(leaves))
         )
         metrics.generated_kernel_count += len(program.kernels)
+
+    def _first_call(self, args):
+        self._builds.finish()
+        self._call = self._run
+        return self._run(args)
 
     @property
     def source(self) -> str:

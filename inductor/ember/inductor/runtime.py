@@ -3,29 +3,41 @@
 Launchers are prepared once per compiled graph: a C++ launcher keeps its ctypes argument array
 and only writes data pointers into it per call; a Triton launcher binds its grid and block sizes
 (chosen by autotuning on first call, and remembered on disk).
+
+Kernels are independent, so a wrapper that loads inside `collect_builds()` has its C++ kernels
+built and its Triton kernels compiled concurrently, on a thread pool sized to the cores (each
+job is a compiler subprocess or Triton's own compile), while the compiler goes on (to the
+backward graph, say); failures are reported together, by kernel, before the first launch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import functools
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from ember.ir import resolve
 
+from .codegen_common import POINTER_TYPES
 from .config import config
 
 CSRC = Path(__file__).with_name("csrc")
 _HEADER_HASH = hashlib.sha256((CSRC / "ember_cpu.h").read_bytes()).hexdigest()[:16]
 VEC_WIDTH = {"avx512": 16, "avx2": 8, "generic": 4}
+POINTER_DTYPES = {name: dtype for dtype, name in POINTER_TYPES.items()}
+log = logging.getLogger("ember.inductor")
 
 from ember.ir import toolchain
 
@@ -55,8 +67,14 @@ def atomic_write(path: Path, text: str) -> None:
 class CppLauncher:
     """Calls `void entry(void** args)` with the tensors' data pointers."""
 
-    def __init__(self, fn, nargs: int):
-        self.fn, self.argv = fn, (ctypes.c_void_p * nargs)()
+    def __init__(self, nargs: int):
+        self.fn, self.argv = None, (ctypes.c_void_p * nargs)()
+
+    def bind(self, so: Path, name: str) -> None:
+        """Load the built library and take its entry point."""
+        fn = getattr(ctypes.CDLL(str(so)), name)
+        fn.argtypes, fn.restype = [ctypes.c_void_p], None
+        self.fn = fn
 
     def __call__(self, *tensors):
         argv = self.argv
@@ -73,6 +91,120 @@ class CppSizesLauncher(CppLauncher):
         for i, a in enumerate(args):
             argv[i] = a if type(a) is int else a.data_ptr()
         self.fn(argv)
+
+
+def build_pool() -> ThreadPoolExecutor:
+    """The threads that run kernel builds: one per core (a build is mostly a subprocess)."""
+    return _pool_of_process(os.getpid())
+
+
+@functools.cache
+def _pool_of_process(pid: int) -> ThreadPoolExecutor:
+    # per process: a forked child inherits the pool object but none of its threads
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="ember-build")
+
+
+# The builds started while a wrapper loads: None outside `collect_builds()`.
+_PENDING: contextvars.ContextVar = contextvars.ContextVar("ember_inductor_builds", default=None)
+
+
+class Builds:
+    """The kernel builds of one program: C++ kernels, built in a few translation units at once,
+    and Triton kernels compiled ahead of their first launch.
+
+    A C++ kernel that fails to build fails the program, with every failing kernel named; a
+    Triton compile-ahead that fails only logs a warning (the launch compiles it again and
+    reports its own error)."""
+
+    def __init__(self):
+        self.cpp: list = []  # (name, source, include dir, launcher) not yet submitted
+        self.cpp_jobs: list = []  # (kernels of one translation unit, future)
+        self.optional: list = []  # (name, future)
+
+    def pending(self) -> bool:
+        """Is there anything to wait for before the first launch?"""
+        return bool(self.cpp or self.cpp_jobs or self.optional)
+
+    def add_cpp(self, name: str, source: str, include: str, launcher: CppLauncher) -> None:
+        self.cpp.append((name, source, include, launcher))
+
+    def submit_optional(self, name: str, fn, *args) -> None:
+        self.optional.append((name, build_pool().submit(fn, *args)))
+
+    def start(self) -> None:
+        """Submit the C++ kernels added so far: one translation unit per core (a compiler
+        process costs more than most kernels), each kernel in exactly one."""
+        kernels, self.cpp = self.cpp, []
+        for include in sorted({k[2] for k in kernels}):  # one set of build options per unit
+            same = [k for k in kernels if k[2] == include]
+            for group in _groups(same, os.cpu_count() or 1):
+                self.cpp_jobs.append((group, build_pool().submit(_build_group, group)))
+
+    def finish(self) -> None:
+        """Wait for every build and bind the C++ launchers; raise one BuildError naming each
+        C++ kernel that failed."""
+        self.start()
+        for name, future in self.optional:
+            try:
+                future.result()
+            except Exception as e:  # noqa: BLE001  (the launch compiles again and says why)
+                log.warning("ember.inductor: compiling kernel %s ahead of launch failed: %s: %s",
+                            name, type(e).__name__, e)  # fmt: skip
+        failures, total = [], 0
+        for group, future in self.cpp_jobs:
+            total += len(group)
+            for (name, _, _, launcher), built in zip(group, future.result()):
+                if isinstance(built, Exception):
+                    failures.append(f"--- kernel {name}: {type(built).__name__}: {built}")
+                else:
+                    launcher.bind(built, name)
+        if failures:
+            head = f"{len(failures)} of {total} kernels failed to build:"
+            raise toolchain.BuildError("\n".join([head, *failures]))
+
+
+def _groups(kernels: list, n: int) -> list:
+    """`kernels` in at most n groups of about equal source size (largest first, each to the
+    lightest group); deterministic, so a program always builds the same (cached) units."""
+    groups = [[] for _ in range(min(n, len(kernels)))]
+    sizes = [0] * len(groups)
+    for k in sorted(kernels, key=lambda k: (-len(k[1]), k[0])):
+        i = sizes.index(min(sizes))
+        groups[i].append(k)
+        sizes[i] += len(k[1])
+    return [g for g in groups if g]
+
+
+def _build_group(group: list) -> list:
+    """Build the kernels of one group as one library; per kernel its path or its error. When the
+    unit fails, each kernel is built alone, so every failure is pinned on its own kernel."""
+    names = [name for name, *_ in group]
+    if len(group) > 1 and len(set(names)) == len(names):
+        code = "\n".join(source for _, source, _, _ in group)
+        try:
+            so = _cpp_build("kernels_" + "_".join(names[:4]), code, group[0][2])
+            return [so] * len(group)
+        except toolchain.BuildError:
+            pass
+    out = []
+    for name, source, include, _ in group:
+        try:
+            out.append(_cpp_build(name, source, include))
+        except Exception as e:  # noqa: BLE001  (reported by Builds.finish)
+            out.append(e)
+    return out
+
+
+@contextlib.contextmanager
+def collect_builds():
+    """Kernels loaded inside are collected into the yielded Builds, whose owner starts them
+    (`start()`, in the background) and finishes them before the first launch (`finish()`)."""
+    builds = Builds()
+    token = _PENDING.set(builds)
+    try:
+        yield builds
+    finally:
+        _PENDING.reset(token)
 
 
 def _build_options() -> dict:
@@ -105,14 +237,24 @@ def _pch_dir(options_key: str) -> str:
         return str(CSRC)
 
 
+def _cpp_build(name: str, source: str, include: str) -> Path:
+    return toolchain.compile_shared(name, code=source, include_dirs=(include,), **_build_options())
+
+
 def cpp_kernel(name: str, source: str, nargs: int, sizes: int = 0) -> CppLauncher:
-    """Compile (cached by content) and load one C++ kernel."""
+    """Compile (cached by content) and load one C++ kernel; inside `collect_builds()` the build
+    joins the program's (`Builds.start()`) and the launcher is bound by `Builds.finish()`.
+    `sizes`: how many trailing arguments are dynamic sizes (ints) rather than tensors."""
     opts = _build_options()
+    # resolved here, on the calling thread, so the precompiled header is built once
     include = _pch_dir(repr(sorted(opts.items()))) if config.cpp_pch else str(CSRC)
-    so = toolchain.compile_shared(name, code=source, include_dirs=(include,), **opts)
-    fn = getattr(ctypes.CDLL(str(so)), name)
-    fn.argtypes, fn.restype = [ctypes.c_void_p], None
-    return (CppSizesLauncher if sizes else CppLauncher)(fn, nargs)
+    launcher = (CppSizesLauncher if sizes else CppLauncher)(nargs)
+    builds = _PENDING.get()
+    if builds is None:
+        launcher.bind(_cpp_build(name, source, include), name)
+    else:
+        builds.add_cpp(name, source, include, launcher)
+    return launcher
 
 
 # --- Triton ------------------------------------------------------------------------------------
@@ -142,10 +284,25 @@ class TritonLauncher:
         self.configs, self.sizes = configs, (xnumel,) + ((rnumel,) if rnumel is not None else ())
         self.cfg, self.fast = None, None
 
-    def _launch(self, cfg, args):
+    def _grid_and_constants(self, cfg) -> tuple:
         grid = (-(-self.sizes[0] // cfg["XBLOCK"]),)
-        consts = {k: v for k, v in cfg.items() if k != "num_warps"}
+        return grid, {k: v for k, v in cfg.items() if k != "num_warps"}
+
+    def _launch(self, cfg, args):
+        grid, consts = self._grid_and_constants(cfg)
         return self.fn[grid](*args, *self.sizes, **consts, num_warps=cfg["num_warps"])
+
+    def precompile(self, dtypes: tuple) -> None:
+        """Compile, ahead of the first call, each config that call will launch (every config
+        when it autotunes), for pointer arguments of these dtypes (Triton's warmup)."""
+        remembered = _remembered_config(self)
+        if remembered is not None:
+            planned = [remembered]
+        else:
+            planned = self.configs if _autotunes(self) else self.configs[:1]
+        for cfg in planned:
+            grid, consts = self._grid_and_constants(cfg)
+            self.fn.warmup(*dtypes, *self.sizes, grid=grid, **consts, num_warps=cfg["num_warps"])
 
     def __call__(self, *args):
         if self.fast is not None:
@@ -176,22 +333,44 @@ def _direct_launcher(compiled, cfg, sizes):
     return launch
 
 
+def _autotunes(launcher: TritonLauncher) -> bool:
+    return (
+        config.autotune
+        and os.environ.get("TRITON_INTERPRET") != "1"
+        and len(launcher.configs) > 1
+    )
+
+
+def _autotune_path() -> Path:
+    return cache_dir() / "autotune.json"
+
+
+def _known_choices() -> dict:
+    try:
+        return json.loads(_autotune_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _autotune_key(launcher: TritonLauncher) -> str:
+    return f"{launcher.key}:{launcher.sizes}"
+
+
+def _remembered_config(launcher: TritonLauncher):
+    """The config autotuning chose for this kernel and sizes before, if it is still offered."""
+    if not _autotunes(launcher):
+        return None
+    known = _known_choices().get(_autotune_key(launcher))
+    return known if isinstance(known, dict) and known in launcher.configs else None
+
+
 def autotune(launcher: TritonLauncher, args) -> dict:
     """The fastest config (on copies of the arguments), remembered on disk by kernel and sizes."""
-    if (
-        not config.autotune
-        or os.environ.get("TRITON_INTERPRET") == "1"
-        or len(launcher.configs) == 1
-    ):
+    if not _autotunes(launcher):
         return launcher.configs[0]
-    path = cache_dir() / "autotune.json"
-    key = f"{launcher.key}:{launcher.sizes}"
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if isinstance(known.get(key), dict) and known[key] in launcher.configs:
-        return known[key]
+    remembered = _remembered_config(launcher)
+    if remembered is not None:
+        return remembered
     from triton.testing import do_bench
 
     copies = [a.clone() for a in args]
@@ -200,8 +379,9 @@ def autotune(launcher: TritonLauncher, args) -> dict:
         for c in launcher.configs
     ]
     best = launcher.configs[min(range(len(times)), key=times.__getitem__)]
-    known[key] = best
-    atomic_write(path, json.dumps(known))
+    known = _known_choices()
+    known[_autotune_key(launcher)] = best
+    atomic_write(_autotune_path(), json.dumps(known))
     return best
 
 
@@ -228,6 +408,16 @@ def triton_kernel(name, source, configs, xnumel, rnumel, numel=None) -> TritonLa
     if numel is not None:
         return TritonSizesLauncher(name, source, configs, xnumel, rnumel, numel)
     return TritonLauncher(name, source, configs, xnumel, rnumel)
+
+
+def precompile_triton(name: str, launcher: TritonLauncher, arg_types: tuple) -> None:
+    """Inside `collect_builds()` on a GPU, compile `launcher`'s kernel in the background;
+    arg_types are its ir types ("*fp32" for a pointer; the trailing sizes are the launcher's)."""
+    builds = _PENDING.get()
+    if builds is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    dtypes = tuple(POINTER_DTYPES[t[1:]] for t in arg_types if t.startswith("*"))
+    builds.submit_optional(name, launcher.precompile, dtypes)
 
 
 # --- externs and buffers -----------------------------------------------------------------------

@@ -23,13 +23,13 @@ from .loop_ir import (
     ComputedBuffer,
     ExternBuffer,
     MultiOutput,
-    TextHandler,
+    SketchHandler,
     loop_vars,
     set_handler,
 )  # fmt: skip
 
 
-class _Recorder(TextHandler):
+class _Recorder(SketchHandler):
     """Records the (buffer, index) of every load and store of a body."""
 
     def __init__(self):

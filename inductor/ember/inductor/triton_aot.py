@@ -131,18 +131,20 @@ def launch_args(k, step_args: list) -> list:
     return [*step_args[:n_ptr], *numels, *syms]
 
 
-def attach_cubins(compiled, arch: Optional[int] = None) -> CompiledArtifact:
-    """The artifact of a compiled graph (pipeline.CompiledGraph) with every Triton kernel compiled
-    to a cubin (KernelIR.binary) with the block sizes its grid was computed for."""
-    sources = {k.name: k for k in compiled.program.kernels}
+def attach_cubins(program, arch: Optional[int] = None) -> CompiledArtifact:
+    """The artifact of a compiled program (wrapper.Program, or a pipeline.CompiledGraph) with
+    every Triton kernel compiled to a cubin (KernelIR.binary) with the block sizes its grid was
+    computed for."""
+    program = getattr(program, "program", program)
+    sources = {k.name: k for k in program.kernels}
     if os.environ.get("TRITON_INTERPRET") == "1":  # compile in a clean process (check_kernels)
-        todo = [(k.name, sources[k.name]) for k in compiled.artifact.kernels
+        todo = [(k.name, sources[k.name]) for k in program.artifact.kernels
                 if k.language == "triton" and not k.binary]  # fmt: skip
         failures = check_kernels(todo, arch or current_arch())
         if failures:
             raise RuntimeError("Triton kernels failed to compile:\n" + "\n\n".join(failures))
     kernels = []
-    for k in compiled.artifact.kernels:
+    for k in program.artifact.kernels:
         if k.language != "triton" or k.binary:
             kernels.append(k)
             continue
@@ -151,7 +153,7 @@ def attach_cubins(compiled, arch: Optional[int] = None) -> CompiledArtifact:
         c = compile_kernel(src.source, src.name, src.arg_types, cfg, arch)
         kernels.append(dataclasses.replace(k, entry=c.name, binary=c.path, num_warps=c.num_warps,
                                            shared_mem=c.shared_mem))  # fmt: skip
-    return dataclasses.replace(compiled.artifact, kernels=tuple(kernels))
+    return dataclasses.replace(program.artifact, kernels=tuple(kernels))
 
 
 def check_kernels(sources, arch: int = DEFAULT_ARCH) -> list[str]:

@@ -7,6 +7,7 @@ of any schema class changes it, and the golden test then asks for a version bump
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import typing
@@ -131,15 +132,21 @@ def _decode(tp, d):
     return d
 
 
+@functools.cache
+def _type_hints(cls) -> dict:
+    # Resolving string annotations compiles each one; schema classes never change, so once.
+    return typing.get_type_hints(cls)
+
+
 def to_json(obj) -> dict:
     """A schema dataclass instance as a JSON-ready dict."""
-    hints = typing.get_type_hints(type(obj))
+    hints = _type_hints(type(obj))
     return {f.name: _encode(hints[f.name], getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
 def from_json(cls, data: dict):
     """A schema dataclass instance from `to_json`'s dict; unknown or missing fields are errors."""
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names
     if unknown:

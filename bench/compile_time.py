@@ -1,0 +1,94 @@
+"""Cold and warm compile times of ember.compile, model by model, each phase in a fresh process.
+
+    python bench/compile_time.py --device cuda --mode infer-bf16 resnet50 efficientnet_b0
+    python bench/compile_time.py small_resnet small_gpt2 small_vit          # CPU, fp32
+
+Per model, with its own empty EMBER_CACHE_DIR: `cold` is the first call of a fresh process on
+the empty cache; `warm` the first call of a second process on the filled cache (imports excluded);
+`reset` the first call after ember.dynamo.reset() in that second process (the bench harness's
+warm compile). Each line also shows which cache levels hit (fx: the torch-level cache that skips
+tracing and lowering; graph: the prim-graph cache).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import _paths  # noqa: F401  (components and bench/ on sys.path)
+
+MODES = ("infer-fp32", "infer-bf16", "train-fp32", "train-amp")
+
+
+def _one(name: str, device: str, mode: str) -> dict:
+    """Compile and call one model twice (fresh wrapper after a reset); seconds of each call."""
+    import torch
+    from models import MODELS
+
+    import ember
+    import ember.dynamo
+    from ember.inductor import metrics
+
+    spec = MODELS[name]
+    torch.manual_seed(0)
+    model = spec.build().to(device)
+    gen = torch.Generator().manual_seed(0)
+    inputs = [t.to(device) for t in spec.make_inputs(spec.batch, spec.seq, gen)]
+    train = mode.startswith("train")
+    model.train(train)
+    autocast = torch.bfloat16 if mode in ("infer-bf16", "train-amp") else None
+
+    def call(fn):
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        start = time.perf_counter()
+        with torch.autocast(device, dtype=autocast, enabled=autocast is not None):
+            with torch.set_grad_enabled(train):
+                out = fn(*inputs)
+            if train:
+                out.float().mean().backward()
+        sync()
+        return time.perf_counter() - start
+
+    result = {}
+    for phase in ("first", "reset"):
+        metrics.reset()
+        ember.dynamo.reset()
+        result[phase] = call(ember.compile(model))
+        result[f"{phase}_hits"] = f"fx {metrics.fx_cache_hits} graph {metrics.cache_hits}"
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("models", nargs="+")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--mode", default="infer-fp32", choices=MODES)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(_one(args.models[0], args.device, args.mode)))
+        return
+    print(f"{'model':24} {'cold s':>8} {'warm s':>8} {'reset s':>8}  caches (cold | warm)")
+    for name in args.models:
+        with tempfile.TemporaryDirectory(prefix="ember-compile-time-") as cache:
+            env = {**os.environ, "EMBER_CACHE_DIR": cache}
+            runs = []
+            for _ in ("cold", "warm"):
+                cmd = [sys.executable, __file__, "--one", "--device", args.device, "--mode",
+                       args.mode, name]  # fmt: skip
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    print(f"{name:24} failed:\n{proc.stderr[-3000:]}")
+                    break
+                runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            if len(runs) == 2:
+                cold, warm = runs
+                print(f"{name:24} {cold['first']:8.2f} {warm['first']:8.2f} {warm['reset']:8.2f}"
+                      f"  {cold['first_hits']} | {warm['first_hits']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
