@@ -4,7 +4,8 @@ import copy
 
 import pytest
 import torch
-from ember.inductor import compile_fx, metrics
+from ember.inductor import compile_fx, compile_prims, metrics
+from ember.primtorch import trace_to_prims
 from torch import nn
 
 
@@ -75,3 +76,23 @@ def test_torch_compile_backend():
     with torch.no_grad():
         torch.testing.assert_close(opt(x), model(x), atol=1e-5, rtol=1e-4)
     assert metrics.generated_kernel_count >= 1
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_small_matmuls_as_reductions(batch, monkeypatch):
+    """At batch 1 or 2 a Linear becomes a generated reduction (on CUDA by default; forced here);
+    from batch 3 it stays a library GEMM. Either way the result matches eager."""
+    from ember.inductor import config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "small_mm_as_reduction", True)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    x = torch.randn(batch, 64)
+    prims = trace_to_prims(m, x)
+    compiled = compile_prims(prims, [x])
+    with torch.no_grad():
+        out = compiled(x)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        torch.testing.assert_close(out, m(x), atol=1e-5, rtol=1e-5)
+    externs = [s.target for s in compiled.artifact.steps if s.kind == "extern"]
+    assert (externs == []) == (batch <= 2), externs

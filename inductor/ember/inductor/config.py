@@ -13,6 +13,7 @@ Overrides (read once at import):
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 import os
 
 
@@ -33,6 +34,8 @@ class Config:
     # steps; otherwise it is freed at once (peak memory over allocator calls).
     reuse_window: int = 8
     inplace_buffers: bool = True
+    # products of one or two rows as generated reductions: None = on CUDA only
+    small_mm_as_reduction: Optional[bool] = None
     # C++ backend
     cpu_backend: str = "cpp"  # or "triton"
     isa: str = ""  # "" means ember.ir.toolchain.cpu_isa()

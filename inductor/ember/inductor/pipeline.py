@@ -106,6 +106,7 @@ def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
     key = cache.graph_key(gm, example_inputs)
     program, constants = cache.load(key), {}
     if program is None:
+        gm = _small_matmuls_as_reductions(gm)  # 0. matrix-vector products: generated kernels
         lowered = lower_graph(gm, example_inputs)  # 1. prims -> loop-IR buffers
         verify([b for b in lowered.inputs if b is not None] + lowered.buffers,
                lowered.size_symbols)  # 2. loop-IR checks  # fmt: skip
@@ -120,6 +121,32 @@ def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
         if not constants and not lowered.size_symbols:
             cache.store(key, program)
     return CompiledGraph(program, constants)  # 6. build kernels, load the wrapper
+
+
+_SMALL_MM = ("extern.mm", "extern.addmm")
+
+
+def _small_matmuls_as_reductions(gm: fx.GraphModule) -> fx.GraphModule:
+    """Rewrite products of one or two rows (a Linear at batch 1) into reductions that fuse with
+    their neighbours (primtorch's decomp/small_mm.py); on CUDA, where a library GEMM's launches
+    dominate such a product, or wherever config.small_mm_as_reduction says so."""
+    from ember.ir import target_name
+    from ember.primtorch import decompose_externs
+
+    def candidate(n):
+        if n.op != "call_function" or target_name(n.target) not in _SMALL_MM:
+            return False
+        a = n.args[1] if target_name(n.target) == "extern.addmm" else n.args[0]
+        meta = getattr(a, "meta", {}).get(NODE_META_KEY)
+        if meta is None or len(meta.sizes) != 2 or not str(meta.sizes[0]).isdigit():
+            return False
+        on = config.small_mm_as_reduction
+        on = str(meta.device).startswith("cuda") if on is None else on
+        return on and int(meta.sizes[0]) <= 2
+
+    if not any(candidate(n) for n in gm.graph.nodes):
+        return gm
+    return decompose_externs(gm, _SMALL_MM)
 
 
 def _device(lowered) -> str:

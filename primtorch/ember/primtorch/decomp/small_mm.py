@@ -1,0 +1,49 @@
+"""A matrix product with one or two rows as a fused multiply-and-sum reduction.
+
+At batch 1 a Linear layer is a matrix-vector product: a library GEMM spends more in launches
+(and, for addmm, in first copying the bias into the output) than in reading the weight, and it
+cannot take the activation that follows. As a reduction over K it is one generated kernel that
+reads each weight once and fuses the bias and the next pointwise ops. Larger products, and
+integer ones, are refused (NotDecomposableError) and stay library calls.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import NotDecomposableError
+
+aten = torch.ops.aten
+MAX_ROWS = 2
+MAX_WEIGHT_ELEMENTS = 1 << 24
+
+
+def _check(a, b):
+    if (a.ndim != 2 or b.ndim != 2 or a.shape[0] > MAX_ROWS or not a.dtype.is_floating_point
+            or a.shape[1] * b.shape[1] > MAX_WEIGHT_ELEMENTS):  # fmt: skip
+        raise NotDecomposableError("a product with more than a few rows stays a library GEMM")
+
+
+def _product(a, b):
+    # (M, 1, K) * (1, N, K) summed over the last dim, K, in float32 for 16-bit inputs
+    acc = torch.float32 if a.dtype in (torch.float16, torch.bfloat16) else a.dtype
+    return (a.to(acc).unsqueeze(1) * b.to(acc).t().unsqueeze(0)).sum(2)
+
+
+def mm_as_reduction(self, mat2):
+    _check(self, mat2)
+    return _product(self, mat2).to(self.dtype)
+
+
+def addmm_as_reduction(self, mat1, mat2, *, beta=1, alpha=1):
+    _check(mat1, mat2)
+    out = _product(mat1, mat2)
+    if alpha != 1:
+        out = out * alpha
+    if beta != 0:
+        bias = self.to(out.dtype)
+        out = out + (bias if beta == 1 else bias * beta)
+    return out.to(mat1.dtype)
+
+
+EXTERN_DECOMPOSITIONS = {aten.mm.default: mm_as_reduction, aten.addmm.default: addmm_as_reduction}
