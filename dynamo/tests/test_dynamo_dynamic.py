@@ -307,15 +307,3 @@ def test_export_unshared_dims_that_must_be_equal_fail():
 def test_export_dynamic_size_of_one_is_refused():
     with pytest.raises(SpecializationError, match="0, 1"):
         ember.export(lambda x: x * 2, (torch.randn(1, 3),), dynamic_shapes=({0: Dim("b")},))
-
-
-def test_export_dynamic_with_real_lowering():
-    """Once ember.aot_autograd lowers symbolic graphs, a model exports for every batch size."""
-    lower = B.resolve_entry("export_lowering")
-    if not getattr(lower, "ember_supports_dynamic", False):
-        pytest.skip("the export lowering does not take symbolic sizes yet")
-    model = MLP().eval()
-    ep = ember.export(model, (torch.randn(4, 16),), dynamic_shapes={"x": {0: Dim("b")}})
-    for b in (2, 5, 9):
-        x = torch.randn(b, 16)
-        torch.testing.assert_close(ep(x), model(x))
