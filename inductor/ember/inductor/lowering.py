@@ -367,8 +367,9 @@ class Lowerer(fx.Interpreter):
         first = next((m for m in metas if isinstance(m, TensorMeta)), None)
         if first is None:
             raise NotImplementedError(f"{name}: an extern needs a TensorMeta output on its node")
+        call_kwargs = {k: arg(v) for k, v in (kwargs or {}).items()}  # attn_mask=, say
         ext = ExternBuffer(self.new_name(), _layout(first), op=name, fn=fn, args=call_args,
-                           kwargs=dict(kwargs or {}))  # fmt: skip
+                           kwargs=call_kwargs)  # fmt: skip
         self.buffers.append(ext)
         if not isinstance(meta, (list, tuple)):
             return View.of(ext)

@@ -69,7 +69,7 @@ def reads_of(buf: Buffer) -> set:
         return {buf.source.name}
     if isinstance(buf, ExternBuffer):
         out = set()
-        for a in buf.args:
+        for a in (*buf.args, *buf.kwargs.values()):
             for x in a if isinstance(a, (list, tuple)) else (a,):
                 if isinstance(x, Buffer):
                     out.add(x.name)
