@@ -33,6 +33,9 @@ class Config:
     # A dead buffer stays alive for reuse only if an allocation of its size comes within this many
     # steps; otherwise it is freed at once (peak memory over allocator calls).
     reuse_window: int = 8
+    # ... and only if it is this small: saving an allocator call matters for small buffers, while
+    # a large one held for later reuse raises the peak (extern kernels allocate their own outputs)
+    reuse_max_bytes: int = 1 << 18
     inplace_buffers: bool = True
     # products of one or two rows as generated reductions: None = on CUDA only
     small_mm_as_reduction: Optional[bool] = None

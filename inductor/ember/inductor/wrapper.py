@@ -195,6 +195,9 @@ class WrapperBuilder:
     def _wanted_soon(self, key, i: int) -> bool:
         """Whether a dead buffer of `key` is claimed by an allocation within the next few steps
         (more of them than the pool already holds): only then is keeping it alive worth it."""
+        dtype, _, numel = key
+        if not _is_int(numel) or int(numel) * dtype.itemsize > config.reuse_max_bytes:
+            return False  # a large buffer goes back to the allocator, which reuses it at once
         window = config.reuse_window
         soon = sum(1 for j in self.alloc_steps.get(key, ()) if i < j <= i + window)
         return soon > len(self.pool.get(key, ()))
