@@ -57,6 +57,13 @@ def test_reduction_with_epilogue_is_one_kernel():
     )
 
 
+def test_reduction_copied_by_its_epilogue_is_stored():
+    # GQA's value gradient: a sum over the head group, then a plain copy into [B, S, KV, D]
+    # order. The kernel-local sum is the copy's value as is, and the copy must still be stored.
+    check(lambda g: g.sum(2).permute(0, 2, 1, 3).contiguous(), torch.randn(2, 2, 2, 16, 32),
+          kernels=1)  # fmt: skip
+
+
 def _steps(g):
     low = lower_graph(g.module(), g.inputs)
     return low, schedule(low.buffers, [o.name for o in low.outputs])

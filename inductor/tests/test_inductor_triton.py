@@ -38,6 +38,13 @@ def test_layer_norm_and_reductions():
     check(lambda a: (a.sum(0), a.amax(1), a.argmax(1)), torch.randn(5, 6))
 
 
+@pytest.mark.parametrize("persistent_max", [1024, 1])
+def test_reduction_copied_by_its_epilogue_is_stored(persistent_max, monkeypatch):
+    monkeypatch.setattr(config, "persistent_reduction_max", persistent_max)
+    check(lambda g: g.sum(2).permute(0, 2, 1, 3).contiguous(), torch.randn(2, 2, 3, 4, 5),
+          kernels=1)  # fmt: skip
+
+
 def test_half_masked_and_indirect_loads():
     h = torch.randn(4, 6, dtype=torch.float16)
     check(lambda a: (a.float().exp() * 2).half(), h, atol=1e-2, rtol=1e-2)

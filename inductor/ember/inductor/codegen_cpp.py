@@ -418,7 +418,8 @@ class CppRenderer(Renderer):
             lines.append(f"auto red{i}_{j} = {final};")
         for name, (index, value) in self.deferred.items():
             key = ("load", name, sympy.expand(index))
-            self.locals[key] = value
+            # resolved now: an epilogue that stores this value again stores it at once
+            self.locals[key] = CSEVar(value.name, value.dtype)
             if name not in self.kernel.local:
                 conv = {torch.float16: "ember::f2h", torch.bfloat16: "ember::f2bf"}.get(
                     self.dtype_of(name), f"static_cast<{CTYPE[self.dtype_of(name)]}>"

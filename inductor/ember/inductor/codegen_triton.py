@@ -297,7 +297,8 @@ class TritonRenderer(Renderer):
             lines = pre + [f"for roffset in range(0, {_py(sympy.Mul(*rsizes))}, RBLOCK):",
                            *_indent(["rindex = roffset + rbase", *rhead, *loop]), *fin]  # fmt: skip
         for name, (index, value) in self.deferred.items():
-            self.locals[("load", name, sympy.expand(index))] = value
+            # resolved now: an epilogue that stores this value again stores it at once
+            self.locals[("load", name, sympy.expand(index))] = CSEVar(value.name, value.dtype)
             if name not in self.kernel.local:
                 lines.append(self._store_line(name, index, value, "xmask"))
         self.deferred = {}
