@@ -27,10 +27,16 @@ FORMAT = 2
 
 
 def _versions() -> str:
+    """What an entry must have been written by: the component versions and, since a version is
+    not bumped for every change, a hash of the sources that generate code (a fixed codegen bug
+    must not live on in old entries)."""
     import ember.inductor
+
+    from .fx_cache import source_fingerprint
 
     return (
         f"ir={ember.ir.__version__} inductor={ember.inductor.__version__} torch={torch.__version__}"
+        f" sources={source_fingerprint()[:16]}"
     )
 
 
