@@ -20,6 +20,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides, lookup, target_name
+from ember.primtorch.utils import is_non_overlapping_and_dense
 
 from . import metrics
 from .config import config
@@ -391,15 +392,7 @@ def _layout(meta: TensorMeta) -> Layout:
 
 def _is_dense(sizes, strides) -> bool:
     """Whether `strides` lay `sizes` out densely in some dimension order."""
-    if not all(sympy.sympify(s).is_Integer for s in (*sizes, *strides)):
-        return tuple(strides) == tuple(contiguous_strides(sizes))
-    dims = sorted((int(st), int(sz)) for sz, st in zip(sizes, strides) if int(sz) != 1)
-    expected = 1
-    for st, sz in dims:
-        if st != expected:
-            return False
-        expected *= sz
-    return True
+    return is_non_overlapping_and_dense(tuple(sizes), tuple(strides))
 
 
 def normalize_args(name: str, args, kwargs) -> tuple[list, dict]:

@@ -52,11 +52,11 @@ def cache_dir() -> Path:
     return path
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` so readers see the old file or the whole new one."""
+def atomic_write(path: Path, text) -> None:
+    """Write `text` (str or bytes) to `path` so readers see the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
         f.write(text)
     os.replace(tmp, path)
 

@@ -85,7 +85,7 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
         options={"num_warps": int(cfg.get("num_warps", 4))},
     )
     cubin = folder / f"{key}.cubin"
-    _write_bytes(cubin, compiled.asm["cubin"])
+    atomic_write(cubin, compiled.asm["cubin"])
     meta = {"name": compiled.metadata.name, "num_warps": compiled.metadata.num_warps,
             "shared_mem": compiled.metadata.shared}  # fmt: skip
     atomic_write(meta_path, json.dumps(meta))
@@ -103,14 +103,6 @@ def _jit_function(source: str, name: str):
     finally:
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def launch_args(k, step_args: list) -> list:

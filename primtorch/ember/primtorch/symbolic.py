@@ -344,13 +344,9 @@ class SymNode:
 
 
 def _dense(t: torch.Tensor) -> bool:
-    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
-    expected = 1
-    for st, sz in dims:
-        if st != expected:
-            return False
-        expected *= sz
-    return True
+    from .utils import is_non_overlapping_and_dense
+
+    return is_non_overlapping_and_dense(tuple(t.shape), tuple(t.stride()))
 
 
 def _node_expr(x):
