@@ -228,4 +228,7 @@ def aot_eager(gm: nn.Module, example_inputs: list, **kwargs) -> Callable:
     return aot_module_simplified(gm, example_inputs, **kwargs)
 
 
+# Takes graphs with symbolic sizes (gm.meta["ember_symbols"]); dynamo retraces static if it fails.
+aot_eager.ember_supports_dynamic = True
+
 BACKENDS = {"aot_eager": aot_eager}

@@ -220,7 +220,13 @@ def finish(tx, output, code, backend, reason):
         example_inputs = [vt.example for _, _, vt in output.inputs]
         if env is not None and env.symbols:
             gm.meta["ember_symbols"] = env.specs()
-        compiled = backend(gm, example_inputs)
+        try:
+            compiled = backend(gm, example_inputs)
+        except Exception as e:  # noqa: BLE001  (a backend that cannot take these symbols)
+            if not gm.meta.get("ember_symbols"):
+                raise
+            raise SymbolicFallback(f"the backend failed on symbolic sizes: {type(e).__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else ''}") from e  # fmt: skip
         del example_inputs
         _drop_example_values(gm)
         if compiled is None:

@@ -70,6 +70,11 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
                                  bw_compiler=compiler, runtime_cache=runtime_cache)  # fmt: skip
 
 
+# Takes graphs with symbolic sizes (gm.meta["ember_symbols"]): one program for every size in
+# range; where a graph's symbols are beyond it, it raises and dynamo retraces with static sizes.
+compile_fx.ember_supports_dynamic = True
+
+
 def _as_is(compiled: CompiledGraph) -> CompiledGraph:
     return compiled
 

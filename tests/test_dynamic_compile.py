@@ -1,0 +1,79 @@
+"""Dynamic sizes end to end: ember.compile over many batch sizes with the real backends.
+
+dynamo makes a changed size symbolic at the first recompile; aot_autograd and inductor compile
+one program for every size. A model the symbolic backend cannot take yet (attention blocks) is
+retraced with static sizes: more compiles, never a wrong result.
+"""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import ember
+from ember.inductor import metrics
+
+SIZES = (3, 5, 8, 13, 21, 34)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    ember.reset()  # what sizes earlier tests saw change is per code object: forget it
+    yield
+    ember.reset()
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16))
+
+    def forward(self, x):
+        return self.net(x).softmax(-1)
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.heads = nn.Linear(16, 48), 4
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(b, t, c)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_batch_sizes_compile_at_most_twice(backend):
+    torch.manual_seed(0)
+    model = MLP().eval()
+    calls = []
+
+    def counting(gm, example_inputs):
+        calls.append(bool(gm.meta.get("ember_symbols")))
+        return ember.dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    counting.ember_supports_dynamic = True
+    compiled = ember.compile(model, backend=counting)
+    metrics.reset()
+    with torch.no_grad():
+        for n in SIZES:
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    assert calls == [False, True], calls  # static first, then one symbolic graph for the rest
+    if backend == "inductor":
+        kernels = metrics.generated_kernel_count
+        with torch.no_grad():
+            compiled(torch.randn(55, 16))
+        assert metrics.generated_kernel_count == kernels  # no new kernels for a new size
+
+
+def test_a_graph_the_symbolic_backend_cannot_take_is_compiled_static():
+    torch.manual_seed(0)
+    model = Attention().eval()
+    compiled = ember.compile(model)
+    with torch.no_grad(), pytest.warns(UserWarning, match="static shapes"):
+        for t in SIZES:
+            x = torch.randn(2, t, 16)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
