@@ -96,3 +96,5 @@ def test_small_matmuls_as_reductions(batch, monkeypatch):
         torch.testing.assert_close(out, m(x), atol=1e-5, rtol=1e-5)
     externs = [s.target for s in compiled.artifact.steps if s.kind == "extern"]
     assert (externs == []) == (batch <= 2), externs
+    if batch <= 2:  # each layer one kernel: the reduction with its bias and ReLU epilogue
+        assert len(compiled.program.kernels) == 2, len(compiled.program.kernels)

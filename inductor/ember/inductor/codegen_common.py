@@ -285,8 +285,16 @@ class Renderer:
                 self.member = m
                 m.node.body(*self.kernel.member_index(m, xs, rs))
 
+    def index_key(self, index):
+        """An index as a cache key: the same element whatever form the lowering gave it (a
+        reshape's div/mod of a variable by its own range, a size-1 loop's variable)."""
+        ranges = getattr(self, "ranges", None) or {}
+        index = simplify_index(index, ranges) if ranges else index
+        unit = {v: 0 for v, n in ranges.items() if n == 1}
+        return sympy.expand(sympy.sympify(index).subs(unit) if unit else index)
+
     def is_local_value(self, name, index):
-        return (name, sympy.expand(index)) in self.locals
+        return (name, self.index_key(index)) in self.locals
 
     def dtype_of(self, name) -> torch.dtype:
         return self.buffers[name].dtype

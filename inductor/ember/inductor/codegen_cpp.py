@@ -106,7 +106,7 @@ class CppRenderer(Renderer):
         return self.args[name]
 
     def load(self, name, index):
-        key = ("load", name, sympy.expand(index))
+        key = ("load", name, self.index_key(index))
         if key in self.cse:
             return self.cse[key]
         if key in self.locals:
@@ -153,7 +153,7 @@ class CppRenderer(Renderer):
         return int(c)
 
     def store(self, name, index, value):
-        key = ("load", name, sympy.expand(index))
+        key = ("load", name, self.index_key(index))
         if isinstance(value, _PendingReduction):
             self.deferred[name] = (index, value)
             return
@@ -417,7 +417,7 @@ class CppRenderer(Renderer):
             )
             lines.append(f"auto red{i}_{j} = {final};")
         for name, (index, value) in self.deferred.items():
-            key = ("load", name, sympy.expand(index))
+            key = ("load", name, self.index_key(index))
             # resolved now: an epilogue that stores this value again stores it at once
             self.locals[key] = CSEVar(value.name, value.dtype)
             if name not in self.kernel.local:

@@ -101,7 +101,7 @@ class TritonRenderer(Renderer):
         return " & ".join(p for p in parts if p)
 
     def load(self, name, index):
-        key = ("load", name, sympy.expand(index))
+        key = ("load", name, self.index_key(index))
         if key in self.cse:
             return self.cse[key]
         if key in self.locals:
@@ -119,7 +119,7 @@ class TritonRenderer(Renderer):
         return self.emit(text, compute_dtype(dtype), key=key)
 
     def store(self, name, index, value):
-        key = ("load", name, sympy.expand(index))
+        key = ("load", name, self.index_key(index))
         if isinstance(value, _Pending):
             self.deferred[name] = (index, value)
             return
@@ -298,7 +298,7 @@ class TritonRenderer(Renderer):
                            *_indent(["rindex = roffset + rbase", *rhead, *loop]), *fin]  # fmt: skip
         for name, (index, value) in self.deferred.items():
             # resolved now: an epilogue that stores this value again stores it at once
-            self.locals[("load", name, sympy.expand(index))] = CSEVar(value.name, value.dtype)
+            self.locals[("load", name, self.index_key(index))] = CSEVar(value.name, value.dtype)
             if name not in self.kernel.local:
                 lines.append(self._store_line(name, index, value, "xmask"))
         self.deferred = {}

@@ -207,11 +207,20 @@ def try_fuse(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
         m = Member(node, role, perm)
         rec = k.record(m)
         ok = True
+        from .codegen_common import simplify_index  # (codegen_common imports this module)
+
+        # Compared within the loop ranges: a size-1 loop runs at 0 only, and a reshape's
+        # div/mod of a variable by its own range is the variable.
+        xs, rs = k.vars()
+        ranges = dict(zip((*xs, *rs), (*k.xsizes, *k.rsizes)))
+        unit = {v: 0 for v, n in ranges.items() if n == 1}
         for name, index in rec.loads:
             if name in k.stores:
                 prod_role = k.roles[name]
                 # a row-level value ("x") cannot need a per-element value of its own row
-                if sympy.expand(index - k.stores[name]) != 0 or (prod_role == "xr" and role == "x"):
+                diff = simplify_index(index, ranges) - simplify_index(k.stores[name], ranges)
+                same = sympy.expand(sympy.sympify(diff).subs(unit)) == 0
+                if not same or (prod_role == "xr" and role == "x"):
                     ok = False
                     break
         if ok:
