@@ -8,6 +8,7 @@ through ptxas. Inference and a training step, float32 and bfloat16 autocast.
 import contextlib
 import importlib.util
 import pathlib
+import uuid
 
 import pytest
 import torch
@@ -90,7 +91,9 @@ def test_attach_cubins_from_a_fresh_and_a_cached_program(triton_kernels, tmp_pat
     from ember.primtorch import trace_to_prims
 
     x, w = torch.randn(4, 8), torch.randn(8, 8)
-    prims = trace_to_prims(lambda x, w: torch.relu(x @ w).sum(1), x, w)
+    # A scale no earlier run used keeps the first compile a miss in a shared cache directory.
+    scale = 1.0 + uuid.uuid4().int % 10**6 / 10**6
+    prims = trace_to_prims(lambda x, w: torch.relu(x @ w).sum(1) * scale, x, w)
     for attempt in ("fresh", "cached"):
         hits = metrics.cache_hits
         compiled = pipeline.compile_prims(prims, [x, w])
