@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import logging
 
+import sympy
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
@@ -143,7 +144,7 @@ def _small_matmuls_as_reductions(gm: fx.GraphModule) -> fx.GraphModule:
             return False
         a = n.args[1] if target_name(n.target) == "extern.addmm" else n.args[0]
         meta = getattr(a, "meta", {}).get(NODE_META_KEY)
-        if meta is None or len(meta.sizes) != 2 or not str(meta.sizes[0]).isdigit():
+        if meta is None or len(meta.sizes) != 2 or not sympy.sympify(meta.sizes[0]).is_Integer:
             return False
         on = config.small_mm_as_reduction
         on = str(meta.device).startswith("cuda") if on is None else on

@@ -165,28 +165,39 @@ bool eval_int_program(const std::vector<long long>& prog, const long long* slots
 
 PyObject *s_dtype, *s_device, *s_requires_grad, *s_shape, *s_stride, *s_closure, *s_keys;
 
-bool tensor_matches(PyObject* x, PyObject* spec) {
-  // spec: (type, dtype, device, requires_grad, sizes, strides)
+// spec: (type, dtype, device, requires_grad, sizes, strides). The checks both tensor guards share:
+// exact type, dtype and requires_grad (interned objects: identity), then the device.
+bool tensor_head_matches(PyObject* x, PyObject* spec) {
   if ((PyObject*)Py_TYPE(x) != PyTuple_GET_ITEM(spec, 0)) return false;
+  PyObject* dtype = PyObject_GetAttr(x, s_dtype);
+  bool ok = dtype && dtype == PyTuple_GET_ITEM(spec, 1);
+  Py_XDECREF(dtype);
+  if (!ok) return false;
+  PyObject* rg = PyObject_GetAttr(x, s_requires_grad);
+  ok = rg && rg == PyTuple_GET_ITEM(spec, 3);
+  Py_XDECREF(rg);
+  return ok;
+}
+
+bool device_matches(PyObject* x, PyObject* spec) {
+  PyObject* dev = PyObject_GetAttr(x, s_device);
+  bool ok = dev && PyObject_RichCompareBool(dev, PyTuple_GET_ITEM(spec, 2), Py_EQ) == 1;
+  Py_XDECREF(dev);
+  return ok;
+}
+
+bool tensor_matches(PyObject* x, PyObject* spec) {
+  if (!tensor_head_matches(x, spec)) return false;
   bool ok = false;
-  PyObject *dtype = nullptr, *rg = nullptr, *shape = nullptr, *stride = nullptr, *dev = nullptr;
-  dtype = PyObject_GetAttr(x, s_dtype);
-  if (!dtype || dtype != PyTuple_GET_ITEM(spec, 1)) goto done;
-  rg = PyObject_GetAttr(x, s_requires_grad);
-  if (!rg || rg != PyTuple_GET_ITEM(spec, 3)) goto done;
-  shape = PyObject_GetAttr(x, s_shape);
+  PyObject* stride = nullptr;
+  PyObject* shape = PyObject_GetAttr(x, s_shape);
   if (!shape || PyObject_RichCompareBool(shape, PyTuple_GET_ITEM(spec, 4), Py_EQ) != 1) goto done;
   stride = PyObject_CallMethodNoArgs(x, s_stride);
   if (!stride || PyObject_RichCompareBool(stride, PyTuple_GET_ITEM(spec, 5), Py_EQ) != 1) goto done;
-  dev = PyObject_GetAttr(x, s_device);
-  if (!dev || PyObject_RichCompareBool(dev, PyTuple_GET_ITEM(spec, 2), Py_EQ) != 1) goto done;
-  ok = true;
+  ok = device_matches(x, spec);
 done:
-  Py_XDECREF(dtype);
-  Py_XDECREF(rg);
   Py_XDECREF(shape);
   Py_XDECREF(stride);
-  Py_XDECREF(dev);
   return ok;
 }
 
@@ -194,16 +205,12 @@ done:
 // dynamic ones stored into their slots; strides exactly row-major for the actual sizes.
 bool sym_tensor_matches(PyObject* x, const GuardInstr& in, long long* slots) {
   PyObject* spec = in.obj;
-  if ((PyObject*)Py_TYPE(x) != PyTuple_GET_ITEM(spec, 0)) return false;
+  if (!tensor_head_matches(x, spec)) return false;
   bool ok = false;
-  PyObject *dtype = nullptr, *rg = nullptr, *shape = nullptr, *stride = nullptr, *dev = nullptr;
+  PyObject* stride = nullptr;
   Py_ssize_t n = (Py_ssize_t)in.ints.size();
   long long expect = 1;
-  dtype = PyObject_GetAttr(x, s_dtype);
-  if (!dtype || dtype != PyTuple_GET_ITEM(spec, 1)) goto done;
-  rg = PyObject_GetAttr(x, s_requires_grad);
-  if (!rg || rg != PyTuple_GET_ITEM(spec, 3)) goto done;
-  shape = PyObject_GetAttr(x, s_shape);
+  PyObject* shape = PyObject_GetAttr(x, s_shape);
   if (!shape || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != n) goto done;
   stride = PyObject_CallMethodNoArgs(x, s_stride);
   if (!stride || !PyTuple_Check(stride) || PyTuple_GET_SIZE(stride) != n) goto done;
@@ -212,19 +219,14 @@ bool sym_tensor_matches(PyObject* x, const GuardInstr& in, long long* slots) {
     long long st = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, d));
     if (PyErr_Occurred() || st != expect) goto done;
     long long want = in.ints[d];
-    if (want >= 0 ? size != want : false) goto done;
+    if (want >= 0 && size != want) goto done;
     if (want < 0) slots[-1 - want] = size;
     expect *= size;
   }
-  dev = PyObject_GetAttr(x, s_device);
-  if (!dev || PyObject_RichCompareBool(dev, PyTuple_GET_ITEM(spec, 2), Py_EQ) != 1) goto done;
-  ok = true;
+  ok = device_matches(x, spec);
 done:
-  Py_XDECREF(dtype);
-  Py_XDECREF(rg);
   Py_XDECREF(shape);
   Py_XDECREF(stride);
-  Py_XDECREF(dev);
   return ok;
 }
 
