@@ -20,6 +20,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides, lookup, target_name
+from ember.primtorch.prims.extern import ARG_STRIDES
 from ember.primtorch.utils import is_non_overlapping_and_dense
 
 from . import metrics
@@ -297,6 +298,13 @@ class Lowerer(fx.Interpreter):
         self.buffers.append(buf)
         return View.of(buf)
 
+    def with_strides(self, x, strides) -> View:
+        """`x` as a View with exactly `strides` (a copy when it has other ones)."""
+        strides = tuple(sympy.sympify(s) for s in strides)
+        if isinstance(x, View) and _same_strides(x.sizes, x.strides, strides):
+            return x
+        return self.realize(Lazy(x.sizes, x.dtype, x.device, x.load), strides)
+
     def realize_as_buffer(self, x) -> Buffer:
         """A Buffer whose layout is exactly `x` (an AliasBuffer for a strided view)."""
         v = self.realize(x)
@@ -355,15 +363,18 @@ class Lowerer(fx.Interpreter):
     def extern(self, name, fn, args, kwargs=None, meta=None):
         """An extern kernel call: tensor arguments are realized; outputs get the node's meta."""
         meta = meta if meta is not None else self.meta()
+        required = ARG_STRIDES.get(name, {})
 
-        def arg(a):
+        def arg(a, pos=None):
             if is_tensor(a):
+                if pos in required:
+                    return self.realize_as_buffer(self.with_strides(a, required[pos](a.sizes)))
                 return self.realize_as_buffer(a)
             if isinstance(a, (list, tuple)) and any(is_tensor(x) for x in a):
                 return type(a)(arg(x) for x in a)
             return a
 
-        call_args = tuple(arg(a) for a in args)
+        call_args = tuple(arg(a, i) for i, a in enumerate(args))
         metas = meta if isinstance(meta, (list, tuple)) else (meta,)
         first = next((m for m in metas if isinstance(m, TensorMeta)), None)
         if first is None:
@@ -388,6 +399,11 @@ class Lowerer(fx.Interpreter):
 
 def _layout(meta: TensorMeta) -> Layout:
     return Layout(meta.dtype, meta.device, meta.sizes, meta.strides)  # data pointers: offset 0
+
+
+def _same_strides(sizes, a, b) -> bool:
+    """Whether strides `a` and `b` address a tensor of `sizes` alike (size-1 dims don't count)."""
+    return all(s == 1 or sympy.simplify(x - y) == 0 for s, x, y in zip(sizes, a, b))
 
 
 def _is_dense(sizes, strides) -> bool:

@@ -182,6 +182,12 @@ def _blhe(sizes):
     return utils.strides_from_perm(sizes, [3, 1, 2, 0])
 
 
+# Arguments whose layout an extern kernel assumes without checking it, by extern name and
+# argument position: a function of the argument's sizes giving the strides it must have. A
+# lowering copies such an argument into that layout when it arrives in another one.
+ARG_STRIDES: dict[str, dict[int, object]] = {}
+
+
 def _check_qkv(name, query, key, value):
     utils.check_same_dtype(query, key, value, name=f"extern.{name}")
     if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
@@ -333,6 +339,10 @@ sdpa_efficient_backward = _extern(
     _sdpa_efficient_backward_meta,
     [aten._scaled_dot_product_efficient_attention_backward.default],
 )
+# The memory-efficient backward reads `out` with a row stride of heads * head_dim whatever its
+# strides say, so `out` must be in the (B, L, H, E) layout its forward wrote (a BHLE copy reads
+# out of bounds: an illegal memory access on CUDA).
+ARG_STRIDES["extern.sdpa_efficient_backward"] = {5: _blhe}
 
 # --- sorting and scans ---------------------------------------------------------------------------
 

@@ -1,0 +1,38 @@
+"""Extern calls get their arguments in the layouts their kernels assume."""
+
+import operator
+
+import torch
+from ember.inductor.lowering import lower_graph
+from ember.inductor.loop_ir import ExternBuffer
+from ember.primtorch import prims
+from inductor_helpers import PrimGraph
+
+
+def _blhe(b, h, length, e, dtype=torch.bfloat16):
+    return torch.randn(b, length, h, e, dtype=dtype).transpose(1, 2)
+
+
+def test_efficient_attention_backward_gets_out_in_blhe_layout():
+    # The memory-efficient backward kernel reads `out` with a row stride of heads * head_dim,
+    # whatever `out`'s strides are: a contiguous (B, H, L, E) `out` must be copied into the
+    # (B, L, H, E) layout its forward wrote, and one already in it is passed as is.
+    b, h, length, e = 2, 3, 16, 8
+    for out_arg, copied in ((torch.randn(b, h, length, e, dtype=torch.bfloat16), True),
+                            (_blhe(b, h, length, e), False)):  # fmt: skip
+        g = PrimGraph()
+        grad, q, k, v = (g.input(_blhe(b, h, length, e)) for _ in range(4))
+        bias = g.input(torch.randn(b, h, length, length, dtype=torch.bfloat16))
+        out = g.input(out_arg)
+        lse = g.input(torch.randn(b, h, 32))
+        seed, offset = g.input(torch.tensor(0)), g.input(torch.tensor(0))
+        grads = g(prims.extern.sdpa_efficient_backward, grad, q, k, v, bias, out, lse, seed,
+                  offset, 0.0, [True, True, True, False], False, scale=0.125)  # fmt: skip
+        dq = g.graph.call_function(operator.getitem, (grads, 0))
+        dq.meta.update(grads.meta)
+        g.output(dq)
+        low = lower_graph(g.module(), g.inputs)
+        ext = next(b for b in low.buffers if isinstance(b, ExternBuffer))
+        passed = ext.args[5]
+        assert tuple(int(s) for s in passed.layout.strides) == (length * h * e, e, h * e, 1)
+        assert (passed.name != "arg5") == copied
