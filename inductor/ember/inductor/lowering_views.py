@@ -184,12 +184,24 @@ def _cat(L, tensors, dim):
         starts.append(acc)
         acc = acc + t.sizes[dim]
 
+    def bound(v):
+        return ops.constant(int(v), torch.int64) if v.is_number else ops.index_expr(v, torch.int64)
+
     def fn(idx):
-        # the last input needs no mask: every earlier one has claimed its range
-        value = load_as(tensors[-1], _shift(idx, dim, starts[-1]), meta.dtype)
+        # Every piece's loads are masked to its own range, the last one's too: a vector lane (a
+        # Triton program's row, a SIMD lane) runs all the loads and `where` picks afterwards, so
+        # an unmasked last piece would read before its buffer in the earlier pieces' range.
+        last = lambda: load_as(tensors[-1], _shift(idx, dim, starts[-1]), meta.dtype)  # noqa: E731
+        if len(tensors) == 1:
+            value = last()
+        else:
+            after = ops.ge(ops.index_expr(idx[dim], torch.int64), bound(starts[-1]))
+            value = ops.masked(after, last, 0)
         for t, lo in reversed(list(zip(tensors[:-1], starts[:-1]))):
-            inside = ops.lt(ops.index_expr(idx[dim], torch.int64),
-                            ops.constant(int(lo + t.sizes[dim]), torch.int64))  # fmt: skip
+            at = ops.index_expr(idx[dim], torch.int64)
+            inside = ops.lt(at, bound(lo + t.sizes[dim]))
+            if lo != 0:
+                inside = ops.logical_and(ops.ge(at, bound(lo)), inside)
             part = ops.masked(
                 inside, lambda t=t, lo=lo: load_as(t, _shift(idx, dim, lo), meta.dtype), 0
             )
