@@ -101,6 +101,7 @@ class Lazy:
     def __init__(self, sizes, dtype, device, fn):
         self.sizes, self.dtype, self.device, self.fn = tuple(sizes), dtype, device, fn
         self._cost = None
+        self.realized: dict = {}  # strides -> the View of the buffer it was computed into
 
     def load(self, idx):
         return self.fn(list(idx))
@@ -293,10 +294,16 @@ class Lowerer(fx.Interpreter):
             return x
         if strides is None or not _is_dense(x.sizes, strides):
             strides = contiguous_strides(x.sizes)
+        # A value two externs take (a gradient into both matmuls of a Linear's backward) is
+        # computed once.
+        done = x.realized.get(tuple(strides))
+        if done is not None:
+            return done
         buf = ComputedBuffer(self.new_name(), Layout(x.dtype, x.device, x.sizes, tuple(strides)),
                              Pointwise(x.sizes, x.fn, x.dtype))  # fmt: skip
         self.buffers.append(buf)
-        return View.of(buf)
+        x.realized[tuple(strides)] = View.of(buf)
+        return x.realized[tuple(strides)]
 
     def with_strides(self, x, strides) -> View:
         """`x` as a View with exactly `strides` (a copy when it has other ones)."""
