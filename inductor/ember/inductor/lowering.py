@@ -217,7 +217,8 @@ class Lowerer(fx.Interpreter):
             heavy = (pricey or ops_count > config.realize_ops_threshold
                      or loads > config.realize_reads_threshold)  # fmt: skip
             if ops_count > config.max_inline_ops or (len(n.users) > 1 and heavy):
-                value = self.realize(value, self.preferred_strides(value) or self._meta_strides(value))
+                strides = self.preferred_strides(value) or self._meta_strides(value)
+                value = self.realize(value, strides)
         return value
 
     def _bound(self, meta: TensorMeta) -> bool:

@@ -387,6 +387,14 @@ def _nhwc(L, x) -> View:
     return L.with_strides(x, make_channels_last_strides_for(x.sizes))
 
 
+def _nhwc_ok(L, *tensors) -> bool:
+    """Channels-last mode, 4-D operands, and sizes past the batch dim static (NHWC strides of a
+    symbolic H or W need Max(., 1) terms that the indexing does not simplify)."""
+    return L.channels_last and all(
+        len(t.sizes) == 4 and all(S(s).is_Integer for s in t.sizes[1:]) for t in tensors
+    )
+
+
 def _as_meta(v):
     return TensorMeta(v.dtype, v.sizes, v.strides, 0, v.device) if is_tensor(v) else v
 
@@ -395,7 +403,7 @@ def _as_meta(v):
 def _convolution(L, input, weight, bias, *rest):
     """In channels-last mode a 2-D convolution reads NHWC input and weight (a Lazy is computed
     straight into NHWC) and declares the NHWC output the kernel then returns (no restride)."""
-    if not (L.channels_last and len(input.sizes) == 4):
+    if not _nhwc_ok(L, input, weight):
         return L.extern("extern.convolution", torch.convolution, (input, weight, bias, *rest))
     x, w = _nhwc(L, input), _nhwc(L, weight)
     meta = L.current.target.meta(_as_meta(x), _as_meta(w), _as_meta(bias), *rest)
@@ -407,7 +415,7 @@ def _convolution_backward(L, grad_output, input, weight, *rest):
     """In channels-last mode the grads of a 2-D convolution are computed from NHWC operands (the
     forward's layout) and come back in it."""
     target = L.current.target
-    if not (L.channels_last and len(input.sizes) == 4):
+    if not _nhwc_ok(L, grad_output, input, weight):
         return L.extern(target.qualname, target.ref, (grad_output, input, weight, *rest))
     g, x, w = (_nhwc(L, t) for t in (grad_output, input, weight))
     meta = target.meta(_as_meta(g), _as_meta(x), _as_meta(w), *rest)
