@@ -225,3 +225,11 @@ def test_off_keeps_nchw(mode, monkeypatch):
         compiled = compile_prims(trace_to_prims(model, x), [x])
     for xs, ws, os_ in _conv_steps(compiled):
         assert os_[-1] == 1 and xs[-1] == 1 and ws[-1] == 1  # contiguous (NCHW)
+
+
+def test_bias_computed_in_the_graph(channels_last):
+    # Under autocast the bias reaches the convolution as a cast computed in the graph (a value
+    # not yet in a buffer), as in a ViT's patch embedding.
+    x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 4, 4), torch.randn(4)
+    with torch.no_grad():
+        check(lambda x, w, b: torch.conv2d(x, w, b * 2, stride=4), x, w, b, atol=1e-5, rtol=1e-5)

@@ -418,6 +418,8 @@ def _convolution(L, input, weight, bias, *rest):
     if not _nhwc_ok(L, input, weight):
         return L.extern("extern.convolution", torch.convolution, (input, weight, bias, *rest))
     x, w = _nhwc(L, input), _nhwc(L, weight)
+    if is_tensor(bias):  # a bias computed in the graph (cast to bf16 under autocast, say)
+        bias = L.realize(bias)
     meta = L.current.target.meta(_as_meta(x), _as_meta(w), _as_meta(bias), *rest)
     return L.extern("extern.convolution", torch.convolution, (x, w, bias, *rest), meta=meta)
 
