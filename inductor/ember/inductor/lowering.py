@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 from collections.abc import Callable
 
 import sympy
@@ -47,6 +48,7 @@ from .loop_ir import (
 )  # fmt: skip
 
 log = logging.getLogger("ember.inductor")
+_LOADED = re.compile(r"= load\((\w+),")  # a buffer read, in a body's sketch
 # Recomputing these in every reader costs more than storing and re-reading a (cached) row.
 TRANSCENDENTAL = ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sin", "cos", "expm1", "log1p")
 LOWERINGS: dict[str, Callable] = {}
@@ -113,7 +115,13 @@ class Lazy:
             loads = sum(" = load(" in line for line in h.lines)
             pricey = any(f" = {op}(" in line for line in h.lines for op in TRANSCENDENTAL)
             self._cost = (len(h.lines), loads, pricey)
+            self._loaded = frozenset(_LOADED.findall("\n".join(h.lines)))
         return self._cost
+
+    def loaded(self) -> frozenset:
+        """Names of the buffers the body reads."""
+        self.cost()
+        return self._loaded
 
 
 def is_tensor(v) -> bool:
@@ -214,9 +222,25 @@ class Lowerer(fx.Interpreter):
             ops_count, loads, pricey = value.cost()
             heavy = (pricey or ops_count > config.realize_ops_threshold
                      or loads > config.realize_reads_threshold)  # fmt: skip
-            if ops_count > config.max_inline_ops or (len(n.users) > 1 and heavy):
+            if ops_count > config.max_inline_ops or (
+                len(n.users) > 1 and (heavy or self._holds_inputs(value))
+            ):
                 value = self.realize(value, self._meta_strides(value))
         return value
+
+    def _holds_inputs(self, value: Lazy) -> bool:
+        """Whether `value` reads two or more buffers as large as itself, together at least its
+        own bytes: inlined into each of its readers, it would keep them all alive until its last
+        reader, where one buffer of its own would do (a backward's gradient sums: each branch's
+        gradient held to the end; an fp32 sum of two bf16 gradients weighs the same as both)."""
+        numel = sympy.Mul(*value.sizes)
+        by_name = {b.name: b for b in (*self.inputs, *self.buffers) if b is not None}
+        held = []
+        for name in value.loaded():
+            buf = by_name.get(name)
+            if buf is not None and sympy.sympify(buf.layout.numel() - numel).is_nonnegative:
+                held.append(buf.layout.dtype.itemsize)
+        return len(held) >= 2 and sum(held) >= value.dtype.itemsize
 
     def _bound(self, meta: TensorMeta) -> bool:
         if meta.is_static():
