@@ -38,6 +38,9 @@ class Config:
     # a large one held for later reuse raises the peak (extern kernels allocate their own outputs)
     reuse_max_bytes: int = 1 << 18
     inplace_buffers: bool = True
+    # A buffer larger than this joins no kernel ahead of an extern call: moved there its
+    # allocation would live across the extern's (the backward's conv and matmul outputs).
+    hoist_max_bytes: int = 1 << 16
     # products of one or two rows as generated reductions: None = on CUDA only
     small_mm_as_reduction: Optional[bool] = None
     # 2-D convolutions in channels-last (NHWC) end to end: their inputs, weights and outputs, and

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 from collections.abc import Callable
 
 import sympy
@@ -47,6 +48,7 @@ from .loop_ir import (
 )  # fmt: skip
 
 log = logging.getLogger("ember.inductor")
+_LOADED = re.compile(r"= load\((\w+),")  # a buffer read, in a body's sketch
 # Recomputing these in every reader costs more than storing and re-reading a (cached) row.
 TRANSCENDENTAL = ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sin", "cos", "expm1", "log1p")
 LOWERINGS: dict[str, Callable] = {}
@@ -114,7 +116,13 @@ class Lazy:
             loads = sum(" = load(" in line for line in h.lines)
             pricey = any(f" = {op}(" in line for line in h.lines for op in TRANSCENDENTAL)
             self._cost = (len(h.lines), loads, pricey)
+            self._loaded = frozenset(_LOADED.findall("\n".join(h.lines)))
         return self._cost
+
+    def loaded(self) -> frozenset:
+        """Names of the buffers the body reads."""
+        self.cost()
+        return self._loaded
 
 
 def is_tensor(v) -> bool:
@@ -217,10 +225,26 @@ class Lowerer(fx.Interpreter):
             ops_count, loads, pricey = value.cost()
             heavy = (pricey or ops_count > config.realize_ops_threshold
                      or loads > config.realize_reads_threshold)  # fmt: skip
-            if ops_count > config.max_inline_ops or (len(n.users) > 1 and heavy):
+            if ops_count > config.max_inline_ops or (
+                len(n.users) > 1 and (heavy or self._holds_inputs(value))
+            ):
                 strides = self.preferred_strides(value) or self._meta_strides(value)
                 value = self.realize(value, strides)
         return value
+
+    def _holds_inputs(self, value: Lazy) -> bool:
+        """Whether `value` reads two or more buffers as large as itself, together at least its
+        own bytes: inlined into each of its readers, it would keep them all alive until its last
+        reader, where one buffer of its own would do (a backward's gradient sums: each branch's
+        gradient held to the end; an fp32 sum of two bf16 gradients weighs the same as both)."""
+        numel = sympy.Mul(*value.sizes)
+        by_name = {b.name: b for b in (*self.inputs, *self.buffers) if b is not None}
+        held = []
+        for name in value.loaded():
+            buf = by_name.get(name)
+            if buf is not None and sympy.sympify(buf.layout.numel() - numel).is_nonnegative:
+                held.append(buf.layout.dtype.itemsize)
+        return len(held) >= 2 and sum(held) >= value.dtype.itemsize
 
     def _bound(self, meta: TensorMeta) -> bool:
         if meta.is_static():
@@ -305,16 +329,19 @@ class Lowerer(fx.Interpreter):
             strides = self.preferred_strides(x)
         if strides is None or not _is_dense(x.sizes, strides):
             strides = contiguous_strides(x.sizes)
-        # A value two externs take (a gradient into both matmuls of a Linear's backward) is
-        # computed once.
+        # A value of several buffers that two externs take (the joined q/k/v gradient into both
+        # matmuls of a Linear's backward) is computed once. One of a single buffer is computed
+        # again for the second: that keeps only its source alive in between, not both.
         done = x.realized.get(tuple(strides))
         if done is not None:
             return done
         buf = ComputedBuffer(self.new_name(), Layout(x.dtype, x.device, x.sizes, tuple(strides)),
                              Pointwise(x.sizes, x.fn, x.dtype))  # fmt: skip
         self.buffers.append(buf)
-        x.realized[tuple(strides)] = View.of(buf)
-        return x.realized[tuple(strides)]
+        view = View.of(buf)
+        if len(x.loaded()) > 1:
+            x.realized[tuple(strides)] = view
+        return view
 
     def preferred_strides(self, x) -> tuple | None:
         """Channels-last strides for a 4-D Lazy that reads more channels-last buffers than
