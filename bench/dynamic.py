@@ -11,13 +11,16 @@ variants are:
 - `ember dynamic`: `ember.compile(model, dynamic=True)`: one program for every length;
 - `ember per-length`: `ember.compile(model, dynamic=False)`: a program per length (compiled on
   `--per-length` of the lengths, evenly spread, since each costs a full compile);
-- `ember padded`: static programs for the next power of two (inputs padded, with an attention
-  mask where the model is not causal; outputs sliced back).
+- `ember padded`: static programs for the next power of two, at least `--pad-min` (inputs
+  padded, with an attention mask where the model is not causal; outputs sliced back).
 
 Per variant: the number of graphs compiled, the wall time of the first pass over all lengths
 (compiles included), and per length the median latency of `--iters` calls after warm-up and the
 largest difference from eager at the real positions. Each variant runs in this one process, one
 after another (bfloat16 autocast on CUDA, float32 on the CPU). Writes dynamic.md and dynamic.json.
+Models can run in separate processes on one device (`--models gpt2` and `--models
+bert-base-uncased`, each with its own --out): with EMBER_BENCH_TIMING_LOCK set to one file, their
+timed calls take turns while their compiles overlap; `--merge DIR...` then writes one report.
 """
 
 import argparse
@@ -55,15 +58,18 @@ def _sync(device):
 
 
 def _time(fn, device, iters):
-    for _ in range(2):
-        fn()
-    _sync(device)
-    samples = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
+    from harness import timing_turn  # several of these processes may share one device
+
+    with timing_turn():
+        for _ in range(2):
+            fn()
         _sync(device)
-        samples.append((time.perf_counter() - start) * 1e3)
+        samples = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            samples.append((time.perf_counter() - start) * 1e3)
     return statistics.median(samples)
 
 
@@ -83,8 +89,8 @@ class CountingBackend:
         return self.inner(gm, example_inputs)
 
 
-def _next_pow2(n):
-    return 1 << (n - 1).bit_length()
+def _next_pow2(n, least=1):
+    return max(least, 1 << (n - 1).bit_length())
 
 
 def run_model(name, args, lengths):
@@ -159,7 +165,7 @@ def run_model(name, args, lengths):
     ember.dynamo.reset()
     be_pad = CountingBackend()
     padded = ember.compile(copy.deepcopy(model), backend=be_pad, dynamic=False)
-    measure("ember padded", lambda n: padded, lambda: be_pad.count, lengths, pad=True)
+    measure("ember padded", lambda n: padded, lambda: be_pad.count, lengths, pad=args.pad_min)
     return {"model": name, "small": args.small, "batch": args.batch, "lengths": lengths,
             "per_length_subset": subset, "variants": variants}  # fmt: skip
 
@@ -168,7 +174,7 @@ def _padded(x, pad, causal):
     if not pad:
         return x, None
     n = x.shape[1]
-    full = _next_pow2(n)
+    full = _next_pow2(n, pad)
     out = torch.zeros(x.shape[0], full, dtype=x.dtype, device=x.device)
     out[:, :n] = x
     if causal:
@@ -222,12 +228,22 @@ def main(argv=None):
     p.add_argument("--min-len", type=int, default=16)
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--per-length", type=int, default=5, help="lengths compiled one by one")
+    p.add_argument("--pad-min", type=int, default=64, help="the smallest padded length")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--small", action="store_true", help="tiny configs (CPU check)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
+    p.add_argument("--merge", nargs="*", help="merge these output folders into --out")
     args = p.parse_args(argv)
+    if args.merge:
+        runs = [json.loads((Path(d) / "dynamic.json").read_text()) for d in args.merge]
+        results = [r for run in runs for r in run["results"]]
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "dynamic.md").write_text(report(results, runs[0]["env"]))
+        print(report(results, runs[0]["env"]))
+        return
     rng = random.Random(args.seed)
     lengths = sorted(rng.sample(range(args.min_len, args.max_len + 1), args.lengths))
     out = Path(args.out)
