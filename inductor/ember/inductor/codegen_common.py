@@ -254,6 +254,17 @@ class Renderer:
         self.cse[key] = var
         return var
 
+    def masked_key(self, first_local: int, text: str):
+        """The CSE key of a masked body whose temporaries are numbered from `first_local` on: its
+        text with those renamed by position, so the same masked read (a padded slice used by
+        several ops) is rendered once rather than once per use."""
+
+        def rename(m):
+            n = int(m.group(1))
+            return f"local{n - first_local}" if n >= first_local else m.group(0)
+
+        return ("masked", re.sub(r"\btmp(\d+)\b", rename, text))
+
     vector_mode = False
 
     def assign(self, var: CSEVar, text: str) -> str:

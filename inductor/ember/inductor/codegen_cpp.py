@@ -250,14 +250,15 @@ class CppRenderer(Renderer):
     def masked(self, mask, body, other):
         if self.vector_mode:
             raise CantRender("masked load in the vector loop")
+        first_local = next(self._ids)
         saved_lines, saved_cse = self.lines, dict(self.cse)
         self.lines = []
         result = body()
         inner, self.lines, self.cse = self.lines, saved_lines, saved_cse
         t = ctype(result.dtype)
         lam = " ".join(inner + [f"return {result};"])
-        return self.emit(f"{mask} ? [&]() -> {t} {{ {lam} }}() : {c_constant(other, result.dtype)}",
-                         result.dtype)  # fmt: skip
+        text = f"{mask} ? [&]() -> {t} {{ {lam} }}() : {c_constant(other, result.dtype)}"
+        return self.emit(text, result.dtype, key=self.masked_key(first_local, text))
 
     def indirect_indexing(self, value, size):
         if self.vector_mode:

@@ -168,6 +168,7 @@ class TritonRenderer(Renderer):
         return OPS[name].format(*args, t=t)
 
     def masked(self, mask, body, other):
+        first_local, first_line = next(self._ids), len(self.lines)
         self.mask_stack.append(mask)
         saved = dict(self.cse)
         try:
@@ -175,9 +176,12 @@ class TritonRenderer(Renderer):
         finally:
             self.mask_stack.pop()
             self.cse = saved
-        return self.emit(
-            f"tl.where({mask}, {result}, {tl_constant(other, result.dtype)})", result.dtype
-        )
+        text = f"tl.where({mask}, {result}, {tl_constant(other, result.dtype)})"
+        key = self.masked_key(first_local, "\n".join(self.lines[first_line:] + [text]))
+        if key in self.cse:  # the same masked read rendered before: drop this copy's lines
+            del self.lines[first_line:]
+            return self.cse[key]
+        return self.emit(text, result.dtype, key=key)
 
     def indirect_indexing(self, value, size):
         var = self.emit(f"{value}.to(tl.int64)", torch.int64)

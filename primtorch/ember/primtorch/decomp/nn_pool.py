@@ -47,25 +47,37 @@ def _pool_out_size(size, k, s, p, d, ceil_mode):
     return max(out, 0)
 
 
-def _windows(x, nsp, kernel, stride, padding, dilation, out_sizes, value):
-    """x padded with `value`, then every kernel offset's strided slice stacked on a new last dim:
-    shape (..., *out_sizes, prod(kernel))."""
+def _padded(x, nsp, kernel, stride, padding, dilation, out_sizes, value):
+    """x padded with `value` so that every output position's window lies inside it (the high side
+    may be cropped: negative padding)."""
     lead = x.ndim - nsp
     low = [0] * lead + list(padding)
     high = [0] * lead
     for i in range(nsp):
         need = (out_sizes[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1
         high.append(need - x.shape[lead + i] - padding[i])
-    xp = prims.pad(x, value, tuple(low), tuple(high), (0,) * x.ndim)
-    slices = []
-    for offsets in _offsets(kernel):
-        start = [0] * lead + [o * d for o, d in zip(offsets, dilation)]
-        limit = list(xp.shape[:lead]) + [
-            st + (o - 1) * s + 1 for st, o, s in zip(start[lead:], out_sizes, stride)
-        ]
-        steps = [1] * lead + list(stride)
-        piece = prims.slice(xp, tuple(start), tuple(limit), tuple(steps))
-        slices.append(prims.expand_dims(piece, (x.ndim,)))
+    return prims.pad(x, value, tuple(low), tuple(high), (0,) * x.ndim)
+
+
+def _offset_slice(xp, nsp, offsets, stride, dilation, out_sizes):
+    """The strided view of padded `xp` that kernel offset `offsets` reads: (..., *out_sizes)."""
+    lead = xp.ndim - nsp
+    start = [0] * lead + [o * d for o, d in zip(offsets, dilation)]
+    limit = list(xp.shape[:lead]) + [
+        st + (o - 1) * s + 1 for st, o, s in zip(start[lead:], out_sizes, stride)
+    ]
+    steps = [1] * lead + list(stride)
+    return prims.slice(xp, tuple(start), tuple(limit), tuple(steps))
+
+
+def _windows(x, nsp, kernel, stride, padding, dilation, out_sizes, value):
+    """x padded with `value`, then every kernel offset's strided slice stacked on a new last dim:
+    shape (..., *out_sizes, prod(kernel))."""
+    xp = _padded(x, nsp, kernel, stride, padding, dilation, out_sizes, value)
+    slices = [
+        prims.expand_dims(_offset_slice(xp, nsp, offsets, stride, dilation, out_sizes), (x.ndim,))
+        for offsets in _offsets(kernel)
+    ]
     return prims.cat(slices, x.ndim)
 
 
@@ -100,15 +112,27 @@ def _flat_input_index(nsp, in_sizes, out_sizes, kernel, stride, padding, dilatio
     return total
 
 
-def _max_pool(self, nsp, kernel_size, stride, padding, dilation, ceil_mode):
+# Windows (and, backward, windows covering one input element) up to this many elements become a
+# chain of pointwise ops over strided views, which inductor fuses into one kernel; larger ones keep
+# the stacked-window reduction (forward) or the scatter (backward).
+_MAX_CHAIN = 25
+
+
+def _pool_params(nsp, kernel_size, stride, padding, dilation):
     kernel = _tuple(kernel_size, nsp)
     stride = _tuple(stride, nsp) if stride else kernel
-    padding, dilation = _tuple(padding, nsp), _tuple(dilation, nsp)
+    return kernel, stride, _tuple(padding, nsp), _tuple(dilation, nsp)
+
+
+def _max_pool(self, nsp, kernel_size, stride, padding, dilation, ceil_mode):
+    kernel, stride, padding, dilation = _pool_params(nsp, kernel_size, stride, padding, dilation)
     in_sizes = list(self.shape[-nsp:])
     out_sizes = [
         _pool_out_size(n, k, s, p, d, ceil_mode)
         for n, k, s, p, d in zip(in_sizes, kernel, stride, padding, dilation)
     ]
+    if math.prod(kernel) <= _MAX_CHAIN:
+        return _max_pool_chain(self, nsp, kernel, stride, padding, dilation, in_sizes, out_sizes)
     win = _windows(self, nsp, kernel, stride, padding, dilation, out_sizes, _lowest(self.dtype))
     last = win.ndim - 1
     values = prims.amax(win, (last,))
@@ -119,6 +143,71 @@ def _max_pool(self, nsp, kernel_size, stride, padding, dilation, ceil_mode):
     flat = utils.broadcast_to(flat, tuple(win.shape))
     picked = prims.gather(flat, last, prims.expand_dims(which, (last,)))
     return values, prims.squeeze(picked, (last,))
+
+
+def _spatial(t, shape, nsp, i):
+    """A 1-d tensor along spatial dim i broadcast to `shape` (..., *spatial)."""
+    return prims.broadcast_in_dim(t, tuple(shape), (len(shape) - nsp + i,))
+
+
+def _offset_index(shape, offsets, in_sizes, stride, padding, dilation, device):
+    """(the flat input index that kernel offset `offsets` reads at each output position, whether
+    it lies inside the input: a bool tensor, or None when it always does), both of `shape`.
+
+    Index math is done on broadcast iotas, not broadcast after: inductor would compute a broadcast
+    of index math into a buffer (its rule for per-row statistics)."""
+    nsp = len(in_sizes)
+    out_sizes = shape[len(shape) - nsp :]
+    flat = inside = None
+    for i, (o, n, s, p, d) in enumerate(zip(offsets, in_sizes, stride, padding, dilation)):
+        first = o * d - p  # the input coordinate read at output position 0
+        sf = math.prod(in_sizes[i + 1 :])
+        term = _spatial(_iota(out_sizes[i], device, first * sf, s * sf), shape, nsp, i)
+        flat = term if flat is None else prims.add(flat, term)
+        coord = _spatial(_iota(out_sizes[i], device, first, s), shape, nsp, i)
+        ok = None
+        if first < 0:
+            ok = prims.ge(coord, 0)
+        if first + (out_sizes[i] - 1) * s >= n:
+            high = prims.lt(coord, n)
+            ok = high if ok is None else prims.logical_and(ok, high)
+        if ok is not None:
+            inside = ok if inside is None else prims.logical_and(inside, ok)
+    return flat, inside
+
+
+def _max_pool_chain(x, nsp, kernel, stride, padding, dilation, in_sizes, out_sizes):
+    """torch's max-pool loop unrolled over kernel offsets: every step is pointwise over the output.
+
+    Like torch's kernels: an element replaces the running max when it is greater or NaN (so ties
+    keep the first, NaNs the last), padding is never picked, and the index starts at the window's
+    first element inside the input. Values never read the index chain, so dead-code removal
+    drops it when only values are used."""
+    shape = tuple(x.shape[: x.ndim - nsp]) + tuple(out_sizes)
+    xp = _padded(x, nsp, kernel, stride, padding, dilation, out_sizes, _lowest(x.dtype))
+    best = idx = None
+    found = None  # bool tensor: an earlier offset lay inside the input; True when always so
+    for offsets in _offsets(kernel):
+        v = _offset_slice(xp, nsp, offsets, stride, dilation, out_sizes)
+        flat, inside = _offset_index(shape, offsets, in_sizes, stride, padding, dilation, x.device)
+        if best is None:
+            best = v
+            idx = flat if inside is None else prims.where(inside, flat, -1)
+            found = True if inside is None else inside
+            continue
+        better = prims.gt(v, best)
+        if x.dtype.is_floating_point:
+            better = prims.logical_or(better, prims.isnan(v))
+        take = better
+        if found is not True:
+            first_inside = prims.logical_not(found)
+            if inside is not None:
+                first_inside = prims.logical_and(inside, first_inside)
+            take = prims.logical_or(better, first_inside)
+            found = True if inside is None else prims.logical_or(found, inside)
+        best = prims.where(better, v, best)
+        idx = prims.where(take, flat, idx)
+    return best, idx
 
 
 @register_decomposition(aten.max_pool2d_with_indices)
@@ -143,18 +232,79 @@ def _scatter_back(grad_output, self, indices, nsp):
     return convert(prims.reshape(out, tuple(self.shape)), grad_output.dtype)
 
 
+def _covering_windows(shape, nsp, i, window, count, n_out, device):
+    """Along spatial dim i, for each input coordinate c, the `count` output coordinates whose
+    windows can cover c, ascending: [(the coordinate clamped into range, of the spatial sizes;
+    whether it is in range, of `shape`)].
+
+    The first window that can cover c starts at ceil((c + p - (k-1)d) / s). Index tensors span the
+    spatial dims only (prims.index keeps the leading ones); the index math is done on broadcast
+    iotas, as in the forward."""
+    k, s, p, d = window
+    n_in = shape[len(shape) - nsp + i]
+    low = p - (k - 1) * d
+    lift = max(0, -((low + s - 1) // s))  # keeps the floor division's operand >= 0
+    per = []
+    for sizes in (tuple(shape[len(shape) - nsp :]), tuple(shape)):
+        base = _spatial(_iota(n_in, device, low + s - 1 + lift * s, 1), sizes, nsp, i)
+        if s > 1:
+            base = prims.floor_div(base, s)
+        per.append(prims.sub(base, lift) if lift else base)
+    out = []
+    for j in range(count):
+        o_idx, o_full = (prims.add(b, j) if j else b for b in per)
+        ok = prims.logical_and(prims.ge(o_full, 0), prims.lt(o_full, n_out))
+        out.append((prims.minimum(prims.maximum(o_idx, 0), n_out - 1), ok))
+    return out
+
+
+def _max_pool_backward(grad_output, self, nsp, kernel_size, stride, padding, dilation, indices):
+    """Pointwise over the input: each element sums, in output order (as torch's loop adds them),
+    the gradients of the few windows that can cover it and picked it. Falls back to a scatter when
+    many windows overlap."""
+    kernel, stride, padding, dilation = _pool_params(nsp, kernel_size, stride, padding, dilation)
+    # Windows covering one input coordinate along dim i: start in [c + p - (k-1)d, c + p], step s.
+    reach = [((k - 1) * d) // s + 1 for k, d, s in zip(kernel, dilation, stride)]
+    if math.prod(reach) > _MAX_CHAIN:
+        return _scatter_back(grad_output, self, indices, nsp)
+    lead = self.ndim - nsp
+    shape = tuple(self.shape)
+    in_sizes, out_sizes = list(shape[lead:]), list(grad_output.shape[lead:])
+    device = self.device
+    here = None  # each input element's flat spatial index
+    for i in range(nsp):
+        term = _spatial(_iota(in_sizes[i], device, 0, math.prod(in_sizes[i + 1 :])), shape, nsp, i)
+        here = term if here is None else prims.add(here, term)
+    windows = list(zip(kernel, stride, padding, dilation))
+    cands = [
+        _covering_windows(shape, nsp, i, windows[i], reach[i], out_sizes[i], device)
+        for i in range(nsp)
+    ]
+    g = _opmath(grad_output)
+    total = None
+    for combo in _offsets(reach):
+        where_ = [None] * lead + [cands[i][j][0] for i, j in enumerate(combo)]
+        ok = None
+        for i, j in enumerate(combo):
+            ok = cands[i][j][1] if ok is None else prims.logical_and(ok, cands[i][j][1])
+        picked = prims.eq(prims.index(indices, where_), here)
+        term = prims.where(prims.logical_and(ok, picked), prims.index(g, where_), 0.0)
+        total = term if total is None else prims.add(total, term)
+    return convert(total, grad_output.dtype)
+
+
 @register_decomposition(aten.max_pool2d_with_indices_backward)
 def max_pool2d_with_indices_backward(
     grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
 ):
-    return _scatter_back(grad_output, self, indices, 2)
+    return _max_pool_backward(grad_output, self, 2, kernel_size, stride, padding, dilation, indices)
 
 
 @register_decomposition(aten.max_pool3d_with_indices_backward)
 def max_pool3d_with_indices_backward(
     grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
 ):
-    return _scatter_back(grad_output, self, indices, 3)
+    return _max_pool_backward(grad_output, self, 3, kernel_size, stride, padding, dilation, indices)
 
 
 @register_decomposition(aten.max_unpool2d)
@@ -182,18 +332,19 @@ def max_unpool3d(self, indices, output_size, stride, padding):
 # --- average pooling -----------------------------------------------------------------------------
 
 
-def _avg_divisor(nsp, in_sizes, out_sizes, kernel, stride, padding, count_include_pad, device):
-    """Per-output-position divisor (float64 tensor of shape out_sizes)."""
+def _avg_divisor(shape, in_sizes, kernel, stride, padding, count_include_pad, device):
+    """Each output position's divisor (int64, of the output's `shape`), from broadcast iotas so
+    that inductor inlines it rather than computing it into a buffer."""
+    nsp = len(in_sizes)
     total = None
     for i in range(nsp):
         n, k, s, p = in_sizes[i], kernel[i], stride[i], padding[i]
-        start = _iota(out_sizes[i], device, -p, s)
+        start = _spatial(_iota(shape[len(shape) - nsp + i], device, -p, s), shape, nsp, i)
         end = prims.minimum(prims.add(start, k), n + p)
         if count_include_pad:
             size = prims.sub(end, start)
         else:
             size = prims.sub(prims.minimum(end, n), prims.maximum(start, 0))
-        size = prims.broadcast_in_dim(size, tuple(out_sizes), (i,))
         total = size if total is None else prims.mul(total, size)
     return total
 
@@ -211,21 +362,27 @@ def _avg_pool(
     ]
     floating = self.dtype.is_floating_point
     x = _opmath(self) if floating else convert(self, torch.int64)
-    win = _windows(x, nsp, kernel, stride, padding, (1,) * nsp, out_sizes, 0.0 if floating else 0)
-    total = prims.sum(win, (win.ndim - 1,))
+    zero = 0.0 if floating else 0
+    ones = (1,) * nsp
+    if math.prod(kernel) <= _MAX_CHAIN:
+        # A sum of strided views, in torch's window order: pointwise, so it fuses into one kernel.
+        xp = _padded(x, nsp, kernel, stride, padding, ones, out_sizes, zero)
+        total = None
+        for offsets in _offsets(kernel):
+            v = _offset_slice(xp, nsp, offsets, stride, ones, out_sizes)
+            total = v if total is None else prims.add(total, v)
+    else:
+        win = _windows(x, nsp, kernel, stride, padding, ones, out_sizes, zero)
+        total = prims.sum(win, (win.ndim - 1,))
     # Integer inputs divide with truncation, as torch's integer kernels do.
     divide = prims.div if floating else prims.trunc_div
     if divisor_override:
         out = divide(total, float(divisor_override) if floating else int(divisor_override))
     else:
         div = _avg_divisor(
-            nsp, in_sizes, out_sizes, kernel, stride, padding, count_include_pad, self.device
+            tuple(total.shape), in_sizes, kernel, stride, padding, count_include_pad, self.device
         )
-        lead = tuple(range(self.ndim - nsp))
-        div = prims.broadcast_in_dim(
-            convert(div, x.dtype), tuple(total.shape), tuple(range(len(lead), total.ndim))
-        )
-        out = divide(total, div)
+        out = divide(total, convert(div, x.dtype))
     return convert(out, self.dtype), (kernel, stride, padding, in_sizes, out_sizes)
 
 
@@ -281,12 +438,9 @@ def _avg_pool_backward(
         g = prims.div(g, float(divisor_override))
     else:
         div = _avg_divisor(
-            nsp, in_sizes, out_sizes, kernel, stride, padding, count_include_pad, self.device
+            tuple(g.shape), in_sizes, kernel, stride, padding, count_include_pad, self.device
         )
-        div = prims.broadcast_in_dim(
-            convert(div, g.dtype), tuple(g.shape), tuple(range(lead, g.ndim))
-        )
-        g = prims.div(g, div)
+        g = prims.div(g, convert(div, g.dtype))
     # Each kernel offset sends g to the padded input at offset + stride * o: an interior pad.
     padded = [n + 2 * p for n, p in zip(in_sizes, padding)]
     total = None
