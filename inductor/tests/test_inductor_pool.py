@@ -60,6 +60,9 @@ def test_max_pool2d_configs_match_eager(kernel, stride, padding, dilation, ceil_
 def test_max_pool3d_and_avg_pool_are_one_kernel():
     check(lambda a: F.max_pool3d(a, 2, 2, 1, return_indices=True), torch.randn(1, 2, 5, 6, 4),
           kernels=1)  # fmt: skip
+    # 3x3x3 with ties (int64): first maxima, as torch picks them
+    check(lambda a: F.max_pool3d(a, 3, 2, 1, 1, True, True), torch.randint(-9, 9, (1, 2, 3, 6, 5)),
+          kernels=1)  # fmt: skip
     compiled = check(lambda a: F.avg_pool2d(a, 3, 2, 1, count_include_pad=False),
                      torch.randn(2, 3, 9, 8), kernels=1)  # fmt: skip
     assert _buffers(compiled.source) == [(2, 3, 5, 4)], compiled.source

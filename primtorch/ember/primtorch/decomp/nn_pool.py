@@ -114,8 +114,8 @@ def _flat_input_index(nsp, in_sizes, out_sizes, kernel, stride, padding, dilatio
 
 # Windows (and, backward, windows covering one input element) up to this many elements become a
 # chain of pointwise ops over strided views, which inductor fuses into one kernel; larger ones keep
-# the stacked-window reduction (forward) or the scatter (backward).
-_MAX_CHAIN = 25
+# the stacked-window reduction (forward) or the scatter (backward). 27 takes in 3x3x3.
+_MAX_CHAIN = 27
 
 
 def _pool_params(nsp, kernel_size, stride, padding, dilation):
