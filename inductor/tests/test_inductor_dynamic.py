@@ -67,10 +67,17 @@ class Attention(nn.Module):
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) * self.scale
         if self.causal:
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            mask = _causal_mask(t, x.device)
             att = att.masked_fill(~mask, float("-inf"))
         y = F.softmax(att, dim=-1) @ v
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+@fx.wrap
+def _causal_mask(t, device):
+    # fx's symbolic_trace cannot pass a Proxy size to torch.ones; wrapped, the call is recorded
+    # whole and torch.ones(t, t) runs with symbolic t when aot_autograd traces it.
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril()
 
 
 class GPT2Block(nn.Module):
@@ -106,10 +113,6 @@ def _check(backend, model, make_inputs, dims, sizes=SIZES, upper=None):
     return compiled
 
 
-# Not done yet (strict xfail, so fixing them is noticed): a 3-d Linear is traced with a reshape to
-# the hint's flat size, and torch.ones(t, t) with a symbolic t fails in its decomposition.
-NOT_YET = pytest.mark.xfail(strict=True, reason="symbolic trace of 3-d Linear / ones(t, t)")
-
 CASES = {
     "mlp": (MLP, lambda n: (torch.randn(n, 16),), [{0: "s0"}]),
     "softmax": (Softmax, lambda n: (torch.randn(3, n + 1),), [{1: "s0"}]),
@@ -119,19 +122,14 @@ CASES = {
 }
 
 
-def _cases(names=None):
-    return [pytest.param(n, marks=NOT_YET) if n in ("attention", "gpt2") else n
-            for n in names or sorted(CASES)]  # fmt: skip
-
-
-@pytest.mark.parametrize("name", _cases())
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_inductor_cpp_matches_eager_for_every_size(name):
     model, make, dims = CASES[name]
     compiled = _check(compile_fx, model().eval(), make, dims)
     assert compiled.ember_guards == ()
 
 
-@pytest.mark.parametrize("name", _cases())
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_aot_eager_matches_eager_for_every_size(name):
     model, make, dims = CASES[name]
     _check(aot_eager, model().eval(), make, dims)
@@ -152,7 +150,6 @@ def test_inductor_triton_interpreted(name, monkeypatch):
     _check(compile_fx, model().eval(), make, dims, sizes=SIZES[:6])
 
 
-@NOT_YET
 def test_training_gradients_match_eager_for_every_size():
     torch.manual_seed(0)
     model = Attention()

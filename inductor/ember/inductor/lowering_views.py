@@ -6,6 +6,7 @@ import sympy
 import torch
 
 from ember.ir import FloorDiv, ModularIndexing, contiguous_strides
+from ember.primtorch.utils import broadcast_shapes
 
 from .loop_ir import compute_dtype, ops
 from .lowering import (
@@ -189,7 +190,7 @@ def _cat(L, tensors, dim):
         value = load_as(tensors[-1], _shift(idx, dim, starts[-1]), meta.dtype)
         for t, lo in reversed(list(zip(tensors[:-1], starts[:-1]))):
             inside = ops.lt(ops.index_expr(idx[dim], torch.int64),
-                            ops.constant(int(lo + t.sizes[dim]), torch.int64))  # fmt: skip
+                            _index_value(lo + t.sizes[dim]))  # fmt: skip
             part = ops.masked(
                 inside, lambda t=t, lo=lo: load_as(t, _shift(idx, dim, lo), meta.dtype), 0
             )
@@ -197,6 +198,19 @@ def _cat(L, tensors, dim):
         return value
 
     return Lazy(meta.sizes, meta.dtype, meta.device, fn)
+
+
+def _index_value(expr):
+    """An int64 value of a size expression: a constant, or computed from the size symbols."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return ops.constant(int(expr), torch.int64)
+    return ops.index_expr(expr, torch.int64)
+
+
+def _maybe_positive(expr) -> bool:
+    expr = sympy.sympify(expr)
+    return bool(expr > 0) if expr.is_number else True  # a symbolic pad: mask, to be safe
 
 
 def _shift(idx, dim, by):
@@ -214,14 +228,14 @@ def _pad(L, a, padding_value, low, high, interior):
         for i, lo, hi, step, size in zip(idx, low, high, interior, a.sizes):
             shifted = i - lo
             src.append(FloorDiv(shifted, step + 1) if step else shifted)
-            if lo > 0 or hi > 0 or step:
+            if _maybe_positive(lo) or _maybe_positive(hi) or step:
                 conds.append((shifted, step, size))
         mask = None
         for shifted, step, size in conds:
             e = ops.index_expr(shifted, torch.int64)
             ok = ops.logical_and(
                 ops.ge(e, ops.constant(0, torch.int64)),
-                ops.lt(e, ops.constant(int(size) * (step + 1) - step, torch.int64)),
+                ops.lt(e, _index_value(size * (step + 1) - step)),
             )
             if step:
                 rem = ops.remainder(e, ops.constant(step + 1, torch.int64))
@@ -265,7 +279,7 @@ def _index(L, a, indices):
     meta = out_meta(L)
     indices = list(indices) + [None] * (len(a.sizes) - len(indices))
     pos = [d for d, t in enumerate(indices) if t is not None]
-    bshape = torch.broadcast_shapes(*(tuple(int(s) for s in indices[d].sizes) for d in pos))
+    bshape = broadcast_shapes(*(indices[d].sizes for d in pos))  # sympy: sizes may be symbolic
     nb = len(bshape)
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
     start = pos[0] if adjacent else 0
