@@ -5,6 +5,7 @@ The graph modules are built the way dynamo hands them over: torch-level fx graph
 """
 
 import pytest
+import sympy
 import torch
 import torch.fx as fx
 import torch.nn as nn
@@ -230,3 +231,36 @@ def test_training_mlp_gradients_match_eager_for_every_size(backend):
         torch.testing.assert_close(got[0], xs.grad, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(got[1], model.l1.weight.grad, rtol=1e-4, atol=1e-4)
         model.zero_grad()
+
+
+@pytest.mark.parametrize("name", ["attention", "gpt2"])
+def test_triton_kernels_of_attention_models_take_sizes_as_arguments(name, monkeypatch):
+    """The Triton kernels of a symbolic attention graph (rendered, not run: the interpreter cannot
+    loop a reduction over a dynamic length) read the sizes from arguments and launch on grids
+    computed from them; the example's sizes (prime hints) appear nowhere in their source."""
+    from ember.inductor import pipeline
+
+    programs = []
+
+    class RenderOnly:
+        def __init__(self, program, constants):
+            programs.append(program)
+
+    monkeypatch.setattr(config, "cpu_backend", "triton")
+    monkeypatch.setattr(pipeline, "CompiledGraph", RenderOnly)
+    model, make, dims = CASES[name]
+    torch.manual_seed(0)
+    example = make(36)  # hints 37 (and 2 for attention's batch: 36 % 3 + 2)
+    with torch.no_grad():
+        compile_fx(dynamic_gm(model().eval(), example, dims), example)
+    (program,) = programs
+    kernels = [k for k in program.kernels if k.language == "triton"]
+    assert kernels
+    symbols = {s for d in dims for s in d.values()}
+    for k in kernels:
+        compile(k.source, k.name, "exec")  # valid Python
+        assert "37" not in k.source and "1369" not in k.source, k.source  # 37, 37**2
+        grid = {s.name for g in k.grid for s in sympy.sympify(g).free_symbols}
+        assert grid and grid <= symbols, k.grid  # launched on a grid computed from the sizes
+        signature = k.source.split("def ", 1)[1].split(")", 1)[0]
+        assert all(s in signature.split(", ") for s in grid), signature
