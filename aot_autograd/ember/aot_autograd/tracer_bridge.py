@@ -6,7 +6,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ember.primtorch import Tracer
-from ember.primtorch.symbolic import to_expr
+from ember.primtorch.decomp._random import counters_used
 
 SEED_PREFIX = "rng_seed"
 
@@ -47,19 +47,6 @@ class AOTTracer(Tracer):
         self.seeds[device] = (seed, offset + counters_used(count))
         return seed, offset
 
-
-# A call whose number of counters is symbolic gets a block this large, so offsets stay ints.
-SYMBOLIC_COUNTER_BLOCK = 2**40
-
-
-def counters_used(count) -> int:
-    """How far a call's counters advance the offset: whole Philox blocks of 4, as primtorch's own
-    keys do; a symbolic count (a size that varies per call) takes SYMBOLIC_COUNTER_BLOCK (no
-    tensor has 2**40 elements), so calls never share counters at any size."""
-    count = to_expr(count)
-    if isinstance(count, int) or getattr(count, "is_Integer", False):
-        return (int(count) + 3) // 4 * 4
-    return SYMBOLIC_COUNTER_BLOCK
 
 
 def new_tracer() -> AOTTracer:

@@ -6,7 +6,7 @@ import sympy
 import torch
 
 from ember.ir import FloorDiv, ModularIndexing, contiguous_strides
-from ember.primtorch.utils import broadcast_shapes
+from ember.primtorch.utils import broadcast_shapes, known
 
 from .loop_ir import compute_dtype, ops
 from .lowering import (
@@ -208,6 +208,14 @@ def _index_value(expr):
     return ops.index_expr(expr, torch.int64)
 
 
+def _count_value(expr, dtype):
+    """A count (a number of elements) as a `dtype` value: a constant, or computed from the sizes."""
+    expr = sympy.sympify(expr)
+    if expr.is_number:
+        return ops.constant(float(expr), dtype)
+    return ops.index_expr(expr, dtype)
+
+
 def _maybe_positive(expr) -> bool:
     expr = sympy.sympify(expr)
     return bool(expr > 0) if expr.is_number else True  # a symbolic pad: mask, to be safe
@@ -352,14 +360,16 @@ def _var(L, inp, dims, correction=1, output_dtype=None):
     total = L.reduction(inp, dims, "sum", cdt)
 
     def centered_sq(idx):
-        mean = ops.truediv(total.load([idx[d] for d in kept]), ops.constant(float(n), cdt))
+        mean = ops.truediv(total.load([idx[d] for d in kept]), _count_value(n, cdt))
         d = ops.sub(load_as(inp, idx, cdt), mean)
         return ops.mul(d, d)
 
     sq = L.reduction(inp, dims, "sum", cdt, fn=centered_sq)
-    denom = sympy.Max(n - correction, 0)
+    denom = n - correction
+    if denom.is_number or not known(sympy.Ge(denom, 0)):
+        denom = sympy.Max(denom, 0)
     out = Lazy(sq.sizes, meta.dtype, sq.device,
-               lambda idx: ops.truediv(sq.load(idx), ops.constant(float(denom), cdt)))  # fmt: skip
+               lambda idx: ops.truediv(sq.load(idx), _count_value(denom, cdt)))  # fmt: skip
     return reshape(out, meta.sizes)
 
 

@@ -163,7 +163,8 @@ def _against_huge(rel) -> Optional[bool]:
     """`size-expr OP c` for a constant |c| >= 2**62, decided as sizes are far below it."""
     if not isinstance(rel, sympy.core.relational.Relational):
         return None
-    for const, other, op in ((rel.rhs, rel.lhs, rel.rel_op), (rel.lhs, rel.rhs, _MIRROR[rel.rel_op])):
+    sides = ((rel.rhs, rel.lhs, rel.rel_op), (rel.lhs, rel.rhs, _MIRROR[rel.rel_op]))
+    for const, other, op in sides:
         if const.is_Integer and not other.is_number and abs(int(const)) >= _HUGE:
             below = _BELOW_HUGE[op]
             return below if const > 0 else (not below if op not in ("==", "!=") else below)

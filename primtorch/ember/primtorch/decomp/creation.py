@@ -215,7 +215,7 @@ def _index(n, device):
 
 
 def _int(v):
-    """int(v), truncating, except that a symbolic size stays symbolic (int() would specialise it)."""
+    """int(v), truncating; a symbolic size stays symbolic (int() would specialise it)."""
     return v if isinstance(v, torch.SymInt) else int(v)
 
 

@@ -1,4 +1,4 @@
-"""Dynamic sequence lengths and batch sizes on small GPT-2 and BERT configurations, end to end.
+"""Dynamic sequence lengths and batch sizes on small GPT-2, BERT, ViT and ResNet configurations.
 
 ember.compile's automatic dynamic compiles the first size static and, at the first change, one
 symbolic program (aot_autograd traces with SymbolicTensors; inductor generates kernels whose sizes
@@ -116,6 +116,41 @@ class Bert(nn.Module):
         return x, torch.tanh(self.pool(x[:, 0]))
 
 
+class ResNet(nn.Module):
+    """Two conv-BatchNorm-ReLU stages (the second strided), pooled into a Linear head."""
+
+    def __init__(self, widths=(8, 16), classes=10):
+        super().__init__()
+        layers, cin = [], 3
+        for i, w in enumerate(widths):
+            layers += [nn.Conv2d(cin, w, 3, 1 + i, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU()]
+            cin = w
+        self.features, self.fc = nn.Sequential(*layers), nn.Linear(cin, classes)
+
+    def forward(self, x):
+        return self.fc(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
+
+
+class ViT(nn.Module):
+    """Patch embedding, a class token, post-norm encoder layers (BertLayer), a Linear head."""
+
+    def __init__(self, patch=4, dim=32, depth=2, heads=4, classes=10, n=16):
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, patch, patch)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim))
+        self.pos = nn.Parameter(torch.randn(1, n + 1, dim))
+        self.layers = nn.ModuleList(BertLayer(dim, heads, 2 * dim, 0.0, False)
+                                    for _ in range(depth))  # fmt: skip
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, img):
+        x = self.patch(img).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for layer in self.layers:
+            x = layer(x, None)
+        return self.head(x[:, 0])
+
+
 def _inputs(name, b, t):
     ids = torch.randint(0, 50, (b, t))
     if name.startswith("gpt2"):
@@ -195,6 +230,30 @@ def test_training_gradients_match_eager_for_six_sizes(name, backend):
         torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
         for (n, p), q in zip(model.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=n)
+        model.zero_grad()
+        ref.zero_grad()
+    assert calls == [False, True], calls
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_cls", [ResNet, ViT], ids=["resnet", "vit"])
+def test_training_batch_sizes_compile_at_most_twice(model_cls):
+    """Batch sizes in training: BatchNorm's statistics and running-variance correction, and the
+    gradients, with the batch size symbolic."""
+    torch.manual_seed(0)
+    model = model_cls()
+    ref = copy.deepcopy(model)
+    compiled, calls = _compile_counting(model, "inductor")
+    for b in (2, 3, 4, 5, 7, 9):
+        x = torch.randn(b, 3, 16, 16)
+        out, want = compiled(x), ref(x)
+        out.square().mean().backward()
+        want.square().mean().backward()
+        torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=n)
+        for (n, b1), b2 in zip(model.named_buffers(), ref.buffers()):
+            torch.testing.assert_close(b1, b2, atol=1e-5, rtol=1e-5, msg=n)  # running statistics
         model.zero_grad()
         ref.zero_grad()
     assert calls == [False, True], calls
