@@ -106,3 +106,6 @@ def test_dropout_of_symbolic_sizes():
     kept = out.value != 0
     torch.testing.assert_close(out.value[kept], x.value[kept] / 0.75)
     assert 0.5 < kept.float().mean() < 0.95 and env.guards == []
+    gm, env, x, out = _trace_symbolic(lambda x: torch.dropout(x, 0.25, True))
+    assert gm.graph.output_node().args[0].meta[NODE_META_KEY].sizes == (s0, s1, 32)
+    assert env.guards == []

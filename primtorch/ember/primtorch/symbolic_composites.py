@@ -49,6 +49,7 @@ _RULES = {
     torch._C._nn.linear: _linear,
     torch.nn.functional.linear: _linear,
     torch.nn.functional.dropout: _dropout,
+    torch.dropout: lambda input, p, train: _dropout(input, p, train),
 }
 
 
