@@ -280,3 +280,23 @@ def test_training_with_dropout_compiles_at_most_twice(name):
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
         model.zero_grad()
     assert calls == [False, True], calls
+
+
+def test_huggingface_bert_sequence_lengths_compile_at_most_twice():
+    """A tiny transformers BertModel (sdpa attention) when transformers is installed."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=64,
+                                     max_position_embeddings=16)  # fmt: skip
+    config._attn_implementation = "sdpa"
+    model = transformers.BertModel(config).eval()
+    compiled, calls = _compile_counting(model, "inductor")
+    with torch.no_grad():
+        for t in SEQ_LENS:
+            ids, mask = _inputs("bert", 2, t)
+            got = compiled(input_ids=ids, attention_mask=mask)
+            want = model(input_ids=ids, attention_mask=mask)
+            torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-4)
+    assert calls == [False, True], calls

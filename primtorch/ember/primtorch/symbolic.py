@@ -19,6 +19,7 @@ import operator
 from typing import Iterable, Optional
 
 import sympy
+from sympy.polys.polyerrors import BasePolynomialError
 import torch
 from torch.utils import _pytree as pytree
 
@@ -421,9 +422,11 @@ def _exact_quotient(a, b):
     num, den = sympy.fraction(sympy.cancel(a / b))
     if den != 1:
         return None
+    if not num.free_symbols:
+        return num if num.is_Integer else None
     try:
         poly = sympy.Poly(num, *sorted(num.free_symbols, key=str))
-    except sympy.PolynomialError:
+    except BasePolynomialError:
         return None
     return num if all(c.is_Integer for c in poly.coeffs()) else None
 
