@@ -10,6 +10,7 @@ finally resets the backend and compiles a fresh wrapper again (warm compile, on-
 import contextlib
 import copy
 import gc
+import os
 import signal
 import threading
 import time
@@ -73,6 +74,25 @@ MODES = {
         ),
     )
 }
+
+
+@contextlib.contextmanager
+def timing_turn():
+    """Held around warm-up and timed calls. With `--jobs N` several workers share a device:
+    an exclusive lock on the file EMBER_BENCH_TIMING_LOCK names makes their timed calls take
+    turns, while compiles (CPU work) overlap."""
+    path = os.environ.get("EMBER_BENCH_TIMING_LOCK")
+    if not path:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class BenchTimeout(BaseException):
@@ -284,9 +304,12 @@ class Task:
         return rec
 
     def _time(self, step, rec, mem):
-        measure.warm_up(step, str(self.device), self.timing.warmup)
-        mem.before_timed()
-        rec["latency_ms"], rec["iters"] = measure.time_steady(step, str(self.device), self.timing)
+        with timing_turn():
+            measure.warm_up(step, str(self.device), self.timing.warmup)
+            mem.before_timed()
+            rec["latency_ms"], rec["iters"] = measure.time_steady(
+                step, str(self.device), self.timing
+            )
         rec["peak_mem_mb"], rec["mem_kind"] = mem.peak_mb(), mem.kind
         if self.spec.kernel and self.cfg.get("copy_bw"):
             rec["gbps"] = rec["bytes"] / (rec["latency_ms"] * 1e-3) / 1e9

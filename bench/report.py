@@ -226,6 +226,12 @@ def _header(run):
             f"- per (model, backend) timeout {fmt(run.get('model_timeout_s'), 'g')} s; "
             f"isolation: {run.get('isolate', 'model')}; "
             + (f"CPU threads {run['threads']}; " if run.get("threads") else "")
+            + (
+                f"{run['jobs']} models at a time per device (compiles overlap, timed calls take "
+                "turns: compile times include the shared CPU); "
+                if run.get("jobs", 1) > 1
+                else ""
+            )
             + "elapsed "
             f"{fmt(run.get('elapsed_s'), '.0f')} s"
         ),

@@ -138,6 +138,8 @@ def run_one(i, name, ctx, plan, gpu=None):
         env["OMP_NUM_THREADS"] = str(plan["cfg"]["threads"])
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if plan["jobs"] > 1:  # workers sharing a device time their calls one at a time
+        env["EMBER_BENCH_TIMING_LOCK"] = str(ctx["cache_root"] / f"timing-{gpu or 0}.lock")
     if ctx["isolate"] == "none":
         os.environ.update(_cache_env(model_cache))
         return workers.run_model_inprocess(i, name, cfg, ctx)
@@ -145,15 +147,18 @@ def run_one(i, name, ctx, plan, gpu=None):
 
 
 def _run_models(names, ctx, plan, on_done):
-    """Run every model, on one GPU or spread over `gpus` GPUs (one worker per GPU at a time)."""
-    gpus = plan["gpus"]
-    if gpus <= 1:
+    """Run every model, on one GPU or spread over `gpus` GPUs, `jobs` workers per GPU at a time
+    (several jobs on one GPU compile side by side; their timed phases take turns, see
+    harness.timing_turn)."""
+    gpus, jobs = plan["gpus"], plan["jobs"]
+    if gpus <= 1 and jobs <= 1:
         for i, name in enumerate(names, 1):
             on_done(name, *run_one(i, name, ctx, plan))
         return
     free = queue.Queue()
     for g in range(gpus):
-        free.put(g)
+        for _ in range(jobs):
+            free.put(g if gpus > 1 else None)
 
     def job(i, name):
         gpu = free.get()
@@ -163,7 +168,7 @@ def _run_models(names, ctx, plan, on_done):
             free.put(gpu)
 
     threads = [threading.Thread(target=job, args=(i, n)) for i, n in enumerate(names, 1)]
-    for t in threads:  # at most `gpus` run at once: the others wait for a free GPU in job()
+    for t in threads:  # at most gpus * jobs run at once: the others wait for a slot in job()
         t.start()
     for t in threads:
         t.join()
@@ -190,6 +195,7 @@ class Options:
     cache_dir: str = None
     chart: bool = True
     gpus: int = 1
+    jobs: int = 1
     threads: int = None
     command: str = None
     grace: float = GRACE_S
@@ -219,14 +225,15 @@ def _plan(suite, opt, log):
     timeout = opt.model_timeout or suite.model_timeout
     gpus = max(1, opt.gpus if device.startswith("cuda") else 1)
     opt.threads = suite.threads if opt.threads is None else (opt.threads or None)
-    if opt.isolate == "none" and gpus > 1:
-        raise SystemExit("--gpus needs worker processes (not --isolate none)")
+    jobs = max(1, opt.jobs)
+    if opt.isolate == "none" and (gpus > 1 or jobs > 1):
+        raise SystemExit("--gpus and --jobs need worker processes (not --isolate none)")
     cfg = {"backends": backends, "mode": mode, "device": device, "accuracy": opt.accuracy,
            "timing": dataclasses.asdict(timing), "timeout": timeout,
            "threads": opt.threads, "copy_bw": suite.name == "roofline"}  # fmt: skip
     return {"suite": suite, "mode": mode, "backends": backends, "device": device,
             "timing": timing, "timeout": timeout, "batch": opt.batch, "seq": opt.seq, "cfg": cfg,
-            "part_models": suites.part_of(names, opt.part), "gpus": gpus}  # fmt: skip
+            "part_models": suites.part_of(names, opt.part), "gpus": gpus, "jobs": jobs}  # fmt: skip
 
 
 def run_suite(suite, out_dir, log=print, **options):
@@ -295,7 +302,7 @@ def _new_run(suite, plan, opt):
         "suite_models": list(suite.models), "unit": suite.unit,
         "timing": plan["timing"].describe(plan["device"]), "records": [], "notes": [],
         "command": opt.command or "run_suite(...)", "isolate": opt.isolate, "gpus": plan["gpus"],
-        "threads": opt.threads,
+        "jobs": plan["jobs"], "threads": opt.threads,
         "model_timeout_s": plan["timeout"], "setup": {},
         # Versions now (no CUDA in this process yet): the device name comes from the first
         # worker, and the whole environment is read again at the end.
@@ -340,6 +347,13 @@ def parse_args(argv):
         type=int,
         default=1,
         help="run models side by side on this many GPUs of one host, one worker per GPU",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="workers per device at a time: their compiles overlap, their warm-up and timed "
+        "calls take turns (cold and warm compile times then include the sharing of the CPU)",
     )
     p.add_argument("--smoke", action="store_true", help="the suite's quick subset (cpu-core)")
     p.add_argument(
@@ -412,7 +426,7 @@ def main(argv=None):
         isolate=args.isolate, model_timeout=args.model_timeout, deadline=args.deadline,
         batch=args.batch_size, seq=args.seq_len, warmup=args.warmup, iters=args.iters,
         accuracy=not args.no_accuracy, cache_dir=args.cache_dir, chart=not args.no_chart,
-        gpus=args.gpus, threads=args.threads, command="python bench/run.py " + " ".join(argv),
+        gpus=args.gpus, jobs=args.jobs, threads=args.threads, command="python bench/run.py " + " ".join(argv),
     )  # fmt: skip
     return 0
 

@@ -174,3 +174,40 @@ def test_merge_orders_parts_and_summarises(tmp_path):
     assert summary["backends"]["torch_compile"]["geomean_speedup_own"] == pytest.approx(8**0.5)
     text = (tmp_path / "m" / "results.md").read_text()
     assert "failed: boom" in text and "| ember | 0/4 | 0% |" in text
+
+
+def test_jobs_run_models_side_by_side(tmp_path):
+    result = run.run_suite(
+        "cpu-core", tmp_path, models=["small_gpt2", "small_bert"], backends=["eager"], jobs=2,
+        **QUIET,
+    )  # fmt: skip
+    assert {(r["model"], r["status"]) for r in result["records"]} == {
+        ("small_gpt2", "ok"),
+        ("small_bert", "ok"),
+    }
+    assert result["jobs"] == 2
+    assert "2 models at a time per device" in (tmp_path / "results.md").read_text()
+
+
+def test_timed_calls_take_turns(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import harness
+
+    monkeypatch.setenv("EMBER_BENCH_TIMING_LOCK", str(tmp_path / "timing.lock"))
+    spans = []
+
+    def timed(name):
+        with harness.timing_turn():
+            start = time.monotonic()
+            time.sleep(0.2)
+            spans.append((start, time.monotonic()))
+
+    threads = [threading.Thread(target=timed, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    spans.sort()
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))

@@ -106,3 +106,20 @@ def test_compiled_artifact_round_trips():
     assert "extern" in kinds and "kernel" in kinds and "alloc" in kinds
     assert [k.language for k in art.kernels] == ["cpp"] and "EMBER_EXPORT" in art.kernels[0].source
     assert {b.kind for b in art.buffers} >= {"input", "output"}
+
+
+def test_a_value_two_externs_take_is_computed_once():
+    # A Linear's backward feeds one gradient (joined from several) to two matmuls: one buffer.
+    from ember.inductor.loop_ir import ComputedBuffer
+    from ember.primtorch.trace import trace_to_prims
+
+    x, y, w1, w2 = torch.randn(4, 8), torch.randn(4, 8), torch.randn(16, 16), torch.randn(16, 16)
+
+    def f(x, y, w1, w2):
+        a = torch.cat([x, y * 2], 1)
+        return a @ w1, a @ w2
+
+    gm = trace_to_prims(f, x, y, w1, w2)
+    low = lower_graph(gm, [x, y, w1, w2])
+    assert sum(isinstance(b, ComputedBuffer) for b in low.buffers) == 1
+    check(f, x, y, w1, w2, kernels=1)

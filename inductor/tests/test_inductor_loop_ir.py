@@ -80,3 +80,26 @@ def test_unknown_prim_graph_node_falls_back(caplog):
     out = compile_prims(g.module(), g.inputs)(*g.inputs)[0]
     torch.testing.assert_close(out, torch.digamma(g.inputs[0].exp()))
     assert metrics.fallbacks == ["prims.digamma"]
+
+
+@pytest.mark.parametrize("dim, sizes", [(0, [1, 3]), (1, [1, 4, 2]), (1, [2, 1])])
+def test_every_cat_piece_reads_only_its_own_range(dim, sizes):
+    # A ViT's cls token joined to its patches: each piece's loads are masked to its range, the
+    # last piece's too (unmasked, it read before its buffer: an illegal address on a GPU). The
+    # interpreter raises on any unmasked read outside a buffer.
+    from ember.primtorch.trace import trace_to_prims
+
+    xs = [torch.randn(*((n, 5) if dim == 0 else (3, n))) for n in sizes]
+    gm = trace_to_prims(lambda *ts: torch.cat(ts, dim) * 2, *xs)
+    low = lower_graph(gm, xs)
+    out = interpret(low.buffers, {f"arg{i}": x for i, x in enumerate(xs)})[low.outputs[0].name]
+    torch.testing.assert_close(out, torch.cat(xs, dim) * 2)
+
+
+def test_interpreter_rejects_an_unmasked_read_outside_its_buffer():
+    lay = Layout(torch.float32, "cpu", (4,), (1,))
+    shifted = ComputedBuffer(
+        "buf0", lay, Pointwise((sympy.Integer(4),), lambda idx: ops.load("arg0", idx[0] - 1), torch.float32)
+    )
+    with pytest.raises(IndexError, match="outside its 4 elements"):
+        interpret([shifted], {"arg0": torch.randn(4)})

@@ -175,6 +175,25 @@ def test_inplace_and_out_are_functionalised():
     torch.testing.assert_close(gm(x), fn(x))
 
 
+def test_inplace_view_ops_change_metadata_only():
+    # Eager's adaptive_avg_pool2d of a channels-last input restrides its (N, C, 1, 1) result with
+    # as_strided_; transpose_/unsqueeze_ likewise change only a tensor's metadata.
+    def fn(x):
+        y = F.adaptive_avg_pool2d(x + 1, 1)
+        z = x * 2
+        z.transpose_(1, 2)
+        z.unsqueeze_(0)
+        return y.flatten(1), z + 1
+
+    x = torch.randn(2, 8, 5, 5).to(memory_format=torch.channels_last)
+    gm = trace(fn, x)
+    assert_prim_graph(gm)
+    for got, want in zip(gm(x), fn(x)):
+        torch.testing.assert_close(got, want)
+    with pytest.raises(NotDecomposableError, match="metadata of an input"):
+        trace(lambda t: t.transpose_(0, 1), torch.randn(2, 3))
+
+
 def test_input_mutation_is_reported():
     x = torch.randn(4)
     tracer = Tracer(decompositions=decomps())

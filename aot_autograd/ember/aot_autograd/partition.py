@@ -228,12 +228,45 @@ def _build(j: _Joint, saved: list[fx.Node]):
     extra = [n for n in missing if n.op == "placeholder"]
     if extra:
         raise RuntimeError(f"backward graph would need unsaved inputs {[n.name for n in extra]}")
-    bw = extract_graph(j.gm, bw_inputs, j.bw_outputs)
+    bw = extract_graph(j.gm, bw_inputs, j.bw_outputs, order=_backward_order(j, bw_inputs))
     return fw, bw
 
 
-def extract_graph(gm: fx.GraphModule, inputs: list[fx.Node], outputs: list) -> fx.GraphModule:
-    """A new GraphModule computing `outputs` from `inputs` (nodes of `gm`), metadata kept."""
+def _backward_order(j: _Joint, bw_inputs: list) -> list[fx.Node]:
+    """The backward's nodes in the autograd engine's order, each value it recomputes from the
+    saved ones placed right before its first use (in joint order they would all come first,
+    every recomputed activation alive from the backward's start: twice eager's peak)."""
+    needed = _ancestors(j.bw_outputs, stop=frozenset(bw_inputs))
+    tangent_dependent = _descendants(j.tangents)
+    order: list[fx.Node] = []
+    placed = set(bw_inputs)
+
+    def place(root: fx.Node) -> None:
+        stack = [(root, False)]
+        while stack:
+            n, inputs_placed = stack.pop()
+            if n in placed:
+                continue
+            if inputs_placed:
+                placed.add(n)
+                order.append(n)
+                continue
+            stack.append((n, True))
+            stack.extend((i, False) for i in reversed(n.all_input_nodes) if i not in placed)
+
+    for n in j.gm.graph.nodes:
+        if n in needed and n in tangent_dependent:
+            place(n)
+    for n in j.gm.graph.nodes:  # what no tangent reaches (a gradient that is a forward value)
+        if n in needed:
+            place(n)
+    return order
+
+
+def extract_graph(gm: fx.GraphModule, inputs: list[fx.Node], outputs: list,
+                  order: Optional[list[fx.Node]] = None) -> fx.GraphModule:  # fmt: skip
+    """A new GraphModule computing `outputs` from `inputs` (nodes of `gm`), metadata kept;
+    its nodes in `order` (a topological order of the needed ones) or else in `gm`'s."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for n in inputs:
@@ -241,7 +274,7 @@ def extract_graph(gm: fx.GraphModule, inputs: list[fx.Node], outputs: list) -> f
         p.meta = dict(n.meta)
         env[n] = p
     needed = _ancestors(outputs, stop=frozenset(inputs))
-    for n in gm.graph.nodes:
+    for n in gm.graph.nodes if order is None else order:
         if n in env or n not in needed:
             continue
         if n.op == "placeholder":

@@ -23,6 +23,24 @@ from .signature import storage_ptr
 
 _is_grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _without_autocast(fn: Callable, *args):
+    """`fn(*args)` with autocast off. A compiled graph holds its casts already: under the
+    caller's autocast an extern (a matmul) would be cast again to the autocast dtype, also
+    where the program had switched autocast off (a rotary embedding computed in float32)."""
+    if _any_autocast is not None and not _any_autocast():
+        return fn(*args)
+    on = [d for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+    for d in on:
+        torch.set_autocast_enabled(d, False)
+    try:
+        return fn(*args)
+    finally:
+        for d in on:
+            torch.set_autocast_enabled(d, True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,11 +209,11 @@ def _inference_call(plan: RuntimePlan, fn: Callable) -> Callable:
         if _is_grad_enabled():  # a graph traced without gradients runs without them
             _set_grad_enabled(False)
             try:
-                outs = fn(*args)
+                outs = _without_autocast(fn, *args)
             finally:
                 _set_grad_enabled(True)
         else:
-            outs = fn(*args)
+            outs = _without_autocast(fn, *args)
         return finish_(inputs, outs)
 
     return call
@@ -251,7 +269,7 @@ def _training_call(rt: TrainingRuntime) -> Callable:
 class _CompiledFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rt: TrainingRuntime, seeds: tuple, *inputs):
-        outs = rt.fw_call(*inputs, *rt.constants, *seeds)
+        outs = _without_autocast(rt.fw_call, *inputs, *rt.constants, *seeds)
         n = rt.num_fw_outputs
         fw_outs, saved = outs[:n], outs[n:]
         if n > 1 and len(set(map(id, fw_outs))) < n:
@@ -280,9 +298,9 @@ class _CompiledFunction(torch.autograd.Function):
             args = [*saved, *tangents]
             del saved, tangents, grads
             ctx.maybe_clear_saved_tensors()  # a no-op under retain_graph=True
-            results = rt.bw_boxed(args)
+            results = _without_autocast(rt.bw_boxed, args)
         else:
-            results = rt.bw_call(*saved, *tangents)
+            results = _without_autocast(rt.bw_call, *saved, *tangents)
         if rt.every_grad:
             return (None, None, *results)
         it = iter(results)

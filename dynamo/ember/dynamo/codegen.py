@@ -298,11 +298,19 @@ def resume_call(cg: CodeGen, tx, offset: int, stack: list, extra: Optional[str] 
     return f"{fn_expr}({', '.join(args)})"
 
 
+# The calls torch.autocast's __enter__/__exit__ make (inlined from a `with torch.autocast(...)`
+# block): recorded in the graph where they happen, so ops between them run with that autocast
+# state whenever the graph runs (and when a backend traces it).
+AUTOCAST_STATE_FNS = {torch.set_autocast_enabled, torch.set_autocast_dtype,
+                      torch.autocast_increment_nesting, torch.autocast_decrement_nesting,
+                      torch.set_autocast_cache_enabled, torch.clear_autocast_cache}  # fmt: skip
+
+
 def _is_impure(node: fx.Node) -> bool:
     """In-place ops and global-state switches must stay even when nothing reads their result."""
     if node.op == "placeholder" or node.op == "output":
         return True
-    if node.target is torch._C._set_grad_enabled:
+    if node.target is torch._C._set_grad_enabled or node.target in AUTOCAST_STATE_FNS:
         return True
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     return name.endswith("_") and not name.endswith("__") or name in ("setitem", "__setitem__") or (

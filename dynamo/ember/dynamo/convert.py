@@ -147,10 +147,42 @@ def make_callback(backend: Callable, fullgraph: bool, backend_name: str = "",
     return callback
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _autocast_nesting() -> int:
+    level = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return level
+
+
+def autocast_state() -> tuple:
+    """Everything an inlined `with torch.autocast(...)` changes while a frame is traced (its
+    switches run on the example values too, so each op sees the dtype it will have)."""
+    per_device = tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                       for d in _AUTOCAST_DEVICES)  # fmt: skip
+    return per_device, torch.is_autocast_cache_enabled(), _autocast_nesting()
+
+
+def restore_autocast_state(state: tuple) -> None:
+    """Undo what a trace that stopped inside an autocast block left switched."""
+    per_device, cache, nesting = state
+    for device, enabled, dtype in per_device:
+        torch.set_autocast_enabled(device, enabled)
+        torch.set_autocast_dtype(device, dtype)
+    torch.set_autocast_cache_enabled(cache)
+    level = _autocast_nesting()
+    while level > nesting:
+        level = torch.autocast_decrement_nesting()
+    while level < nesting:
+        level = torch.autocast_increment_nesting()
+
+
 def convert_frame(code, fn, f_globals, args, backend, fullgraph, dynamic=False):
     stats.frames_converted += 1
     rng = torch.random.get_rng_state()
     grad = torch.is_grad_enabled()
+    autocast = autocast_state()
     try:
         return _convert(code, fn, f_globals, args, backend, fullgraph, dynamic)
     except Unsupported as e:
@@ -163,11 +195,13 @@ def convert_frame(code, fn, f_globals, args, backend, fullgraph, dynamic=False):
     finally:
         torch.random.set_rng_state(rng)
         torch._C._set_grad_enabled(grad)
+        restore_autocast_state(autocast)
 
 
 def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic):
     break_at, reason = None, None
     grad = torch.is_grad_enabled()
+    autocast = autocast_state()
     policy = None
     if dynamic is not False and code not in static_codes:
         policy = DynamicPolicy(dynamic, code)
@@ -190,6 +224,7 @@ def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic):
             static_codes.add(code)
             policy, break_at, reason = None, None, None
         torch._C._set_grad_enabled(grad)
+        restore_autocast_state(autocast)
 
 
 def finish(tx, output, code, backend, reason):

@@ -8,12 +8,13 @@ Overrides (read once at import):
   EMBER_INDUCTOR_AUTOTUNE=0       disable Triton block-size autotuning (`autotune`)
   EMBER_ISA=avx2|avx512|generic   force the C++ vector ISA instead of ember.ir.toolchain.cpu_isa()
   EMBER_LOGS=output_code          print each generated wrapper and its kernels
+  EMBER_CONV_CHANNELS_LAST=0|1|auto  `conv_channels_last`
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Union
 import os
 
 
@@ -37,8 +38,15 @@ class Config:
     # a large one held for later reuse raises the peak (extern kernels allocate their own outputs)
     reuse_max_bytes: int = 1 << 18
     inplace_buffers: bool = True
+    # A buffer larger than this joins no kernel ahead of an extern call: moved there its
+    # allocation would live across the extern's (the backward's conv and matmul outputs).
+    hoist_max_bytes: int = 1 << 16
     # products of one or two rows as generated reductions: None = on CUDA only
     small_mm_as_reduction: Optional[bool] = None
+    # 2-D convolutions in channels-last (NHWC) end to end: their inputs, weights and outputs, and
+    # the pointwise kernels between them, so cuDNN converts no layouts around each conv. "auto":
+    # on for graphs with a 4-D convolution on CUDA; True: on for any graph with one (CPU too).
+    conv_channels_last: Union[bool, str] = "auto"
     # C++ backend
     cpu_backend: str = "cpp"  # or "triton"
     isa: str = ""  # "" means ember.ir.toolchain.cpu_isa()
@@ -66,6 +74,9 @@ def _from_env(cfg: Config) -> Config:
         cfg.autotune = False
     if env.get("EMBER_ISA"):
         cfg.isa = env["EMBER_ISA"]
+    layout = env.get("EMBER_CONV_CHANNELS_LAST")
+    if layout:
+        cfg.conv_channels_last = {"0": False, "1": True}.get(layout, layout)
     if "output_code" in env.get("EMBER_LOGS", "").split(","):
         cfg.output_code = True
     return cfg

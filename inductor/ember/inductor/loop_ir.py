@@ -448,7 +448,12 @@ class Interpreter:
         storage = self.storages[name]
         if self.mask is not None:  # masked-off lanes may index out of bounds
             idx = torch.where(self.mask, idx, torch.zeros_like(idx))
-        return storage[idx.clamp(0, max(storage.numel() - 1, 0))]
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= storage.numel()):
+            # A lane that is not masked off reads outside its buffer: on a GPU, an illegal
+            # memory access (or silently wrong values).
+            raise IndexError(f"load from {name} at {index}: indices {int(idx.min())}.."
+                             f"{int(idx.max())} outside its {storage.numel()} elements")  # fmt: skip
+        return storage[idx]
 
     def store(self, name, index, value):
         idx = torch.as_tensor(eval_index(index, self.env))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 from collections.abc import Callable
 
 import sympy
@@ -21,7 +22,7 @@ from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides, lookup, target_name
 from ember.primtorch.prims.extern import ARG_STRIDES
-from ember.primtorch.utils import is_non_overlapping_and_dense
+from ember.primtorch.utils import is_non_overlapping_and_dense, make_channels_last_strides_for
 
 from . import metrics
 from .config import config
@@ -47,6 +48,7 @@ from .loop_ir import (
 )  # fmt: skip
 
 log = logging.getLogger("ember.inductor")
+_LOADED = re.compile(r"= load\((\w+),")  # a buffer read, in a body's sketch
 # Recomputing these in every reader costs more than storing and re-reading a (cached) row.
 TRANSCENDENTAL = ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sin", "cos", "expm1", "log1p")
 LOWERINGS: dict[str, Callable] = {}
@@ -101,6 +103,7 @@ class Lazy:
     def __init__(self, sizes, dtype, device, fn):
         self.sizes, self.dtype, self.device, self.fn = tuple(sizes), dtype, device, fn
         self._cost = None
+        self.realized: dict = {}  # strides -> the View of the buffer it was computed into
 
     def load(self, idx):
         return self.fn(list(idx))
@@ -113,7 +116,13 @@ class Lazy:
             loads = sum(" = load(" in line for line in h.lines)
             pricey = any(f" = {op}(" in line for line in h.lines for op in TRANSCENDENTAL)
             self._cost = (len(h.lines), loads, pricey)
+            self._loaded = frozenset(_LOADED.findall("\n".join(h.lines)))
         return self._cost
+
+    def loaded(self) -> frozenset:
+        """Names of the buffers the body reads."""
+        self.cost()
+        return self._loaded
 
 
 def is_tensor(v) -> bool:
@@ -185,6 +194,8 @@ class Lowerer(fx.Interpreter):
         self._ids = itertools.count()
         self.current: fx.Node | None = None
         self._reductions: dict = {}
+        # Convolutions and the pointwise kernels between them in NHWC (config.conv_channels_last).
+        self.channels_last = wants_channels_last(gm)
         # Dynamic sizes: symbol -> (input index, dim) of the first input dimension of that size.
         self.size_symbols: dict = {}
         for i, p in enumerate(gm.graph.find_nodes(op="placeholder")):
@@ -214,9 +225,26 @@ class Lowerer(fx.Interpreter):
             ops_count, loads, pricey = value.cost()
             heavy = (pricey or ops_count > config.realize_ops_threshold
                      or loads > config.realize_reads_threshold)  # fmt: skip
-            if ops_count > config.max_inline_ops or (len(n.users) > 1 and heavy):
-                value = self.realize(value, self._meta_strides(value))
+            if ops_count > config.max_inline_ops or (
+                len(n.users) > 1 and (heavy or self._holds_inputs(value))
+            ):
+                strides = self.preferred_strides(value) or self._meta_strides(value)
+                value = self.realize(value, strides)
         return value
+
+    def _holds_inputs(self, value: Lazy) -> bool:
+        """Whether `value` reads two or more buffers as large as itself, together at least its
+        own bytes: inlined into each of its readers, it would keep them all alive until its last
+        reader, where one buffer of its own would do (a backward's gradient sums: each branch's
+        gradient held to the end; an fp32 sum of two bf16 gradients weighs the same as both)."""
+        numel = sympy.Mul(*value.sizes)
+        by_name = {b.name: b for b in (*self.inputs, *self.buffers) if b is not None}
+        held = []
+        for name in value.loaded():
+            buf = by_name.get(name)
+            if buf is not None and sympy.sympify(buf.layout.numel() - numel).is_nonnegative:
+                held.append(buf.layout.dtype.itemsize)
+        return len(held) >= 2 and sum(held) >= value.dtype.itemsize
 
     def _bound(self, meta: TensorMeta) -> bool:
         if meta.is_static():
@@ -273,9 +301,14 @@ class Lowerer(fx.Interpreter):
         seq, self.out_spec = pytree.tree_flatten(outs)
         node_seq = pytree.tree_leaves(self.current.args[0])
         for v, node in zip(seq, node_seq):
+            meta = node.meta.get(NODE_META_KEY) if isinstance(node, fx.Node) else None
             if isinstance(v, Lazy):
-                meta = node.meta.get(NODE_META_KEY) if isinstance(node, fx.Node) else None
                 v = self.realize(v, meta.strides if isinstance(meta, TensorMeta) else None)
+            elif self.channels_last and isinstance(v, View) and isinstance(meta, TensorMeta):
+                # a buffer this lowering laid out in NHWC: the caller sees eager's layout
+                if not isinstance(v.buffer, InputBuffer) and not _same_strides(
+                        v.sizes, v.strides, meta.strides):  # fmt: skip
+                    v = self.with_strides(v, meta.strides)
             self.outputs.append(self.realize_as_buffer(v) if is_tensor(v) else v)
         return outs
 
@@ -288,15 +321,53 @@ class Lowerer(fx.Interpreter):
         return None
 
     def realize(self, x, strides=None) -> View:
-        """Compute `x` into a buffer (dense, with `strides` when they are a dense permutation)."""
+        """Compute `x` into a buffer (dense, with `strides` when they are a dense permutation;
+        with none given, in the layout of what it reads when that is channels-last)."""
         if isinstance(x, View):
             return x
+        if strides is None:
+            strides = self.preferred_strides(x)
         if strides is None or not _is_dense(x.sizes, strides):
             strides = contiguous_strides(x.sizes)
+        # A value of several buffers that two externs take (the joined q/k/v gradient into both
+        # matmuls of a Linear's backward) is computed once. One of a single buffer is computed
+        # again for the second: that keeps only its source alive in between, not both.
+        done = x.realized.get(tuple(strides))
+        if done is not None:
+            return done
         buf = ComputedBuffer(self.new_name(), Layout(x.dtype, x.device, x.sizes, tuple(strides)),
                              Pointwise(x.sizes, x.fn, x.dtype))  # fmt: skip
         self.buffers.append(buf)
-        return View.of(buf)
+        view = View.of(buf)
+        if len(x.loaded()) > 1:
+            x.realized[tuple(strides)] = view
+        return view
+
+    def preferred_strides(self, x) -> tuple | None:
+        """Channels-last strides for a 4-D Lazy that reads more channels-last buffers than
+        contiguous ones at its own index (as torch's elementwise ops keep the memory format);
+        None when the lowering is not in channels-last mode or the reads do not say so."""
+        if not (self.channels_last and isinstance(x, Lazy) and len(x.sizes) == 4):
+            return None
+        dims = [d for d, s in enumerate(x.sizes) if s != 1]
+        if len(dims) < 2:
+            return None
+        vs = loop_vars("i", 4)
+        with set_handler(_LoadRecorder()) as rec:
+            x.fn(list(vs))
+        want_cl = [d for d in (0, 2, 3, 1) if d in dims]  # outermost first
+        votes = 0
+        for index in rec.indices:
+            lin = _linear(index, [vs[d] for d in dims])
+            if lin is None or any(not (c.is_Integer and c > 0) for c in lin[0]):
+                continue  # a broadcast or non-affine read has no opinion
+            coeff = dict(zip(dims, lin[0]))
+            order = sorted(dims, key=lambda d: -int(coeff[d]))
+            if len(set(coeff.values())) == len(dims):
+                votes += 1 if order == want_cl else -1 if order == dims else 0
+        if votes <= 0:
+            return None
+        return make_channels_last_strides_for(x.sizes)
 
     def with_strides(self, x, strides) -> View:
         """`x` as a View with exactly `strides` (a copy when it has other ones)."""
@@ -395,6 +466,37 @@ class Lowerer(fx.Interpreter):
             outs.append(View.of(mo))
         ext.outputs = tuple(o.buffer.name for o in outs if o is not None)
         return tuple(outs)
+
+
+class _LoadRecorder(SketchHandler):
+    """The index of every load of a body."""
+
+    def __init__(self):
+        super().__init__()
+        self.indices: list = []
+
+    def load(self, name, index):
+        self.indices.append(index)
+        return super().load(name, index)
+
+
+def wants_channels_last(gm: fx.GraphModule) -> bool:
+    """Whether config.conv_channels_last puts this graph's 2-D convolutions in NHWC."""
+    mode = config.conv_channels_last
+    if mode is False or mode in ("0", "off", "false"):
+        return False
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or target_name(n.target) not in CONVOLUTIONS:
+            continue
+        first = n.args[0].meta.get(NODE_META_KEY) if isinstance(n.args[0], fx.Node) else None
+        if not isinstance(first, TensorMeta) or len(first.sizes) != 4:
+            continue
+        if mode is True or mode in ("1", "on", "true") or str(first.device).startswith("cuda"):
+            return True
+    return False
+
+
+CONVOLUTIONS = ("extern.convolution", "extern.convolution_backward")
 
 
 def _layout(meta: TensorMeta) -> Layout:

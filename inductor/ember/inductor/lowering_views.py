@@ -5,14 +5,16 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ember.ir import FloorDiv, ModularIndexing, contiguous_strides
-from ember.primtorch.utils import broadcast_shapes, known
+from ember.ir import NODE_META_KEY, FloorDiv, ModularIndexing, TensorMeta, contiguous_strides
+from ember.primtorch.utils import broadcast_shapes, known, make_channels_last_strides_for
 
 from .loop_ir import compute_dtype, ops
 from .lowering import (
     Lazy,
     View,
+    _same_strides,
     broadcast_to,
+    is_tensor,
     load_as,
     out_meta,
     register,
@@ -171,6 +173,14 @@ def _rev(L, a, dims):
 
 @register("as_strided")
 def _as_strided(L, a, size, stride, storage_offset=0):
+    if L.channels_last:  # `stride` addresses eager's layout of `a`, which NHWC lowering may change
+        node = L.current.args[0]
+        meta = node.meta.get(NODE_META_KEY) if hasattr(node, "meta") else None
+        if isinstance(meta, TensorMeta) and not (
+            isinstance(a, View) and _same_strides(a.sizes, a.strides, meta.strides)
+        ):
+            a = L.with_strides(a, meta.strides)
+            storage_offset = S(storage_offset) - meta.storage_offset
     base = L.realize(a)
     return View(base.buffer, [S(s) for s in size], [S(s) for s in stride], S(storage_offset))
 
@@ -185,12 +195,24 @@ def _cat(L, tensors, dim):
         starts.append(acc)
         acc = acc + t.sizes[dim]
 
+    def bound(v):
+        return ops.constant(int(v), torch.int64) if v.is_number else ops.index_expr(v, torch.int64)
+
     def fn(idx):
-        # the last input needs no mask: every earlier one has claimed its range
-        value = load_as(tensors[-1], _shift(idx, dim, starts[-1]), meta.dtype)
+        # Every piece's loads are masked to its own range, the last one's too: a vector lane (a
+        # Triton program's row, a SIMD lane) runs all the loads and `where` picks afterwards, so
+        # an unmasked last piece would read before its buffer in the earlier pieces' range.
+        last = lambda: load_as(tensors[-1], _shift(idx, dim, starts[-1]), meta.dtype)  # noqa: E731
+        if len(tensors) == 1:
+            value = last()
+        else:
+            after = ops.ge(ops.index_expr(idx[dim], torch.int64), bound(starts[-1]))
+            value = ops.masked(after, last, 0)
         for t, lo in reversed(list(zip(tensors[:-1], starts[:-1]))):
-            inside = ops.lt(ops.index_expr(idx[dim], torch.int64),
-                            _index_value(lo + t.sizes[dim]))  # fmt: skip
+            at = ops.index_expr(idx[dim], torch.int64)
+            inside = ops.lt(at, bound(lo + t.sizes[dim]))
+            if lo != 0:
+                inside = ops.logical_and(ops.ge(at, bound(lo)), inside)
             part = ops.masked(
                 inside, lambda t=t, lo=lo: load_as(t, _shift(idx, dim, lo), meta.dtype), 0
             )
@@ -394,3 +416,44 @@ def _extern(name):
 
 for _name in EXTERN_KERNELS:
     register(_name)(_extern(_name))
+
+
+def _nhwc(L, x) -> View:
+    return L.with_strides(x, make_channels_last_strides_for(x.sizes))
+
+
+def _nhwc_ok(L, *tensors) -> bool:
+    """Channels-last mode, 4-D operands, and sizes past the batch dim static (NHWC strides of a
+    symbolic H or W need Max(., 1) terms that the indexing does not simplify)."""
+    return L.channels_last and all(
+        len(t.sizes) == 4 and all(S(s).is_Integer for s in t.sizes[1:]) for t in tensors
+    )
+
+
+def _as_meta(v):
+    return TensorMeta(v.dtype, v.sizes, v.strides, 0, v.device) if is_tensor(v) else v
+
+
+@register("extern.convolution")
+def _convolution(L, input, weight, bias, *rest):
+    """In channels-last mode a 2-D convolution reads NHWC input and weight (a Lazy is computed
+    straight into NHWC) and declares the NHWC output the kernel then returns (no restride)."""
+    if not _nhwc_ok(L, input, weight):
+        return L.extern("extern.convolution", torch.convolution, (input, weight, bias, *rest))
+    x, w = _nhwc(L, input), _nhwc(L, weight)
+    if is_tensor(bias):  # a bias computed in the graph (cast to bf16 under autocast, say)
+        bias = L.realize(bias)
+    meta = L.current.target.meta(_as_meta(x), _as_meta(w), _as_meta(bias), *rest)
+    return L.extern("extern.convolution", torch.convolution, (x, w, bias, *rest), meta=meta)
+
+
+@register("extern.convolution_backward")
+def _convolution_backward(L, grad_output, input, weight, *rest):
+    """In channels-last mode the grads of a 2-D convolution are computed from NHWC operands (the
+    forward's layout) and come back in it."""
+    target = L.current.target
+    if not _nhwc_ok(L, grad_output, input, weight):
+        return L.extern(target.qualname, target.ref, (grad_output, input, weight, *rest))
+    g, x, w = (_nhwc(L, t) for t in (grad_output, input, weight))
+    meta = target.meta(_as_meta(g), _as_meta(x), _as_meta(w), *rest)
+    return L.extern(target.qualname, target.ref, (g, x, w, *rest), meta=meta)

@@ -244,6 +244,14 @@ def new_kernel(name: str, node: ComputedBuffer) -> Kernel:
     return _retarget(k, k.xsizes, k.rsizes)
 
 
+def _is_large(b: ComputedBuffer) -> bool:
+    """Whether moving `b` ahead of an extern call would raise the peak: joining an earlier
+    kernel allocates its output earlier, alive across the extern's own allocations (a recomputed
+    activation hoisted over a backward's convolutions holds memory eager does not)."""
+    n = sympy.sympify(b.layout.storage_size())
+    return not n.is_Integer or int(n) * b.layout.dtype.itemsize > config.hoist_max_bytes
+
+
 def _produces(step) -> set:
     if isinstance(step, Kernel):
         return set(step.names)
@@ -263,6 +271,7 @@ def schedule(buffers, output_names) -> list:
             continue
         reads = reads_of(b)
         placed = False
+        large = _is_large(b)
         for j in range(len(steps) - 1, -1, -1) if config.fuse else ():
             s = steps[j]
             if isinstance(s, Kernel):
@@ -271,7 +280,7 @@ def schedule(buffers, output_names) -> list:
                     steps[j] = fused
                     placed = True
                     break
-            if _produces(s) & reads:
+            if _produces(s) & reads or (large and isinstance(s, ExternBuffer)):
                 break
         if not placed:
             steps.append(new_kernel(f"kernel{next(counter)}", b))

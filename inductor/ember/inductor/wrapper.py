@@ -67,6 +67,7 @@ class WrapperBuilder:
         self.art_steps: list[StepIR] = []
         self.art_buffers: dict[str, BufferIR] = {}
         self.pool: dict[tuple, list[str]] = {}
+        self.pool_until: dict[str, int] = {}  # pooled buffer -> the last step that may claim it
         self.storage: dict[str, str] = {}  # buffer -> the Python variable holding its memory
         self.outputs = [o.name if isinstance(o, Buffer) else None for o in lowered.outputs]
         self.buffers = {b.name: b for b in lowered.buffers}
@@ -80,7 +81,9 @@ class WrapperBuilder:
             for name in _step_reads(s):
                 b = self.buffers.get(name)
                 last[name] = i
-                while isinstance(b, (AliasBuffer, MultiOutput)):  # a view keeps its base alive
+                # A view keeps its base alive; a MultiOutput holds its element itself, so the
+                # extern's result tuple dies once its elements are picked.
+                while isinstance(b, AliasBuffer):
                     b = b.source
                     last[b.name] = i
         return last
@@ -93,12 +96,15 @@ class WrapperBuilder:
     def _alloc(self, b: Buffer, inplace_of=None):
         lay = b.layout
         sizes, strides = _ints(lay.sizes), _ints(lay.strides)
-        donor = inplace_of
+        donor, pooled = inplace_of, False
         if donor is None and config.reuse_buffers and self.pool.get(self._key(b)):
-            donor = self.pool[self._key(b)].pop()
+            donor, pooled = self.pool[self._key(b)].pop(), True
+            self.pool_until.pop(donor)
         if donor is not None:
             self.lines.append(f"{b.name} = reinterpret({donor}, {_text(sizes)}, {_text(strides)}, "
                               f"{_text(lay.offset)})  # reuses {donor}")  # fmt: skip
+            if pooled:  # the new name holds the memory now; the old one would pin it forever
+                self.lines.append(f"del {donor}")
             self.art_steps.append(
                 StepIR(
                     "view",
@@ -171,9 +177,15 @@ class WrapperBuilder:
                     f"{b.name} = restride({b.name}, {_text(_ints(lay.sizes))}, {_text(_ints(lay.strides))})"
                 )
         self.alloc_steps = self._alloc_steps()
+        # A base read through a view dies at its view's last reader, a step that need not name
+        # it (an extern's result tuple, read through the MultiOutputs that pick its elements).
+        dies_at: dict[int, set] = {}
+        for name, i in last.items():
+            dies_at.setdefault(i, set()).add(name)
         for i, s in enumerate(self.steps):
+            self._expire_pool(i)
             self._step(s, i, last)
-            for name in sorted(_step_reads(s) | _produces_names(s)):
+            for name in sorted(dies_at.get(i, set()) | _produces_names(s)):
                 if last.get(name, i) <= i and name not in self.outputs:
                     self._free(name, i)
         outs = ", ".join(o or "None" for o in self.outputs) + (
@@ -210,6 +222,10 @@ class WrapperBuilder:
         b = self.buffers.get(name)
         ir = self.art_buffers.get(name)
         if ir is None:
+            if isinstance(b, ExternBuffer) and b.outputs:
+                # The tuple an extern returned (a convolution backward's grad_input and
+                # grad_weight): held, it would keep every element alive to the graph's end.
+                self.lines.append(f"del {name}")
             return
         if ir.kind == "input":
             self.lines.append(f"del {name}")
@@ -223,8 +239,18 @@ class WrapperBuilder:
             self.art_steps.append(StepIR("free", "", [name], {}, ()))
             if config.reuse_buffers and self._wanted_soon(self._key(b), i):
                 self.pool.setdefault(self._key(b), []).append(name)
+                self.pool_until[name] = i + config.reuse_window
                 return
         self.lines.append(f"del {name}")
+
+    def _expire_pool(self, i: int) -> None:
+        """Drop pooled buffers that no allocation claimed within the window (an allocation
+        counted on may have been served in place instead): pooled for good, they would stay
+        alive to the end of the graph."""
+        for name in sorted(n for n, until in self.pool_until.items() if until < i):
+            del self.pool_until[name]
+            self.pool[self._key(self.buffers[name])].remove(name)
+            self.lines.append(f"del {name}")
 
     def _aliased(self, name):
         return any(isinstance(b, (AliasBuffer, MultiOutput)) and b.source.name == name and b.name in self.outputs

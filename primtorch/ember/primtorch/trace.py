@@ -463,6 +463,8 @@ class Tracer(TorchDispatchMode):
     def _functionalize(self, func, args, kwargs):
         if func.overloadpacket.__name__ in _STORAGE_CHANGING:
             raise NotDecomposableError(f"{func} changes a tensor's storage; it cannot be traced")
+        if torch.Tag.inplace_view in func.tags:
+            return self._inplace_view(func, args, kwargs)
         functional, kind = functional_variant(func)
         if functional is None and func in self.decompositions and self.decompose:
             # A decomposition written for the mutating op itself (its in-place ATen calls come back
@@ -504,6 +506,23 @@ class Tracer(TorchDispatchMode):
         if returned is not None:
             return tuple(returned) if len(returned) != 1 else returned[0]
         return written[0] if len(written) == 1 else tuple(written)
+
+    def _inplace_view(self, func, args, kwargs):
+        """`as_strided_`, `transpose_`, `squeeze_`...: only the tensor's metadata changes. Record
+        the out-of-place view, give the real tensor its new metadata, and let the tensor name the
+        view's node from now on (no data is written: a copy would overlap its own source)."""
+        tensor = args[0]
+        if any(t is tensor for t in self.inputs.values()):
+            raise NotDecomposableError(f"{func} changes the metadata of an input; it cannot be traced")
+        packet = getattr(torch.ops.aten, func.overloadpacket.__name__.rstrip("_"))
+        names = [a.name for a in func._schema.arguments]
+        view_op = next(o for o in (getattr(packet, n) for n in packet.overloads())
+                       if [a.name for a in o._schema.arguments] == names)  # fmt: skip
+        value = self.dispatch(view_op, args, kwargs)
+        with self._suspend(), torch.no_grad():
+            func(*args, **kwargs)
+        self._track(tensor, self.node_of(value))
+        return tensor
 
     def _rebind(self, tensor: torch.Tensor, value: torch.Tensor) -> None:
         from .prims import elementwise, movement

@@ -1,0 +1,235 @@
+"""Channels-last (NHWC) layout for 2-D convolutions (config.conv_channels_last).
+
+There is no GPU here, so the mode is forced on (True) for CPU graphs: torch's CPU convolution,
+like cuDNN, returns NHWC for NHWC input and weight, so the same wrapper runs with no layout copy.
+"""
+
+import copy
+
+import pytest
+import torch
+from ember.inductor import compile_fx, compile_prims, config, metrics, runtime
+from ember.inductor.lowering import wants_channels_last
+from ember.primtorch import trace_to_prims
+from inductor_helpers import check
+from torch import nn
+
+CL = torch.channels_last
+
+
+class Block(nn.Module):
+    """conv-BN-ReLU-conv-BN plus the residual, then ReLU (a ResNet basic block)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        return torch.relu(self.b2(self.c2(y)) + x)
+
+
+def resnet_like(dtype=torch.float32):
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, stride=2, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1),
+        Block(8),
+        Block(8),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 5),
+    ).to(dtype)
+
+
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
+
+
+@pytest.fixture
+def channels_last(monkeypatch):
+    monkeypatch.setattr(config, "conv_channels_last", True)
+    monkeypatch.setattr(config, "fx_cache", False)
+
+
+@pytest.fixture
+def layout_copies(monkeypatch):
+    """Every copy `restride` makes (a wrapper value whose strides are not the expected ones)."""
+    copies, real = [], runtime.restride
+
+    def counting(t, sizes, strides):
+        out = real(t, sizes, strides)
+        if out is not t:
+            copies.append((tuple(sizes), t.stride(), tuple(strides)))
+        return out
+
+    monkeypatch.setattr(runtime, "restride", counting)  # the wrapper imports it when it loads
+    return copies
+
+
+def _conv_steps(compiled):
+    """(input, weight, output) strides of each convolution extern of a compiled graph."""
+    bufs = {b.name: tuple(map(int, b.meta.strides)) for b in compiled.artifact.buffers}
+    bufs.update({name: t.stride() for name, t in compiled.constants.items()})  # get_attr weights
+    out = []
+    for s in compiled.artifact.steps:
+        if s.kind == "extern" and s.target == "extern.convolution":
+            out.append((bufs[s.args[0]["node"]], bufs[s.args[1]["node"]], bufs[s.outputs[0]]))
+    return out
+
+
+def _is_nhwc(sizes, strides):
+    return torch.empty_strided(sizes, strides).is_contiguous(memory_format=CL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inference_runs_nhwc_end_to_end(dtype, channels_last, layout_copies):
+    model = resnet_like(dtype).eval()
+    x = torch.randn(2, 3, 16, 16, dtype=dtype)
+    with torch.no_grad():
+        gm = trace_to_prims(model, x)
+        compiled = compile_prims(gm, [x])
+        got = compiled(x)
+        got = got[0] if isinstance(got, (tuple, list)) else got
+        torch.testing.assert_close(got, model(x), **TOL[dtype])
+    convs = _conv_steps(compiled)
+    assert len(convs) == 5
+    shapes = [(2, 3, 16, 16), (2, 8, 4, 4)]  # the stem's input, then every block conv's
+    for (xs, ws, os_), in_sizes in zip(convs, [shapes[0]] + [shapes[1]] * 4):
+        assert _is_nhwc(in_sizes, xs) and xs != torch.empty(in_sizes).stride(), xs
+        assert _is_nhwc((8, in_sizes[1], 3, 3), ws), ws
+        assert os_[1] == 1, os_  # NHWC output: channels innermost
+    assert layout_copies == []  # torch returned each conv's declared layout: no restride copy
+    assert not metrics.fallbacks
+
+
+def test_pointwise_between_convs_is_nhwc(channels_last):
+    """The BN/ReLU/residual kernels between convs write NHWC: the next conv needs no copy."""
+    model = resnet_like().eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        compiled = compile_prims(trace_to_prims(model, x), [x])
+    bufs = {b.name: b for b in compiled.artifact.buffers}
+    conv_inputs = [s.args[0]["node"] for s in compiled.artifact.steps
+                   if s.kind == "extern" and s.target == "extern.convolution"]  # fmt: skip
+    written_by_kernels = {o for s in compiled.artifact.steps if s.kind == "kernel"
+                          for o in s.args if isinstance(o, str)}  # fmt: skip
+    # every conv after the stem reads a buffer a fused kernel wrote in NHWC
+    for name in conv_inputs[1:]:
+        assert name in written_by_kernels
+        meta = bufs[name].meta
+        assert _is_nhwc(tuple(map(int, meta.sizes)), tuple(map(int, meta.strides)))
+
+
+def _train_step(model, run, x):
+    model.zero_grad()
+    run(x).float().square().mean().backward()
+    return [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_step_matches(dtype, channels_last, layout_copies):
+    """fp32 grads match eager; bf16 ones match the NCHW compile (eager bf16 rounds differently:
+    on this model both differ from an fp32 reference by up to a third of the largest grad)."""
+    model = resnet_like(dtype).train()
+    twin = copy.deepcopy(model)
+    x = torch.randn(2, 3, 16, 16, dtype=dtype)
+    grads = _train_step(model, compile_fx(torch.fx.symbolic_trace(model), [x]), x)
+    assert layout_copies == []  # the backward's convolution grads come back as declared
+    if dtype == torch.float32:
+        expected = _train_step(twin, twin, x)
+    else:
+        config.conv_channels_last = False
+        expected = _train_step(twin, compile_fx(torch.fx.symbolic_trace(twin), [x]), x)
+    for (name, p), g, e in zip(model.named_parameters(), grads, expected):
+        torch.testing.assert_close(g, e, **TOL[dtype], msg=name)
+        assert g.stride() == p.stride(), name  # grads in their parameters' layout
+    for b, c in zip(model.buffers(), twin.buffers()):  # batch-norm running statistics
+        torch.testing.assert_close(b, c, **TOL[dtype])
+
+
+def _conv_then(tail):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 6, 3, padding=1)
+
+    def fn(x):
+        return tail(torch.relu(conv(x)))
+
+    return fn
+
+
+VIEW_TAILS = {
+    "flatten": lambda y: y.flatten(1),  # a reshape of an NHWC buffer is no view: a gather
+    "reshape_spatial": lambda y: y.reshape(2, 6, 25),
+    "permute": lambda y: y.permute(0, 2, 3, 1) * 2,
+    "unfold": lambda y: y.unfold(3, 2, 1),  # as_strided on eager's layout
+    "channels_slice": lambda y: y[:, 1:4] + 1,
+    "conv_output": lambda y: y,  # a graph output keeps eager's layout
+    "mean": lambda y: y.mean((2, 3)),
+}
+
+
+@pytest.mark.parametrize("tail", sorted(VIEW_TAILS))
+def test_views_of_nhwc_buffers(tail, channels_last):
+    fn = _conv_then(VIEW_TAILS[tail])
+    with torch.no_grad():
+        check(fn, torch.randn(2, 4, 5, 5), atol=1e-5, rtol=1e-5)  # values and output strides
+
+
+def test_grouped_strided_and_biased_convs(channels_last, layout_copies):
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(4, 8, 3, stride=2, padding=1, bias=True),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8),  # depthwise
+        nn.Conv2d(8, 4, 1, groups=2),
+        nn.ConvTranspose2d(4, 4, 3, stride=2, padding=1, output_padding=1),
+    ).eval()
+    x = torch.randn(2, 4, 9, 9)
+    with torch.no_grad():
+        compiled = compile_prims(trace_to_prims(model, x), [x])
+        got = compiled(x)
+        got = got[0] if isinstance(got, (tuple, list)) else got
+        expected = model(x)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert got.stride() == expected.stride()
+    assert layout_copies == []
+
+
+def _conv_graph(device="cpu"):
+    x, w = torch.randn(1, 2, 4, 4), torch.randn(3, 2, 3, 3)
+    return trace_to_prims(lambda a, b: torch.conv2d(a, b), x, w), [x, w]
+
+
+def test_mode_selection(monkeypatch):
+    gm, _ = _conv_graph()
+    monkeypatch.setattr(config, "conv_channels_last", "auto")
+    assert not wants_channels_last(gm)  # auto: CUDA only
+    monkeypatch.setattr(config, "conv_channels_last", True)
+    assert wants_channels_last(gm)
+    monkeypatch.setattr(config, "conv_channels_last", False)
+    assert not wants_channels_last(gm)
+    mm = trace_to_prims(lambda a: torch.relu(a) + 1, torch.randn(2, 3, 4, 4))
+    monkeypatch.setattr(config, "conv_channels_last", True)
+    assert not wants_channels_last(mm)  # no convolution: nothing to lay out
+
+
+@pytest.mark.parametrize("mode", [False, "auto"])
+def test_off_keeps_nchw(mode, monkeypatch):
+    monkeypatch.setattr(config, "conv_channels_last", mode)
+    model = resnet_like().eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        compiled = compile_prims(trace_to_prims(model, x), [x])
+    for xs, ws, os_ in _conv_steps(compiled):
+        assert os_[-1] == 1 and xs[-1] == 1 and ws[-1] == 1  # contiguous (NCHW)
+
+
+def test_bias_computed_in_the_graph(channels_last):
+    # Under autocast the bias reaches the convolution as a cast computed in the graph (a value
+    # not yet in a buffer), as in a ViT's patch embedding.
+    x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 4, 4), torch.randn(4)
+    with torch.no_grad():
+        check(lambda x, w, b: torch.conv2d(x, w, b * 2, stride=4), x, w, b, atol=1e-5, rtol=1e-5)
