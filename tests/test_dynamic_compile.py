@@ -1,8 +1,8 @@
 """Dynamic sizes end to end: ember.compile over many batch sizes with the real backends.
 
 dynamo makes a changed size symbolic at the first recompile; aot_autograd and inductor compile
-one program for every size. A model the symbolic backend cannot take yet (attention blocks) is
-retraced with static sizes: more compiles, never a wrong result.
+one program for every size. A graph the symbolic backend cannot take (an output that aliases an
+input) is retraced with static sizes: more compiles, never a wrong result.
 """
 
 import pytest
@@ -69,11 +69,39 @@ def test_batch_sizes_compile_at_most_twice(backend):
         assert metrics.generated_kernel_count == kernels  # no new kernels for a new size
 
 
-def test_a_graph_the_symbolic_backend_cannot_take_is_compiled_static():
+def _counting(backend, calls):
+    def counting(gm, example_inputs):
+        calls.append(bool(gm.meta.get("ember_symbols")))
+        return ember.dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    counting.ember_supports_dynamic = True
+    return counting
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_attention_sequence_lengths_compile_at_most_twice(backend):
+    """A 3-d Linear, views with symbolic sizes and causal scaled_dot_product_attention: one
+    symbolic program serves every sequence length after the first."""
     torch.manual_seed(0)
     model = Attention().eval()
-    compiled = ember.compile(model)
-    with torch.no_grad(), pytest.warns(UserWarning, match="static shapes"):
+    calls = []
+    compiled = ember.compile(model, backend=_counting(backend, calls))
+    with torch.no_grad():
         for t in SIZES:
             x = torch.randn(2, t, 16)
             torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    assert calls == [False, True], calls
+
+
+class AliasingOutput(nn.Module):
+    def forward(self, x):
+        return x.relu(), x.transpose(0, 1)
+
+
+def test_a_graph_the_symbolic_backend_cannot_take_is_compiled_static():
+    model = AliasingOutput()
+    compiled = ember.compile(model)
+    with torch.no_grad(), pytest.warns(UserWarning, match="static shapes"):
+        for t in SIZES:
+            x = torch.randn(2, t)
+            torch.testing.assert_close(compiled(x), model(x))

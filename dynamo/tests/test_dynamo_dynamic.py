@@ -3,6 +3,7 @@
 
 import copy
 import operator
+import warnings
 
 import pytest
 import sympy
@@ -93,6 +94,24 @@ def test_eager_backend_symbolic_graph():
     assert ph.meta[NODE_META_KEY].strides == (s1, 1)
     assert [s.name for s in gm.meta["ember_symbols"]] == ["s0", "s1"]
     assert all(s.lower == 2 and s.upper is None for s in gm.meta["ember_symbols"])
+
+
+def test_gather_result_has_the_index_sizes():
+    """HF BERT gathers token types by position: the result's sizes are the index's, symbolic."""
+    buf = torch.zeros(1, 16, dtype=torch.long)
+
+    def f(x):
+        pos = torch.arange(x.size(1)).expand(x.size(0), -1)
+        types = torch.gather(buf.expand(x.size(0), -1), 1, pos)
+        return x + types.view(types.size(0), types.size(1), 1)
+
+    compiled = ember.compile(f, backend="eager", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a static-shapes fallback warns
+        for t in (4, 6, 9):
+            x = torch.randn(2, t, 3)
+            torch.testing.assert_close(compiled(x), f(x))
+    assert len(convert.stats.graphs) == 1
 
 
 def test_dynamic_true_one_compile_and_dynamic_false_each_size():

@@ -5,6 +5,7 @@ The graph modules are built the way dynamo hands them over: torch-level fx graph
 """
 
 import pytest
+import sympy
 import torch
 import torch.fx as fx
 import torch.nn as nn
@@ -67,10 +68,17 @@ class Attention(nn.Module):
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) * self.scale
         if self.causal:
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            mask = _causal_mask(t, x.device)
             att = att.masked_fill(~mask, float("-inf"))
         y = F.softmax(att, dim=-1) @ v
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+@fx.wrap
+def _causal_mask(t, device):
+    # fx's symbolic_trace cannot pass a Proxy size to torch.ones; wrapped, the call is recorded
+    # whole and torch.ones(t, t) runs with symbolic t when aot_autograd traces it.
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril()
 
 
 class GPT2Block(nn.Module):
@@ -106,10 +114,6 @@ def _check(backend, model, make_inputs, dims, sizes=SIZES, upper=None):
     return compiled
 
 
-# Not done yet (strict xfail, so fixing them is noticed): a 3-d Linear is traced with a reshape to
-# the hint's flat size, and torch.ones(t, t) with a symbolic t fails in its decomposition.
-NOT_YET = pytest.mark.xfail(strict=True, reason="symbolic trace of 3-d Linear / ones(t, t)")
-
 CASES = {
     "mlp": (MLP, lambda n: (torch.randn(n, 16),), [{0: "s0"}]),
     "softmax": (Softmax, lambda n: (torch.randn(3, n + 1),), [{1: "s0"}]),
@@ -119,19 +123,14 @@ CASES = {
 }
 
 
-def _cases(names=None):
-    return [pytest.param(n, marks=NOT_YET) if n in ("attention", "gpt2") else n
-            for n in names or sorted(CASES)]  # fmt: skip
-
-
-@pytest.mark.parametrize("name", _cases())
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_inductor_cpp_matches_eager_for_every_size(name):
     model, make, dims = CASES[name]
     compiled = _check(compile_fx, model().eval(), make, dims)
     assert compiled.ember_guards == ()
 
 
-@pytest.mark.parametrize("name", _cases())
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_aot_eager_matches_eager_for_every_size(name):
     model, make, dims = CASES[name]
     _check(aot_eager, model().eval(), make, dims)
@@ -152,7 +151,6 @@ def test_inductor_triton_interpreted(name, monkeypatch):
     _check(compile_fx, model().eval(), make, dims, sizes=SIZES[:6])
 
 
-@NOT_YET
 def test_training_gradients_match_eager_for_every_size():
     torch.manual_seed(0)
     model = Attention()
@@ -233,3 +231,36 @@ def test_training_mlp_gradients_match_eager_for_every_size(backend):
         torch.testing.assert_close(got[0], xs.grad, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(got[1], model.l1.weight.grad, rtol=1e-4, atol=1e-4)
         model.zero_grad()
+
+
+@pytest.mark.parametrize("name", ["attention", "gpt2"])
+def test_triton_kernels_of_attention_models_take_sizes_as_arguments(name, monkeypatch):
+    """The Triton kernels of a symbolic attention graph (rendered, not run: the interpreter cannot
+    loop a reduction over a dynamic length) read the sizes from arguments and launch on grids
+    computed from them; the example's sizes (prime hints) appear nowhere in their source."""
+    from ember.inductor import pipeline
+
+    programs = []
+
+    class RenderOnly:
+        def __init__(self, program, constants):
+            programs.append(program)
+
+    monkeypatch.setattr(config, "cpu_backend", "triton")
+    monkeypatch.setattr(pipeline, "CompiledGraph", RenderOnly)
+    model, make, dims = CASES[name]
+    torch.manual_seed(0)
+    example = make(36)  # hints 37 (and 2 for attention's batch: 36 % 3 + 2)
+    with torch.no_grad():
+        compile_fx(dynamic_gm(model().eval(), example, dims), example)
+    (program,) = programs
+    kernels = [k for k in program.kernels if k.language == "triton"]
+    assert kernels
+    symbols = {s for d in dims for s in d.values()}
+    for k in kernels:
+        compile(k.source, k.name, "exec")  # valid Python
+        assert "37" not in k.source and "1369" not in k.source, k.source  # 37, 37**2
+        grid = {s.name for g in k.grid for s in sympy.sympify(g).free_symbols}
+        assert grid and grid <= symbols, k.grid  # launched on a grid computed from the sizes
+        signature = k.source.split("def ", 1)[1].split(")", 1)[0]
+        assert all(s in signature.split(", ") for s in grid), signature

@@ -2,11 +2,13 @@
 
 import sympy
 import torch
+import torch.nn.functional as F
 
 from ember.ir import NODE_META_KEY, SymbolSpec, TensorMeta, contiguous_strides
 from ember.ir.symbols import FloorDiv, sym
 from ember.primtorch import Tracer
 from ember.primtorch.symbolic import ShapeEnv, SymbolicTensor
+from ember.primtorch.symbolic_composites import SymbolicComposites
 
 s0, s1 = sym("s0"), sym("s1")
 
@@ -42,4 +44,68 @@ def test_tracer_records_symbolic_sizes():
     assert tuple(reshape.args[1]) == (s0, s1, 4, 16)
     assert gm.graph.output_node().args[0].meta[NODE_META_KEY].sizes == (s1, 16)
     torch.testing.assert_close(out.value, x.value.view(4, 24, 4, 16).sum(2).mean(0))
+    assert env.guards == []
+
+
+def test_exact_quotients_and_huge_bounds_need_no_guard():
+    env = _env()
+    a, b = env.symint(s0), env.symint(s1)
+    assert ((a * b * 32) // b).node.expr == 32 * s0  # torch's inferred -1 in a reshape
+    assert ((a * b + b) // b).node.expr == s0 + 1
+    assert isinstance(((a + b) // b).node.expr, FloorDiv)  # not exact: stays a FloorDiv
+    assert bool(a < 2**63 - 1) and not bool(a * b > 2**63 - 1)  # a slice's default end
+    assert env.guards == []
+
+
+def test_guards_imply_and_equal_hints_unify():
+    env = ShapeEnv([SymbolSpec("s0"), SymbolSpec("s1")], {"s0": 5, "s1": 5})
+    assert not env.implies(sympy.Le(s1, 32))
+    env.guard_bool(sympy.Le(s1, 32))
+    assert env.implies(sympy.Le(s1, 32))
+    assert env.guard_equal(s0, s1) and env.guards[-1] == sympy.Eq(s0, s1)
+    assert env.implies(sympy.Eq(4 * s1, 4 * s0))  # through the recorded equality
+    assert not env.guard_equal(s0, 2 * s1)  # hints differ: not equal, no guard
+    assert len(env.guards) == 2
+
+
+def _trace_symbolic(fn, hints=(4, 24)):
+    env = ShapeEnv([SymbolSpec("s0"), SymbolSpec("s1")], dict(zip(("s0", "s1"), hints)))
+    meta = TensorMeta(torch.float32, (s0, s1, 32), contiguous_strides((s0, s1, 32)))
+    x = SymbolicTensor(torch.randn(*hints, 32), meta, env)
+    tracer = Tracer()
+    tracer.shape_env = env
+    tracer.placeholder(x, "x")
+    with tracer, SymbolicComposites():
+        out = torch.func.functionalize(fn)(x)
+    return tracer.output(out), env, x, out
+
+
+def test_linear_arange_and_slices_of_symbolic_sizes():
+    """C++ composites that read sizes as ints (3-d linear with a bias) run as Python
+    decompositions; arange(t) and ones(t, t) keep t; slicing a static buffer to t guards t."""
+    w, bias, buf = torch.randn(8, 32), torch.randn(8), torch.randn(16, 16)
+
+    def fn(x):
+        t = x.size(1)
+        y = F.linear(x, w, bias) + torch.arange(t).view(1, t, 1)
+        mask = torch.ones(t, t, dtype=torch.bool).tril() & (buf[:t, :t] > 0)
+        return y, mask, x.transpose(0, 1).reshape(t, -1)
+
+    gm, env, x, (y, mask, flat) = _trace_symbolic(fn, hints=(4, 6))
+    metas = [n.meta[NODE_META_KEY].sizes for n in gm.graph.output_node().args[0]]
+    assert metas == [(s0, s1, 8), (s1, s1), (s1, 32 * s0)]
+    assert env.guards == [sympy.Le(s1, 16)]  # the buffer is 16 long
+    torch.testing.assert_close(y.value, F.linear(x.value, w, bias) + torch.arange(6).view(1, 6, 1))
+    want = torch.ones(6, 6, dtype=torch.bool).tril() & (buf[:6, :6] > 0)
+    torch.testing.assert_close(mask.value, want)
+
+
+def test_dropout_of_symbolic_sizes():
+    gm, env, x, out = _trace_symbolic(lambda x: F.dropout(x, 0.25, training=True))
+    assert gm.graph.output_node().args[0].meta[NODE_META_KEY].sizes == (s0, s1, 32)
+    kept = out.value != 0
+    torch.testing.assert_close(out.value[kept], x.value[kept] / 0.75)
+    assert 0.5 < kept.float().mean() < 0.95 and env.guards == []
+    gm, env, x, out = _trace_symbolic(lambda x: torch.dropout(x, 0.25, True))
+    assert gm.graph.output_node().args[0].meta[NODE_META_KEY].sizes == (s0, s1, 32)
     assert env.guards == []

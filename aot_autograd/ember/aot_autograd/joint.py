@@ -11,6 +11,7 @@ recorded the same way, into the same graph.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable, Optional
 
@@ -20,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ember.ir import TensorMeta, contiguous_strides
 from ember.primtorch.symbolic import SymbolicTensor, symbolic_tensor, to_expr
+from ember.primtorch.symbolic_composites import SymbolicComposites
 
 from .runtime import AliasSpec, OutputSpec, RuntimePlan
 from .tracer_bridge import SEED_PREFIX, new_tracer, untraced
@@ -92,7 +94,7 @@ def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None) -> Trace
     observer = _Observer(clones)
     with tracer:
         primals = [tracer.placeholder(c, f"primals_{i + 1}") for i, c in enumerate(clones)]
-        with observer:
+        with observer, _composites(symbolic):
             outs = _run_functional(flat_fn, clones)
         mutated = _mutated_inputs(tracer, primals, observer)
         _check_mutations(mutated, clones, needs_grad)
@@ -102,7 +104,8 @@ def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None) -> Trace
         values = [*graph_outs, *(clones[i] for i in mutated)]  # rebound to their new values
         is_joint = any(diff)
         if is_joint:
-            values += _trace_backward(tracer, graph_outs, diff, clones, grad_inputs)
+            with _composites(symbolic):
+                values += _trace_backward(tracer, graph_outs, diff, clones, grad_inputs)
         gm = tracer.output(values)
     constants = _check_lifted(tracer, needs_grad)
     _order_placeholders(gm)
@@ -117,6 +120,12 @@ def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None) -> Trace
         rng_devices=tracer.seed_devices,
     )
     return Traced(gm, plan, is_joint, [*real_clones, *constants])
+
+
+def _composites(symbolic):
+    """With symbolic sizes, the C++ composites that read sizes as ints run as Python decompositions
+    (their shape arithmetic stays symbolic); a static trace keeps torch's own."""
+    return SymbolicComposites() if symbolic is not None else contextlib.nullcontext()
 
 
 def _check_lifted(tracer, needs_grad: bool) -> list[torch.Tensor]:

@@ -6,6 +6,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ember.primtorch import Tracer
+from ember.primtorch.decomp._random import counters_used
 
 SEED_PREFIX = "rng_seed"
 
@@ -43,9 +44,9 @@ class AOTTracer(Tracer):
                 self.placeholder(seed, f"{SEED_PREFIX}_{len(self.seeds)}")
             self.seeds[device] = (seed, 0)
         seed, offset = self.seeds[device]
-        # Whole Philox blocks of 4 counters per call, as primtorch's own keys do.
-        self.seeds[device] = (seed, offset + (count + 3) // 4 * 4)
+        self.seeds[device] = (seed, offset + counters_used(count))
         return seed, offset
+
 
 
 def new_tracer() -> AOTTracer:

@@ -165,6 +165,10 @@ def _like_other(env, args, kwargs):
     return sizes_of(args[1])
 
 
+def _gather(env, args, kwargs):
+    return sizes_of(_arg(args, kwargs, 2, "index"))  # the output has the index's sizes
+
+
 def _transpose(env, args, kwargs):
     x = list(sizes_of(args[0]))
     if len(x) < 2:
@@ -508,7 +512,7 @@ _RULES = {
     "smooth_l1_loss": _loss, "scaled_dot_product_attention": _sdpa, "getitem": _getitem,
     "__getitem__": _getitem, "select": _select, "narrow": _narrow,
     "index_select": _index_select, "pad": _pad, "repeat": _repeat, "topk": _topk,
-    "sort": _sort, "one_hot": _one_hot,
+    "sort": _sort, "one_hot": _one_hot, "gather": _gather,
 }  # fmt: skip
 
 

@@ -6,7 +6,7 @@ import sympy
 import torch
 
 from ember.ir import NODE_META_KEY, FloorDiv, ModularIndexing, TensorMeta, contiguous_strides
-from ember.primtorch.utils import make_channels_last_strides_for
+from ember.primtorch.utils import broadcast_shapes, known, make_channels_last_strides_for
 
 from .loop_ir import compute_dtype, ops
 from .lowering import (
@@ -222,6 +222,27 @@ def _cat(L, tensors, dim):
     return Lazy(meta.sizes, meta.dtype, meta.device, fn)
 
 
+def _index_value(expr):
+    """An int64 value of a size expression: a constant, or computed from the size symbols."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return ops.constant(int(expr), torch.int64)
+    return ops.index_expr(expr, torch.int64)
+
+
+def _count_value(expr, dtype):
+    """A count (a number of elements) as a `dtype` value: a constant, or computed from the sizes."""
+    expr = sympy.sympify(expr)
+    if expr.is_number:
+        return ops.constant(float(expr), dtype)
+    return ops.index_expr(expr, dtype)
+
+
+def _maybe_positive(expr) -> bool:
+    expr = sympy.sympify(expr)
+    return bool(expr > 0) if expr.is_number else True  # a symbolic pad: mask, to be safe
+
+
 def _shift(idx, dim, by):
     return [i - by if d == dim else i for d, i in enumerate(idx)]
 
@@ -237,14 +258,14 @@ def _pad(L, a, padding_value, low, high, interior):
         for i, lo, hi, step, size in zip(idx, low, high, interior, a.sizes):
             shifted = i - lo
             src.append(FloorDiv(shifted, step + 1) if step else shifted)
-            if lo > 0 or hi > 0 or step:
+            if _maybe_positive(lo) or _maybe_positive(hi) or step:
                 conds.append((shifted, step, size))
         mask = None
         for shifted, step, size in conds:
             e = ops.index_expr(shifted, torch.int64)
             ok = ops.logical_and(
                 ops.ge(e, ops.constant(0, torch.int64)),
-                ops.lt(e, ops.constant(int(size) * (step + 1) - step, torch.int64)),
+                ops.lt(e, _index_value(size * (step + 1) - step)),
             )
             if step:
                 rem = ops.remainder(e, ops.constant(step + 1, torch.int64))
@@ -288,7 +309,7 @@ def _index(L, a, indices):
     meta = out_meta(L)
     indices = list(indices) + [None] * (len(a.sizes) - len(indices))
     pos = [d for d, t in enumerate(indices) if t is not None]
-    bshape = torch.broadcast_shapes(*(tuple(int(s) for s in indices[d].sizes) for d in pos))
+    bshape = broadcast_shapes(*(indices[d].sizes for d in pos))  # sympy: sizes may be symbolic
     nb = len(bshape)
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
     start = pos[0] if adjacent else 0
@@ -361,14 +382,16 @@ def _var(L, inp, dims, correction=1, output_dtype=None):
     total = L.reduction(inp, dims, "sum", cdt)
 
     def centered_sq(idx):
-        mean = ops.truediv(total.load([idx[d] for d in kept]), ops.constant(float(n), cdt))
+        mean = ops.truediv(total.load([idx[d] for d in kept]), _count_value(n, cdt))
         d = ops.sub(load_as(inp, idx, cdt), mean)
         return ops.mul(d, d)
 
     sq = L.reduction(inp, dims, "sum", cdt, fn=centered_sq)
-    denom = sympy.Max(n - correction, 0)
+    denom = n - correction
+    if denom.is_number or not known(sympy.Ge(denom, 0)):
+        denom = sympy.Max(denom, 0)
     out = Lazy(sq.sizes, meta.dtype, sq.device,
-               lambda idx: ops.truediv(sq.load(idx), ops.constant(float(denom), cdt)))  # fmt: skip
+               lambda idx: ops.truediv(sq.load(idx), _count_value(denom, cdt)))  # fmt: skip
     return reshape(out, meta.sizes)
 
 

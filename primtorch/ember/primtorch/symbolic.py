@@ -19,6 +19,7 @@ import operator
 from typing import Iterable, Optional
 
 import sympy
+from sympy.polys.polyerrors import BasePolynomialError
 import torch
 from torch.utils import _pytree as pytree
 
@@ -75,6 +76,9 @@ class ShapeEnv:
         rel = as_expr(rel)
         if rel is sympy.true or rel is sympy.false:
             return bool(rel)
+        huge = _against_huge(rel)
+        if huge is not None:
+            return huge
         shifted = rel.xreplace(self._shift)
         if shifted is sympy.true or shifted is sympy.false:
             return bool(shifted)
@@ -92,6 +96,38 @@ class ShapeEnv:
             if diff.is_negative and shifted.rel_op in (">", ">=", "=="):
                 return False
         return None
+
+    def implies(self, rel) -> bool:
+        """True when the ranges, or the guards recorded so far, make `rel` hold."""
+        rel = as_expr(rel)
+        if rel in self.guards or self.statically_known(rel) is True:
+            return True
+        subs = self._equalities()
+        return bool(subs) and self.statically_known(rel.xreplace(subs)) is True
+
+    def _equalities(self) -> dict:
+        """symbol -> what the guards equate it to (Eq(s1, s0): s1 -> s0; Eq(s0, 4): s0 -> 4)."""
+        subs = {}
+        for g in self.guards:
+            if not isinstance(g, sympy.Eq):
+                continue
+            a, b = g.lhs, g.rhs
+            if a.is_Symbol and b.is_Symbol:
+                a, b = sorted((a, b), key=lambda s: s.name, reverse=True)
+            elif b.is_Symbol and a.is_Integer:
+                a, b = b, a
+            if a.is_Symbol and (b.is_Symbol or b.is_Integer):
+                subs[a] = b
+        return subs
+
+    def guard_equal(self, a, b) -> bool:
+        """a == b at the hints: True, with the guard Eq(a, b) recorded; else False."""
+        if self.implies(sympy.Eq(a, b)):
+            return True
+        if self.hint(a) != self.hint(b):
+            return False
+        self.add_guard(sympy.Eq(a, b))
+        return True
 
     def guard_bool(self, rel) -> bool:
         """Decide `rel` at the hints, recording the decision as a guard when it is not static."""
@@ -116,6 +152,24 @@ class ShapeEnv:
             return
         if rel not in self.guards:
             self.guards.append(rel)
+
+
+# No size reaches this: a comparison with it (a slice's default end, INT64_MAX) is decided.
+_HUGE = 2**62
+_MIRROR = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+_BELOW_HUGE = {"<": True, "<=": True, ">": False, ">=": False, "==": False, "!=": True}
+
+
+def _against_huge(rel) -> Optional[bool]:
+    """`size-expr OP c` for a constant |c| >= 2**62, decided as sizes are far below it."""
+    if not isinstance(rel, sympy.core.relational.Relational):
+        return None
+    sides = ((rel.rhs, rel.lhs, rel.rel_op), (rel.lhs, rel.rhs, _MIRROR[rel.rel_op]))
+    for const, other, op in sides:
+        if const.is_Integer and not other.is_number and abs(int(const)) >= _HUGE:
+            below = _BELOW_HUGE[op]
+            return below if const > 0 else (not below if op not in ("==", "!=") else below)
+    return None
 
 
 def _is_bool_expr(e) -> bool:
@@ -356,7 +410,25 @@ def _node_expr(x):
 def _floordiv(a, b):
     if b.is_Integer and b < 0 or a.is_number and a < 0:
         return sympy.floor(a / b)
-    return FloorDiv(a, b)
+    exact = _exact_quotient(a, b)
+    return exact if exact is not None else FloorDiv(a, b)
+
+
+def _exact_quotient(a, b):
+    """a / b when it is a polynomial with integer coefficients (so the floor is exact), else None:
+    `(32*s0*s1) // s1` (torch's inferred -1 in a reshape) is 32*s0, not a FloorDiv."""
+    if not (a.free_symbols and b.free_symbols):
+        return None
+    num, den = sympy.fraction(sympy.cancel(a / b))
+    if den != 1:
+        return None
+    if not num.free_symbols:
+        return num if num.is_Integer else None
+    try:
+        poly = sympy.Poly(num, *sorted(num.free_symbols, key=str))
+    except BasePolynomialError:
+        return None
+    return num if all(c.is_Integer for c in poly.coeffs()) else None
 
 
 # --- tensors with symbolic sizes -----------------------------------------------------------------

@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ember.ir import NODE_META_KEY, TensorMeta
 from ember.ir.symbols import as_expr
 
+from . import utils
 from .errors import DataDependentError, NotDecomposableError, TraceError
 from .prims import core
 from .prims.extern import ATEN_TO_EXTERN
@@ -196,12 +197,17 @@ class Tracer(TorchDispatchMode):
         # the flash or memory-efficient kernel, both externs, is chosen instead.
         self._cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
         torch.backends.cuda.enable_cudnn_sdp(False)
+        # With symbolic sizes, shape checks (utils.known) see the ranges and guards of this trace.
+        self._assuming = (utils.assuming(self.shape_env) if self.shape_env is not None
+                          else contextlib.nullcontext())  # fmt: skip
+        self._assuming.__enter__()
         return super().__enter__()
 
     def __exit__(self, exc_type, exc, tb):
         try:
             return super().__exit__(exc_type, exc, tb)
         finally:
+            self._assuming.__exit__(None, None, None)
             torch.backends.cuda.enable_cudnn_sdp(self._cudnn_sdp)
             core.pop_recorder(self)
 

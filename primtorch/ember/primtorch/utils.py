@@ -7,6 +7,7 @@ and 1 are specialised before tracing, as `ember.ir.SymbolSpec`'s default lower b
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import numbers
 from typing import Optional
@@ -191,8 +192,33 @@ def _at_least_two(expr: sympy.Expr) -> sympy.Expr:
     return expr.xreplace(subs)
 
 
+# While a symbolic trace runs: its ShapeEnv (what its ranges and guards imply; guards it records).
+_ASSUMPTIONS: list = []
+
+
+@contextlib.contextmanager
+def assuming(env):
+    """`known` also accepts what `env.implies(rel)` (a trace's ranges and guards) says holds, and
+    `guard_equal` records equalities in `env`."""
+    _ASSUMPTIONS.append(env)
+    try:
+        yield
+    finally:
+        _ASSUMPTIONS.pop()
+
+
+def guard_equal(a, b) -> bool:
+    """a == b for every size the trace covers: known, or true at the hints of the active trace
+    (which then records the guard Eq(a, b)). Two inputs' sequence lengths, say, are distinct
+    symbols that a broadcast between them needs equal."""
+    if known_eq(a, b):
+        return True
+    return bool(_ASSUMPTIONS) and _ASSUMPTIONS[-1].guard_equal(as_expr(a), as_expr(b))
+
+
 def known(rel) -> bool:
-    """True when a sympy relation (or bool) holds for every size assignment (symbols >= 2)."""
+    """True when a sympy relation (or bool) holds for every size assignment (symbols >= 2), or
+    under the active trace's assumptions (`assuming`)."""
     if isinstance(rel, bool):
         return rel
     rel = sympy.sympify(rel)
@@ -202,7 +228,9 @@ def known(rel) -> bool:
         return bool(rel)
     lhs = _at_least_two(rel.lhs - rel.rhs)
     decided = type(rel)(sympy.expand(lhs), 0)
-    return decided is sympy.true
+    if decided is sympy.true:
+        return True
+    return bool(_ASSUMPTIONS) and _ASSUMPTIONS[-1].implies(rel)
 
 
 def _static(a):
@@ -299,8 +327,8 @@ def broadcast_shapes(*shapes) -> tuple:
             j = ndim - len(shape) + i
             if known_eq(size, 1):
                 continue
-            if known_eq(out[j], 1) or known_eq(out[j], size):
-                out[j] = size
+            if known_eq(out[j], 1) or guard_equal(out[j], size):
+                out[j] = size if known_eq(out[j], 1) else out[j]
             else:
                 raise ValueError(
                     f"shapes {[tuple(s) for s in shapes]} do not broadcast: size {out[j]} against "

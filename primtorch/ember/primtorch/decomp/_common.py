@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ember.primtorch import prims, utils
+from ember.primtorch.symbolic import to_expr
 
 aten = torch.ops.aten
 Kind = utils.ELEMENTWISE_TYPE_PROMOTION_KIND
@@ -99,9 +100,14 @@ def broadcast_shape(*args) -> tuple:
     shapes = [shape(a) for a in args if is_tensor(a)]
     if not shapes:
         return ()
-    if all(s == shapes[0] for s in shapes):
+    if all(_same_sizes(s, shapes[0]) for s in shapes):
         return shapes[0]
     return tuple(_as_size(s) for s in utils.broadcast_shapes(*shapes))
+
+
+def _same_sizes(a: tuple, b: tuple) -> bool:
+    """The same sizes, compared as expressions: `==` on SymInts would guard on the sizes."""
+    return len(a) == len(b) and all(to_expr(x) == to_expr(y) for x, y in zip(a, b))
 
 
 def _as_size(expr):

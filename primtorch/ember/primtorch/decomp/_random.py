@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ember.primtorch import prims
 from ember.primtorch.prims import core
+from ember.primtorch.symbolic import to_expr
 
 from ._common import convert, numel
 
@@ -52,9 +53,23 @@ def rng_key(count, device):
         if key is None:
             key = per[str(device)] = _Key(_draw_seed(device))
     offset = key.offset
-    # Round up to a multiple of 4 so calls never share a Philox block (what Triton assumes).
-    key.offset += (int(count) + 3) // 4 * 4
+    key.offset += counters_used(count)
     return key.seed, offset
+
+
+# A call whose number of counters is symbolic gets a block this large, so offsets stay ints.
+SYMBOLIC_COUNTER_BLOCK = 2**40
+
+
+def counters_used(count) -> int:
+    """How far a call's `count` counters advance the offset: rounded up to a multiple of 4, so
+    calls never share a Philox block (what Triton assumes); a symbolic count (a size that varies
+    per call) takes SYMBOLIC_COUNTER_BLOCK (no tensor has 2**40 elements), so calls never share
+    counters at any size and no size is specialised."""
+    count = to_expr(count)
+    if isinstance(count, int) or getattr(count, "is_Integer", False):
+        return (int(count) + 3) // 4 * 4
+    return SYMBOLIC_COUNTER_BLOCK
 
 
 _UNIFORM_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)

@@ -214,6 +214,11 @@ def _index(n, device):
     return prims.iota(n, 0, 1, torch.int64, device)
 
 
+def _int(v):
+    """int(v), truncating; a symbolic size stays symbolic (int() would specialise it)."""
+    return v if isinstance(v, torch.SymInt) else int(v)
+
+
 @register_decomposition(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
     _check_layout(layout)
@@ -225,9 +230,12 @@ def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin
         raise ValueError("arange: step must be nonzero")
     if not dtype.is_floating_point:
         # Integer outputs: torch casts start, end and step to int64 first (truncating).
-        start, end, step = int(start), int(end), int(step)
+        start, end, step = _int(start), _int(end), _int(step)
         num = end - start + step - (1 if step > 0 else -1)
-        n = max(abs(num) // abs(step) * (1 if (num >= 0) == (step > 0) else -1), 0)
+        if step > 0:  # no abs() of a symbolic size: its range decides num >= 0
+            n = max(num // step, 0) if num >= 0 else 0
+        else:
+            n = max(abs(num) // abs(step) * (1 if (num >= 0) == (step > 0) else -1), 0)
         return convert(prims.iota(n, start, step, torch.int64, device), dtype)
     n = max(math.ceil((float(end) - float(start)) / float(step)), 0)
     # Values are start + i * step computed in double, then rounded once (as torch's CPU kernel).

@@ -163,7 +163,10 @@ def _bn_train(input, weight, bias, running_mean, running_var, momentum, eps):
     new_rm = new_rv = None
     if running_mean is not None:
         n = numel([x.shape[d] for d in dims])
-        unbiased = prims.mul(var, n / max(n - 1, 1))
+        if isinstance(n, int):
+            unbiased = prims.mul(var, n / max(n - 1, 1))
+        else:  # a symbolic count: integer scalars (n / (n - 1) would be a symbolic float)
+            unbiased = prims.div(prims.mul(var, n), n - 1 if n > 1 else 1)
         rm, rv = convert(running_mean, x.dtype), convert(running_var, x.dtype)
         new_rm = prims.add(prims.mul(rm, 1.0 - momentum), prims.mul(mean, momentum))
         new_rv = prims.add(prims.mul(rv, 1.0 - momentum), prims.mul(unbiased, momentum))
@@ -291,8 +294,9 @@ def native_batch_norm_backward(
         gi = g
         if train:
             n = numel([x.shape[d] for d in dims])
-            gi = prims.sub(gi, _bcast(prims.div(sum_g, float(n)), shape, (1,)))
-            gi = prims.sub(gi, prims.mul(x_hat, _bcast(prims.div(sum_gx, float(n)), shape, (1,))))
+            n = float(n) if isinstance(n, int) else n  # float() of a symbolic count would guard
+            gi = prims.sub(gi, _bcast(prims.div(sum_g, n), shape, (1,)))
+            gi = prims.sub(gi, prims.mul(x_hat, _bcast(prims.div(sum_gx, n), shape, (1,))))
         grad_input = convert(prims.mul(gi, _bcast(scale, shape, (1,))), input.dtype)
     if output_mask[1]:
         grad_weight = convert(sum_gx, weight.dtype if weight is not None else input.dtype)

@@ -6,7 +6,7 @@ import torch
 
 from ember.primtorch import prims, utils
 
-from ._common import aten, convert, numel
+from ._common import aten, broadcast_shape, c, convert, numel
 from ._registry import register_decomposition
 
 _NONE, _MEAN, _SUM = 0, 1, 2
@@ -22,7 +22,7 @@ def _reduce(loss, reduction):
     dims = tuple(range(loss.ndim))
     total = prims.sum(loss, dims) if dims else loss
     if reduction == _MEAN:
-        return prims.div(total, float(numel(loss.shape)))
+        return prims.div(total, c(numel(loss.shape), total))  # symbolic numel stays symbolic
     return total
 
 
@@ -32,13 +32,12 @@ def _grad_scale(grad_output, shape, reduction):
     if reduction == _NONE:
         return utils.broadcast_to(g, tuple(shape))
     if reduction == _MEAN:
-        g = prims.div(g, float(numel(shape)))
+        g = prims.div(g, c(numel(shape), g))
     return utils.broadcast_to(g, tuple(shape))
 
 
 def _pair(self, target):
-    shape = tuple(utils.broadcast_shapes(tuple(self.shape), tuple(target.shape)))
-    shape = tuple(int(s) for s in shape)
+    shape = broadcast_shape(self, target)  # ints, or sympy expressions for symbolic sizes
     x = utils.broadcast_to(_opmath(self), shape)
     t = utils.broadcast_to(convert(target, x.dtype), shape)
     return x, t
