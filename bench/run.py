@@ -138,7 +138,9 @@ def run_one(i, name, ctx, plan, gpu=None):
         env["OMP_NUM_THREADS"] = str(plan["cfg"]["threads"])
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    if plan["jobs"] > 1:  # workers sharing a device time their calls one at a time
+    if plan["jobs"] > 1 and "EMBER_BENCH_TIMING_LOCK" not in os.environ:
+        # workers sharing a device time their calls one at a time (a lock named in the
+        # environment is shared with other runs on the same device too)
         env["EMBER_BENCH_TIMING_LOCK"] = str(ctx["cache_root"] / f"timing-{gpu or 0}.lock")
     if ctx["isolate"] == "none":
         os.environ.update(_cache_env(model_cache))

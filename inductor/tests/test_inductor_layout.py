@@ -214,6 +214,22 @@ def test_mode_selection(monkeypatch):
     mm = trace_to_prims(lambda a: torch.relu(a) + 1, torch.randn(2, 3, 4, 4))
     monkeypatch.setattr(config, "conv_channels_last", True)
     assert not wants_channels_last(mm)  # no convolution: nothing to lay out
+    # auto on a CUDA graph: inference graphs only (training's saved activations would be copied
+    # between layouts on their way from forward to backward)
+    import dataclasses
+
+    from ember.ir import NODE_META_KEY
+
+    for n in gm.graph.nodes:
+        meta = n.meta.get(NODE_META_KEY)
+        if meta is not None and hasattr(meta, "device"):
+            n.meta[NODE_META_KEY] = dataclasses.replace(meta, device="cuda:0")
+    monkeypatch.setattr(config, "conv_channels_last", "auto")
+    assert wants_channels_last(gm)
+    gm.meta["ember_training"] = "forward"
+    assert not wants_channels_last(gm)
+    monkeypatch.setattr(config, "conv_channels_last", True)
+    assert wants_channels_last(gm)
 
 
 @pytest.mark.parametrize("mode", [False, "auto"])

@@ -123,6 +123,8 @@ class AOTFunction:
         else:
             fw_gm, bw_gm = self.partition_fn(traced.gm, num_fwd_outputs=traced.plan.num_fw_outputs)
             self.last_graphs = {"joint": traced.gm, "forward": fw_gm, "backward": bw_gm}
+            for part, gm in (("forward", fw_gm), ("backward", bw_gm)):
+                gm.meta["ember_training"] = part  # a compiler may lay training graphs out apart
             forward = self.fw_compiler(fw_gm, example)
             env = self.symbolic[1] if self.symbolic is not None else None
             compiled = [forward, self.bw_compiler(bw_gm, example_inputs_from_meta(bw_gm, env))]

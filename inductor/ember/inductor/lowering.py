@@ -485,13 +485,18 @@ def wants_channels_last(gm: fx.GraphModule) -> bool:
     mode = config.conv_channels_last
     if mode is False or mode in ("0", "off", "false"):
         return False
+    forced = mode is True or mode in ("1", "on", "true")
+    if not forced and gm.meta.get("ember_training"):
+        # "auto" is for inference: in training, the saved activations cross between forward and
+        # backward in eager's layout, so NHWC would cost a copy each way per convolution.
+        return False
     for n in gm.graph.nodes:
         if n.op != "call_function" or target_name(n.target) not in CONVOLUTIONS:
             continue
         first = n.args[0].meta.get(NODE_META_KEY) if isinstance(n.args[0], fx.Node) else None
         if not isinstance(first, TensorMeta) or len(first.sizes) != 4:
             continue
-        if mode is True or mode in ("1", "on", "true") or str(first.device).startswith("cuda"):
+        if forced or str(first.device).startswith("cuda"):
             return True
     return False
 
