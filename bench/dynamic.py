@@ -137,6 +137,8 @@ def run_model(name, args, lengths):
         variants[label] = rec
 
     measure("eager", lambda n: model, lambda: 0, lengths)
+    if args.no_torch_compile:
+        return _ember_variants(name, args, lengths, model, measure, variants)
 
     import torch._dynamo as torch_dynamo
 
@@ -148,6 +150,12 @@ def run_model(name, args, lengths):
     counters.clear()
     measure("torch.compile dynamic", lambda n: tc, lambda: int(counters["stats"]["unique_graphs"]),
             lengths)  # fmt: skip
+    return _ember_variants(name, args, lengths, model, measure, variants)
+
+
+def _ember_variants(name, args, lengths, model, measure, variants):
+    import ember
+    import ember.dynamo
 
     ember.dynamo.reset()
     be = CountingBackend()
@@ -229,6 +237,7 @@ def main(argv=None):
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--per-length", type=int, default=5, help="lengths compiled one by one")
     p.add_argument("--pad-min", type=int, default=64, help="the smallest padded length")
+    p.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile's variant")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--small", action="store_true", help="tiny configs (CPU check)")

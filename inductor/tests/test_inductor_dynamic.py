@@ -264,3 +264,20 @@ def test_triton_kernels_of_attention_models_take_sizes_as_arguments(name, monkey
         assert grid and grid <= symbols, k.grid  # launched on a grid computed from the sizes
         signature = k.source.split("def ", 1)[1].split(")", 1)[0]
         assert all(s in signature.split(", ") for s in grid), signature
+
+
+class SquareMask(torch.nn.Module):
+    """A (b, n, n) pointwise value: its flat index splits by a product of symbols, n * n."""
+
+    def forward(self, x):
+        return x * 2 + x.transpose(1, 2)
+
+
+def test_triton_index_split_by_a_product_of_sizes(monkeypatch):
+    # GPT-2's causal mask on the GPU: `x // (s1 * s1)` printed as `x // s1 * s1` read out of
+    # bounds (an illegal address). Interpreted here, the wrong split gives wrong values.
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(config, "cpu_backend", "triton")
+    make = lambda n: (torch.randn(3, n + 1, n + 1),)  # noqa: E731
+    _check(compile_fx, SquareMask(), make, [{1: "s0", 2: "s0"}], sizes=SIZES[:4])

@@ -24,6 +24,7 @@ from .codegen_common import (
     merge_dims,
     print_index,
     simplify_index,
+    _paren,
     size_symbols_in,
 )
 from .config import config
@@ -222,8 +223,9 @@ class TritonRenderer(Renderer):
         lines = []
         for j, (v, s) in enumerate(zip(vars_, sizes)):
             inner = sympy.Mul(*sizes[j + 1 :])
-            e = f"{flat} // {_py(inner)}" if inner != 1 else flat
-            lines.append(f"{v} = {e}" + (f" % {_py(s)}" if j else ""))
+            # Sizes may be products of symbols: `x // (s1 * s1)`, never `x // s1 * s1`.
+            e = f"{flat} // {_paren(_py(inner), sympy.sympify(inner))}" if inner != 1 else flat
+            lines.append(f"{v} = {e}" + (f" % {_paren(_py(s), sympy.sympify(s))}" if j else ""))
         return lines
 
     def render(self) -> KernelSource:

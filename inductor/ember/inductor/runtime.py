@@ -394,6 +394,9 @@ class TritonSizesLauncher(TritonLauncher):
         super().__init__(name, source, configs, xnumel, rnumel)
         self.numel, self.nsyms, self.cfg = numel, numel.__code__.co_argcount, configs[0]
 
+    def precompile(self, dtypes: tuple) -> None:
+        """Nothing ahead of the first call: the size arguments are not known until then."""
+
     def __call__(self, *args):
         buffers, syms = args[: -self.nsyms], args[-self.nsyms :]
         xnumel, rnumel = self.numel(*syms)
