@@ -36,3 +36,25 @@ def test_efficient_attention_backward_gets_out_in_blhe_layout():
         passed = ext.args[5]
         assert tuple(int(s) for s in passed.layout.strides) == (length * h * e, e, h * e, 1)
         assert (passed.name != "arg5") == copied
+
+
+def test_efficient_attention_bias_rows_are_aligned():
+    # The memory-efficient kernels need attn_bias rows at 16-element alignment: a 77-token mask
+    # gets rows of 80 (eager pads the same way); an aligned one is passed as it is.
+    from ember.primtorch.prims.extern import ARG_STRIDES
+
+    rule = ARG_STRIDES["extern.sdpa_efficient"][3]
+    assert rule((2, 3, 77, 77), (17787, 5929, 77, 1)) == (18480, 6160, 80, 1)
+    assert rule((2, 3, 64, 64), (4096, 0, 64, 1)) == (4096, 0, 64, 1)
+    assert rule((2, 3, 77, 77), None) == (18480, 6160, 80, 1)
+    assert ARG_STRIDES["extern.sdpa_efficient_backward"][4] is rule
+
+
+def test_an_argument_copied_into_padded_rows_keeps_its_values(monkeypatch):
+    # The copy behind that rule writes a buffer larger than its elements; an extern reads it.
+    from ember.primtorch.prims import extern
+    from inductor_helpers import check
+
+    monkeypatch.setitem(extern.ARG_STRIDES, "extern.mm",
+                        {0: lambda sizes, strides: (((sizes[1] + 15) // 16) * 16, 1)})  # fmt: skip
+    check(lambda x, y: torch.relu(x) @ y, torch.randn(5, 7), torch.randn(7, 3))

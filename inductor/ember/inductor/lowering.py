@@ -374,7 +374,13 @@ class Lowerer(fx.Interpreter):
         strides = tuple(sympy.sympify(s) for s in strides)
         if isinstance(x, View) and _same_strides(x.sizes, x.strides, strides):
             return x
-        return self.realize(Lazy(x.sizes, x.dtype, x.device, x.load), strides)
+        if _is_dense(x.sizes, strides):
+            return self.realize(Lazy(x.sizes, x.dtype, x.device, x.load), strides)
+        # rows padded for alignment: a buffer larger than its elements
+        buf = ComputedBuffer(self.new_name(), Layout(x.dtype, x.device, x.sizes, strides),
+                             Pointwise(x.sizes, x.load, x.dtype))  # fmt: skip
+        self.buffers.append(buf)
+        return View.of(buf)
 
     def realize_as_buffer(self, x) -> Buffer:
         """A Buffer whose layout is exactly `x` (an AliasBuffer for a strided view)."""
@@ -439,7 +445,7 @@ class Lowerer(fx.Interpreter):
         def arg(a, pos=None):
             if is_tensor(a):
                 if pos in required:
-                    return self.realize_as_buffer(self.with_strides(a, required[pos](a.sizes)))
+                    return self.realize_as_buffer(self.with_strides(a, required[pos](a.sizes, getattr(a, "strides", None))))
                 return self.realize_as_buffer(a)
             if isinstance(a, (list, tuple)) and any(is_tensor(x) for x in a):
                 return type(a)(arg(x) for x in a)

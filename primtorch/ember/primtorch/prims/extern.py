@@ -183,9 +183,21 @@ def _blhe(sizes):
 
 
 # Arguments whose layout an extern kernel assumes without checking it, by extern name and
-# argument position: a function of the argument's sizes giving the strides it must have. A
-# lowering copies such an argument into that layout when it arrives in another one.
+# argument position: a function of the argument's sizes and strides giving the strides it must
+# have. A lowering copies such an argument into that layout when it arrives in another one.
 ARG_STRIDES: dict[str, dict[int, object]] = {}
+
+
+def _aligned_bias(sizes, strides):
+    """The memory-efficient kernels read attn_bias rows at 16-element alignment (eager pads the
+    bias's last dim to a multiple of 16 and slices it back): keep an aligned bias as it is, else
+    lay it out in rows of that padded length (a sequence of 77 tokens failed the kernel's check)."""
+    if strides is not None and strides[-1] == 1 and all(
+        sympy.sympify(st).is_Integer and int(st) % 16 == 0 for st in strides[:-1] if st != 0
+    ):
+        return strides
+    *lead, last = sizes
+    return utils.make_contiguous_strides_for((*lead, sympy.ceiling(sympy.sympify(last) / 16) * 16))
 
 
 def _check_qkv(name, query, key, value):
@@ -342,7 +354,8 @@ sdpa_efficient_backward = _extern(
 # The memory-efficient backward reads `out` with a row stride of heads * head_dim whatever its
 # strides say, so `out` must be in the (B, L, H, E) layout its forward wrote (a BHLE copy reads
 # out of bounds: an illegal memory access on CUDA).
-ARG_STRIDES["extern.sdpa_efficient_backward"] = {5: _blhe}
+ARG_STRIDES["extern.sdpa_efficient"] = {3: _aligned_bias}
+ARG_STRIDES["extern.sdpa_efficient_backward"] = {4: _aligned_bias, 5: lambda sizes, _: _blhe(sizes)}
 
 # --- sorting and scans ---------------------------------------------------------------------------
 
