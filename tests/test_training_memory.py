@@ -6,25 +6,16 @@ until nothing holds it), through forward, loss and backward, above what existed 
 activations after their last use, recomputed values just in time, each gradient once consumed.
 """
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import ember
+from aot_models import load as _models
 from ember.inductor import pipeline
 from memory_timeline import step_profile, unreleased, wrapper_peak
 
-_MODELS = Path(__file__).parents[1] / "aot_autograd" / "tests" / "models.py"
-
-
-def _models():
-    spec = importlib.util.spec_from_file_location("aot_models", _MODELS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _resnet():

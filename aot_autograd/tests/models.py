@@ -54,11 +54,15 @@ class ResNet(nn.Module):
 
 # --- attention shared by the transformers -----------------------------------------------------
 class SelfAttention(nn.Module):
+    """Multi-head self-attention: explicit softmax(q k^T) v, or F.scaled_dot_product_attention
+    (`sdpa`, without attention dropout)."""
+
     def __init__(
-        self, dim: int, heads: int, dropout: float = 0.0, causal: bool = False, max_len: int = 64
-    ):
+        self, dim: int, heads: int, dropout: float = 0.0, causal: bool = False, max_len: int = 64,
+        sdpa: bool = False,
+    ):  # fmt: skip
         super().__init__()
-        self.heads, self.causal = heads, causal
+        self.heads, self.causal, self.sdpa = heads, causal, sdpa
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
         self.attn_drop = nn.Dropout(dropout)
@@ -71,14 +75,16 @@ class SelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        if self.causal:
-            att = att.masked_fill(~self.mask[:, :, :t, :t], float("-inf"))
-        if attn_bias is not None:
-            att = att + attn_bias
-        att = self.attn_drop(F.softmax(att, dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.resid_drop(self.proj(y))
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, is_causal=self.causal)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            if self.causal:
+                att = att.masked_fill(~self.mask[:, :, :t, :t], float("-inf"))
+            if attn_bias is not None:
+                att = att + attn_bias
+            y = self.attn_drop(F.softmax(att, dim=-1)) @ v
+        return self.resid_drop(self.proj(y.transpose(1, 2).contiguous().view(b, t, c)))
 
 
 # --- ViT --------------------------------------------------------------------------------------
@@ -114,9 +120,9 @@ class ViT(nn.Module):
 
 # --- BERT encoder -----------------------------------------------------------------------------
 class BertLayer(nn.Module):
-    def __init__(self, dim: int, heads: int, ffn: int, dropout: float):
+    def __init__(self, dim: int, heads: int, ffn: int, dropout: float, sdpa: bool = False):
         super().__init__()
-        self.attn = SelfAttention(dim, heads, dropout)
+        self.attn = SelfAttention(dim, heads, dropout, sdpa=sdpa)
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.ffn = nn.Sequential(nn.Linear(dim, ffn), nn.GELU(), nn.Linear(ffn, dim))
         self.drop = nn.Dropout(dropout)
@@ -127,14 +133,17 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    def __init__(self, vocab=50, dim=32, depth=2, heads=4, ffn=64, max_len=16, dropout=0.0):
+    def __init__(self, vocab=50, dim=32, depth=2, heads=4, ffn=64, max_len=16, dropout=0.0,
+                 sdpa=False):  # fmt: skip
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(max_len, dim)
         self.typ = nn.Embedding(2, dim)
         self.ln = nn.LayerNorm(dim)
         self.drop = nn.Dropout(dropout)
-        self.layers = nn.ModuleList(BertLayer(dim, heads, ffn, dropout) for _ in range(depth))
+        self.layers = nn.ModuleList(
+            BertLayer(dim, heads, ffn, dropout, sdpa) for _ in range(depth)
+        )
         self.pool = nn.Linear(dim, dim)
 
     def forward(self, ids, attention_mask):
@@ -162,10 +171,10 @@ class GPT2MLP(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, dim=32, heads=4, dropout=0.0, max_len=64):
+    def __init__(self, dim=32, heads=4, dropout=0.0, max_len=64, sdpa=False):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = SelfAttention(dim, heads, dropout, causal=True, max_len=max_len)
+        self.attn = SelfAttention(dim, heads, dropout, causal=True, max_len=max_len, sdpa=sdpa)
         self.mlp = GPT2MLP(dim, dropout)
 
     def forward(self, x):
@@ -174,12 +183,14 @@ class GPT2Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    def __init__(self, vocab=64, dim=32, depth=2, heads=4, max_len=16, dropout=0.0):
+    def __init__(self, vocab=64, dim=32, depth=2, heads=4, max_len=16, dropout=0.0, sdpa=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, dim)
         self.wpe = nn.Embedding(max_len, dim)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(GPT2Block(dim, heads, dropout, max_len) for _ in range(depth))
+        self.blocks = nn.ModuleList(
+            GPT2Block(dim, heads, dropout, max_len, sdpa) for _ in range(depth)
+        )
         self.ln_f = nn.LayerNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
