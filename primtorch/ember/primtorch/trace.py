@@ -35,6 +35,7 @@ from ember.ir import NODE_META_KEY, TensorMeta
 from ember.ir.symbols import as_expr
 
 from . import utils
+from .attention import AttentionChoice, constant_mask_kind
 from .errors import DataDependentError, NotDecomposableError, TraceError
 from .prims import core
 from .prims.extern import ATEN_TO_EXTERN
@@ -197,6 +198,9 @@ class Tracer(TorchDispatchMode):
         # the flash or memory-efficient kernel, both externs, is chosen instead.
         self._cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
         torch.backends.cuda.enable_cudnn_sdp(False)
+        # ... and one with a mask goes to the memory-efficient kernel, not the math path.
+        self._attention = AttentionChoice()
+        self._attention.__enter__()
         # With symbolic sizes, shape checks (utils.known) see the ranges and guards of this trace.
         self._assuming = (utils.assuming(self.shape_env) if self.shape_env is not None
                           else contextlib.nullcontext())  # fmt: skip
@@ -208,6 +212,7 @@ class Tracer(TorchDispatchMode):
             return super().__exit__(exc_type, exc, tb)
         finally:
             self._assuming.__exit__(None, None, None)
+            self._attention.__exit__(None, None, None)
             torch.backends.cuda.enable_cudnn_sdp(self._cudnn_sdp)
             core.pop_recorder(self)
 
@@ -245,6 +250,10 @@ class Tracer(TorchDispatchMode):
             return self._functionalize(func, args, kwargs)
         if not self.decompose or func in self.keep:
             return self._record_aten(func, args, kwargs)
+        if func is aten._scaled_dot_product_efficient_attention.default and self.allow_extern:
+            flash = self._flash_for_constant_mask(args, kwargs)
+            if flash is not None:
+                return flash
         if self.allow_extern and func in ATEN_TO_EXTERN and func not in self.no_extern:
             p, adapt = ATEN_TO_EXTERN[func]
             if adapt is not None:
@@ -266,6 +275,22 @@ class Tracer(TorchDispatchMode):
                 "ember.primtorch.decomp.register_decomposition, or pass it in keep="
             )
         return self._decompose(func, decomposition, args, kwargs)
+
+    def _flash_for_constant_mask(self, args, kwargs):
+        """The flash kernel for a memory-efficient attention whose bias is a constant of the
+        program that adds nothing or masks causally (see attention.constant_mask_kind)."""
+        kind = constant_mask_kind(self, args, kwargs)
+        if kind is None:
+            return None
+        q, k, v = args[:3]
+        try:
+            with self._reentered():
+                res = aten._scaled_dot_product_flash_attention(
+                    q, k, v, 0.0, kind == "causal", False, scale=kwargs.get("scale")
+                )
+        except RuntimeError:
+            return None  # the flash kernel refused these arguments
+        return res[0], res[1], res[6], res[7]  # as the efficient op: out, lse, seed, offset
 
     def _check_data_dependence(self, func):
         if func is aten._local_scalar_dense.default:
