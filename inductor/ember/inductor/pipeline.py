@@ -207,10 +207,17 @@ class CompiledGraph:
         self._call = self._first_call if builds.pending() else self._run
         self._spec = pytree.treespec_loads(program.out_spec) if program.out_spec else None
         leaves = tuple(range(program.num_outputs))
-        # A flat tuple or list of outputs needs no unflattening on each call.
+        # A flat tuple or list of outputs needs no unflattening on each call; a flat sequence of
+        # another type (fx's immutable_list, say) is only rebuilt as its type.
         self._flat = self._spec is None or self._spec in (
             pytree.tree_structure(leaves), pytree.tree_structure(list(leaves))
         )
+        spec = self._spec
+        self._sequence = None
+        if not self._flat and spec.type is not None and issubclass(spec.type, (list, tuple)):
+            kids = spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
+            if not hasattr(spec.type, "_fields") and all(c.is_leaf() for c in kids):
+                self._sequence = spec.type
         metrics.generated_kernel_count += len(program.kernels)
 
     def _first_call(self, args):
@@ -223,14 +230,19 @@ class CompiledGraph:
         return self.program.source
 
     def __call__(self, *args):
-        out = self._call(list(args))
-        return out if self._flat else pytree.tree_unflatten(out, self._spec)
+        return self._structure(self._call(list(args)))
 
     def call_boxed(self, args: list):
         """Like __call__, but takes the caller's list and empties it, so that the wrapper holds
         the only references to the inputs and frees each one after its last use."""
-        out = self._call(args)
-        return out if self._flat else pytree.tree_unflatten(out, self._spec)
+        return self._structure(self._call(args))
+
+    def _structure(self, out):
+        if self._flat:
+            return out
+        if self._sequence is not None:
+            return self._sequence(out)
+        return pytree.tree_unflatten(out, self._spec)
 
 
 def _digest(text: str) -> str:
