@@ -50,3 +50,48 @@ def test_mlp_training_step():
     for g, r in zip(grads, ref):
         torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
     assert metrics.generated_kernel_count >= 2 and config.autotune
+
+
+def test_inference_replays_a_cuda_graph():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.LayerNorm(128), nn.Linear(128, 8))
+    model = model.cuda().eval()
+    compiled = compile_fx(model, [cuda(32, 64)])
+    metrics.reset()
+    first = cuda(32, 64)
+    xs = [first, first] + [cuda(32, 64) for _ in range(4)]  # fixed at first, then moving
+    outs = []
+    with torch.no_grad():
+        for x in xs:
+            out = compiled(x)
+            torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4)
+            outs.append((x, out))
+    assert metrics.cudagraph_replays >= 3
+    for x, out in outs:  # each call's result is its own: later replays did not overwrite it
+        torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_cuda_graph_follows_an_input_that_was_fixed():
+    """The first calls pass one tensor (as a benchmark does); later calls pass others."""
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).cuda().eval()
+    x = cuda(4, 16)
+    compiled = compile_fx(model, [x])
+    metrics.reset()
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x), model(x))
+        for _ in range(3):
+            y = cuda(4, 16)
+            torch.testing.assert_close(compiled(y), model(y))
+    assert metrics.cudagraph_replays >= 4
+
+
+def test_training_graphs_are_not_graphed():
+    model = nn.Sequential(nn.Linear(16, 16), nn.Tanh()).cuda()
+    x = cuda(4, 16)
+    compiled = compile_fx(model, [x])
+    metrics.reset()
+    for _ in range(4):
+        out = compiled(x)
+        out.sum().backward()
+    assert metrics.cudagraph_replays == 0

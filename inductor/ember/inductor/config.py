@@ -9,6 +9,7 @@ Overrides (read once at import):
   EMBER_ISA=avx2|avx512|generic   force the C++ vector ISA instead of ember.ir.toolchain.cpu_isa()
   EMBER_LOGS=output_code          print each generated wrapper and its kernels
   EMBER_CONV_CHANNELS_LAST=0|1|auto  `conv_channels_last`
+  EMBER_CUDAGRAPHS=0|1|auto       `cudagraphs`: replay CUDA inference graphs from CUDA graphs
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class Config:
     # the pointwise kernels between them, so cuDNN converts no layouts around each conv. "auto":
     # on for graphs with a 4-D convolution on CUDA; True: on for any graph with one (CPU too).
     conv_channels_last: Union[bool, str] = "auto"
+    # CUDA graphs for inference graphs with static sizes on CUDA (cudagraphs.py): "auto" = on
+    cudagraphs: Union[bool, str] = "auto"
     # C++ backend
     cpu_backend: str = "cpp"  # or "triton"
     isa: str = ""  # "" means ember.ir.toolchain.cpu_isa()
@@ -77,6 +80,9 @@ def _from_env(cfg: Config) -> Config:
     layout = env.get("EMBER_CONV_CHANNELS_LAST")
     if layout:
         cfg.conv_channels_last = {"0": False, "1": True}.get(layout, layout)
+    graphs = env.get("EMBER_CUDAGRAPHS")
+    if graphs:
+        cfg.cudagraphs = {"0": False, "1": True}.get(graphs, graphs)
     if "output_code" in env.get("EMBER_LOGS", "").split(","):
         cfg.output_code = True
     return cfg
@@ -89,5 +95,6 @@ def fingerprint() -> str:
     """The configuration as text, part of every compile-cache key."""
     fields = dataclasses.asdict(config)
     fields.pop("output_code")
+    fields.pop("cudagraphs")  # how a program is run, not what it is
     fields.pop("fx_cache")  # which cache levels are on does not change what a compile makes
     return repr(sorted(fields.items()))

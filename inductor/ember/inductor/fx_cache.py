@@ -224,6 +224,8 @@ class FxGraphCache:
             metrics.fx_cache_misses += 1
             return None
         metrics.fx_cache_hits += 1
+        if len(compiled) == 1 and hasattr(compiled[0], "use_cudagraphs"):
+            compiled[0].use_cudagraphs()  # one program: an inference graph
         return plan, compiled
 
     def store(self, flat: list, in_spec, plan, compiled: list) -> None:

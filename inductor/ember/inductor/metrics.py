@@ -6,10 +6,13 @@ cache_misses = 0
 fx_cache_hits = 0  # the torch-level cache (fx_cache.py): a hit skips tracing and lowering
 fx_cache_misses = 0
 fallbacks: list = []
+cudagraph_replays = 0  # calls of compiled graphs replayed from a CUDA graph (cudagraphs.py)
 
 
 def reset() -> None:
     """Zero every counter."""
     global generated_kernel_count, cache_hits, cache_misses, fx_cache_hits, fx_cache_misses
+    global cudagraph_replays
     generated_kernel_count = cache_hits = cache_misses = fx_cache_hits = fx_cache_misses = 0
+    cudagraph_replays = 0
     fallbacks.clear()

@@ -29,6 +29,7 @@ from . import (
 from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs
 from .config import config
+from .cudagraphs import GraphedCall
 from .loop_ir import verify
 from .lowering import lower_graph
 from .scheduler import Kernel, schedule
@@ -64,9 +65,16 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
     options_text = f"mode={mode} cpp_wrapper={cpp_wrapper}"
     runtime_cache = fx_cache.runtime_cache_for(gm, options_text, rebuild)
     if runtime_cache is not None:
-        compiler = runtime_cache.compiler(compile_prims, finish)
+        compile_graph = runtime_cache.compiler(compile_prims, finish)
     else:
-        compiler = lambda gm, inputs: finish(compile_prims(gm, inputs))  # noqa: E731
+        compile_graph = lambda gm, inputs: finish(compile_prims(gm, inputs))  # noqa: E731
+
+    def compiler(gm, inputs):
+        compiled = compile_graph(gm, inputs)
+        if isinstance(compiled, CompiledGraph) and not gm.meta.get("ember_training"):
+            compiled.use_cudagraphs()  # an inference graph
+        return compiled
+
     return aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler,
                                  bw_compiler=compiler, runtime_cache=runtime_cache)  # fmt: skip
 
@@ -204,6 +212,7 @@ class CompiledGraph:
                     runtime.precompile_triton(k.name, namespace[k.name], k.arg_types)
         builds.start()
         self._builds, self._run = builds, namespace["call"]
+        self._graphed = None
         self._call = self._first_call if builds.pending() else self._run
         self._spec = pytree.treespec_loads(program.out_spec) if program.out_spec else None
         leaves = tuple(range(program.num_outputs))
@@ -222,8 +231,22 @@ class CompiledGraph:
 
     def _first_call(self, args):
         self._builds.finish()
-        self._call = self._run
-        return self._run(args)
+        self._call = self._graphed or self._run
+        return self._call(args)
+
+    def use_cudagraphs(self) -> None:
+        """Replay this program from a CUDA graph (cudagraphs.py) when config.cudagraphs allows
+        and it runs on CUDA with static sizes. For inference graphs only: a training forward's
+        outputs (the saved activations) would be copied on every call."""
+        mode = config.cudagraphs
+        if mode is False or mode in ("0", "off", "false") or self._graphed is not None:
+            return
+        art = self.artifact
+        if not str(art.device).startswith("cuda") or art.symbols:
+            return
+        self._graphed = GraphedCall(self._run)
+        if self._call is self._run:
+            self._call = self._graphed
 
     @property
     def source(self) -> str:

@@ -1,0 +1,119 @@
+"""CUDA graphs for compiled inference graphs: one replay instead of a launch per kernel.
+
+A compiled wrapper launches every kernel and extern from Python; on a large GPU a transformer's
+kernels finish faster than the wrapper can launch them, so the call is bound by the CPU. A CUDA
+graph records the launches of one call and replays them with one driver call.
+
+`GraphedCall` wraps the wrapper's `call(args)` of an inference graph with static sizes:
+- The first calls run as they are (Triton autotuning and lazy cuBLAS setup happen there). An
+  argument whose storage stays the same from call to call (a parameter, a buffer) is read in
+  place by the graph; the others (the user's inputs) are copied into tensors the graph owns.
+- The call after that is captured (after one warm run on a side stream) and then replayed. If
+  capture fails (a kernel that synchronizes, say) or an output shares storage with an input, the
+  graph is dropped and every call runs the wrapper as before.
+- A replay copies the changing arguments in, checks that the in-place ones are still at their
+  addresses, and returns copies of the outputs: the graph's own output tensors are overwritten
+  by the next replay, and each call's results must stay the caller's. An in-place argument that
+  moves (an input that was the same tensor in the first calls) is copied from then on: the
+  graph is captured again, at most `RECAPTURES` times, after which the wrapper runs as before.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from . import metrics
+
+log = logging.getLogger("ember.inductor")
+
+WARM_CALLS = 2  # calls run plainly before capture; the one after is captured
+RECAPTURES = 2
+
+
+def _ptr(t) -> int:
+    return t.data_ptr()
+
+
+def _storage(t) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class GraphedCall:
+    """`call(args: list) -> outputs` of one compiled wrapper, replayed from a CUDA graph."""
+
+    def __init__(self, run):
+        self.run = run
+        self.calls = 0
+        self.seen = None  # storage of each argument at the last plain call
+        self.moving: set = set()  # arguments seen at another address than at capture
+        self.captures = 0
+        self.graph = None
+        self.disabled = False
+
+    def __call__(self, args: list):
+        if self.graph is not None:
+            return self._replay(args)
+        if self.disabled:
+            return self.run(args)
+        if not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+            self.disabled = True
+            return self.run(args)
+        self.calls += 1
+        ptrs = [_ptr(a) for a in args]
+        if self.calls <= WARM_CALLS:
+            self.seen = ptrs
+            return self.run(args)
+        return self._capture(args, ptrs)
+
+    def _capture(self, args: list, ptrs: list):
+        self.captures += 1
+        fixed = [p == q and i not in self.moving for i, (p, q) in enumerate(zip(ptrs, self.seen))]
+        inputs = [a if f else torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                  for a, f in zip(args, fixed)]  # fmt: skip
+        for a, s, f in zip(args, inputs, fixed):
+            if not f:
+                s.copy_(a)
+        try:
+            side = torch.cuda.Stream(device=args[0].device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.run(list(inputs))  # warm: allocator and library handles for this stream
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = self.run(list(inputs))
+        except Exception as e:  # noqa: BLE001  (whatever a capture refuses: run without graphs)
+            log.info("ember.inductor: no CUDA graph for this program (%s: %s)", type(e).__name__, e)
+            self.disabled = True
+            torch.cuda.synchronize()
+            return self.run(args)
+        held = {_storage(s) for s in inputs}
+        storages = [_storage(o) for o in outs if isinstance(o, torch.Tensor)]
+        if set(storages) & held or len(set(storages)) < len(storages):
+            # an output is (a view of) an input or of another output: copies would break that
+            self.disabled = True
+            return self.run(args)
+        self.graph, self.outs = graph, outs
+        self.inputs = inputs
+        self.copied = [i for i, f in enumerate(fixed) if not f]
+        self.fixed = [(i, ptrs[i]) for i, f in enumerate(fixed) if f]
+        return self._replay(args)
+
+    def _replay(self, args: list):
+        moved = [i for i, p in self.fixed if _ptr(args[i]) != p]
+        if moved:  # the graph reads these at their old addresses
+            self.graph = self.outs = self.inputs = None
+            self.moving.update(moved)
+            if self.captures > RECAPTURES:
+                self.disabled = True
+                return self.run(args)
+            return self._capture(args, [_ptr(a) for a in args])
+        inputs = self.inputs
+        for i in self.copied:
+            inputs[i].copy_(args[i])
+        args.clear()  # as the wrapper does: the caller's references are the only ones left
+        self.graph.replay()
+        metrics.cudagraph_replays += 1
+        return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outs]
