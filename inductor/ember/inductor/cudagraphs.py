@@ -30,6 +30,7 @@ log = logging.getLogger("ember.inductor")
 
 WARM_CALLS = 2  # calls run plainly before capture; the one after is captured
 RECAPTURES = 2
+MIN_GRAPHED_STEPS = 8  # kernel launches and extern calls a program needs to be worth a graph
 
 
 def _ptr(t) -> int:

@@ -29,7 +29,7 @@ from . import (
 from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs
 from .config import config
-from .cudagraphs import GraphedCall
+from .cudagraphs import MIN_GRAPHED_STEPS, GraphedCall
 from .loop_ir import verify
 from .lowering import lower_graph
 from .scheduler import Kernel, schedule
@@ -244,6 +244,8 @@ class CompiledGraph:
         art = self.artifact
         if not str(art.device).startswith("cuda") or art.symbols:
             return
+        if sum(s.kind in ("kernel", "extern") for s in art.steps) < MIN_GRAPHED_STEPS:
+            return  # a replay, the input copies and the output copies cost more than they save
         self._graphed = GraphedCall(self._run)
         if self._call is self._run:
             self._call = self._graphed
