@@ -9,6 +9,7 @@ Overrides (read once at import):
   EMBER_ISA=avx2|avx512|generic   force the C++ vector ISA instead of ember.ir.toolchain.cpu_isa()
   EMBER_LOGS=output_code          print each generated wrapper and its kernels
   EMBER_CONV_CHANNELS_LAST=0|1|auto  `conv_channels_last`
+  EMBER_PAD_MM=0|1|auto           `pad_mm`
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ class Config:
     # the pointwise kernels between them, so cuDNN converts no layouts around each conv. "auto":
     # on for graphs with a 4-D convolution on CUDA; True: on for any graph with one (CPU too).
     conv_channels_last: Union[bool, str] = "auto"
+    # fp16/bf16/fp32 mm and addmm whose output rows are not 16-byte aligned (a vocabulary of
+    # 50257 columns) multiply a zero-padded operand into aligned rows and read the first columns
+    # back through a view: cuBLAS has only slow kernels for unaligned rows. "auto": on CUDA;
+    # True: on any device (for tests); False: off.
+    pad_mm: Union[bool, str] = "auto"
     # C++ backend
     cpu_backend: str = "cpp"  # or "triton"
     isa: str = ""  # "" means ember.ir.toolchain.cpu_isa()
@@ -77,6 +83,9 @@ def _from_env(cfg: Config) -> Config:
     layout = env.get("EMBER_CONV_CHANNELS_LAST")
     if layout:
         cfg.conv_channels_last = {"0": False, "1": True}.get(layout, layout)
+    pad = env.get("EMBER_PAD_MM")
+    if pad:
+        cfg.pad_mm = {"0": False, "1": True}.get(pad, pad)
     if "output_code" in env.get("EMBER_LOGS", "").split(","):
         cfg.output_code = True
     return cfg
