@@ -100,3 +100,19 @@ def test_inductor_model_in_process_and_packaged(make, shape, run_package, tmp_pa
     torch.testing.assert_close(
         torch.from_numpy(np.load(tmp_path / "y.npy")), want, atol=1e-4, rtol=1e-4
     )
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["addmm", "mm"])
+def test_padded_linear_runs_in_process(bias, monkeypatch):
+    # config.pad_mm (forced on, on CPU): the extern multiplies a zero-padded (1004-column) weight
+    # into an aligned product that a kernel reads back through the view of its first 1001.
+    monkeypatch.setattr(inductor.config, "pad_mm", True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1001, bias=bias), torch.nn.ReLU()).eval()
+    x = torch.randn(64, 512)
+    artifact, include_dirs = compile_to_artifact(model, x)
+    assert any(tuple(b.meta.sizes) == (64, 1004) for b in artifact.buffers)
+    params = [p.detach() for p in model.parameters()]
+    got = load_artifact(artifact, include_dirs=include_dirs)(*params, x)[0]
+    torch.testing.assert_close(got, model(x).detach(), atol=1e-4, rtol=1e-4)
+    assert got.stride() == (1001, 1)

@@ -10,6 +10,7 @@ Overrides (read once at import):
   EMBER_LOGS=output_code          print each generated wrapper and its kernels
   EMBER_CONV_CHANNELS_LAST=0|1|auto  `conv_channels_last`
   EMBER_CUDAGRAPHS=0|1|auto       `cudagraphs`: replay CUDA inference graphs from CUDA graphs
+  EMBER_PAD_MM=0|1|auto           `pad_mm`
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class Config:
     conv_channels_last: Union[bool, str] = "auto"
     # CUDA graphs for inference graphs with static sizes on CUDA (cudagraphs.py): "auto" = on
     cudagraphs: Union[bool, str] = "auto"
+    # fp16/bf16/fp32 mm and addmm whose output rows are not 16-byte aligned (a vocabulary of
+    # 50257 columns) multiply a zero-padded operand into aligned rows and read the first columns
+    # back through a view: cuBLAS has only slow kernels for unaligned rows. "auto": on CUDA;
+    # True: on any device (for tests); False: off.
+    pad_mm: Union[bool, str] = "auto"
     # C++ backend
     cpu_backend: str = "cpp"  # or "triton"
     isa: str = ""  # "" means ember.ir.toolchain.cpu_isa()
@@ -83,6 +89,9 @@ def _from_env(cfg: Config) -> Config:
     graphs = env.get("EMBER_CUDAGRAPHS")
     if graphs:
         cfg.cudagraphs = {"0": False, "1": True}.get(graphs, graphs)
+    pad = env.get("EMBER_PAD_MM")
+    if pad:
+        cfg.pad_mm = {"0": False, "1": True}.get(pad, pad)
     if "output_code" in env.get("EMBER_LOGS", "").split(","):
         cfg.output_code = True
     return cfg

@@ -22,7 +22,11 @@ from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides, lookup, target_name
 from ember.primtorch.prims.extern import ARG_STRIDES
-from ember.primtorch.utils import is_non_overlapping_and_dense, make_channels_last_strides_for
+from ember.primtorch.utils import (
+    is_non_overlapping_and_dense,
+    make_channels_last_strides_for,
+    strides_from_perm,
+)
 
 from . import metrics
 from .config import config
@@ -196,6 +200,10 @@ class Lowerer(fx.Interpreter):
         self._reductions: dict = {}
         # Convolutions and the pointwise kernels between them in NHWC (config.conv_channels_last).
         self.channels_last = wants_channels_last(gm)
+        # Buffers laid out unlike eager's outside NHWC mode (a padded matmul's product, read
+        # through the view of its first columns): a graph output or as_strided of one is copied
+        # into eager's strides.
+        self.relaid: set[str] = set()
         # Dynamic sizes: symbol -> (input index, dim) of the first input dimension of that size.
         self.size_symbols: dict = {}
         for i, p in enumerate(gm.graph.find_nodes(op="placeholder")):
@@ -304,15 +312,20 @@ class Lowerer(fx.Interpreter):
             meta = node.meta.get(NODE_META_KEY) if isinstance(node, fx.Node) else None
             if isinstance(v, Lazy):
                 v = self.realize(v, meta.strides if isinstance(meta, TensorMeta) else None)
-            elif self.channels_last and isinstance(v, View) and isinstance(meta, TensorMeta):
-                # a buffer this lowering laid out in NHWC: the caller sees eager's layout
-                if not isinstance(v.buffer, InputBuffer) and not _same_strides(
-                        v.sizes, v.strides, meta.strides):  # fmt: skip
+            elif self.own_layout(v) and isinstance(meta, TensorMeta):
+                # a buffer this lowering laid out in NHWC or padded: the caller sees eager's layout
+                if not _same_strides(v.sizes, v.strides, meta.strides):
                     v = self.with_strides(v, meta.strides)
             self.outputs.append(self.realize_as_buffer(v) if is_tensor(v) else v)
         return outs
 
     # --- helpers used by the lowerings --------------------------------------------------------
+
+    def own_layout(self, v) -> bool:
+        """Whether `v` may be a buffer that this lowering laid out unlike eager (NHWC, padded)."""
+        if not isinstance(v, View) or isinstance(v.buffer, InputBuffer):
+            return False
+        return self.channels_last or v.buffer.name in self.relaid
 
     def _meta_strides(self, value):
         meta = self.meta()
@@ -349,22 +362,11 @@ class Lowerer(fx.Interpreter):
         None when the lowering is not in channels-last mode or the reads do not say so."""
         if not (self.channels_last and isinstance(x, Lazy) and len(x.sizes) == 4):
             return None
-        dims = [d for d, s in enumerate(x.sizes) if s != 1]
+        dims, orders = read_orders(x)
         if len(dims) < 2:
             return None
-        vs = loop_vars("i", 4)
-        with set_handler(_LoadRecorder()) as rec:
-            x.fn(list(vs))
         want_cl = [d for d in (0, 2, 3, 1) if d in dims]  # outermost first
-        votes = 0
-        for index in rec.indices:
-            lin = _linear(index, [vs[d] for d in dims])
-            if lin is None or any(not (c.is_Integer and c > 0) for c in lin[0]):
-                continue  # a broadcast or non-affine read has no opinion
-            coeff = dict(zip(dims, lin[0]))
-            order = sorted(dims, key=lambda d: -int(coeff[d]))
-            if len(set(coeff.values())) == len(dims):
-                votes += 1 if order == want_cl else -1 if order == dims else 0
+        votes = sum(1 if order == want_cl else -1 if order == dims else 0 for order in orders)
         if votes <= 0:
             return None
         return make_channels_last_strides_for(x.sizes)
@@ -472,6 +474,37 @@ class Lowerer(fx.Interpreter):
             outs.append(View.of(mo))
         ext.outputs = tuple(o.buffer.name for o in outs if o is not None)
         return tuple(outs)
+
+
+def read_orders(x: Lazy) -> tuple[list, list]:
+    """(x's dims larger than 1, and for each load of x's body that is affine in them with
+    distinct positive coefficients: those dims ordered as that load walks memory, outermost
+    first). A broadcast, indirect or non-affine load has no opinion and is left out."""
+    dims = [d for d, s in enumerate(x.sizes) if s != 1]
+    vs = loop_vars("i", len(x.sizes))
+    with set_handler(_LoadRecorder()) as rec:
+        x.fn(list(vs))
+    orders = []
+    for index in rec.indices:
+        lin = _linear(index, [vs[d] for d in dims])
+        if lin is None or any(not (c.is_Integer and c > 0) for c in lin[0]):
+            continue
+        if len(set(lin[0])) == len(dims):
+            coeff = dict(zip(dims, lin[0]))
+            orders.append(sorted(dims, key=lambda d: -int(coeff[d])))
+    return dims, orders
+
+
+def read_order_strides(x: Lazy) -> tuple:
+    """Dense strides that store `x` in the order its loads walk memory, when they all agree
+    (a cast of a transposed weight is then a straight copy, and stays a transposed operand for
+    a matmul); contiguous strides when they disagree or say nothing."""
+    dims, orders = read_orders(x)
+    if len(dims) < 2 or not orders or any(order != orders[0] for order in orders):
+        return contiguous_strides(x.sizes)
+    walk = iter(orders[0])
+    outermost_first = [next(walk) if d in dims else d for d in range(len(x.sizes))]
+    return strides_from_perm(x.sizes, outermost_first[::-1])
 
 
 class _LoadRecorder(SketchHandler):

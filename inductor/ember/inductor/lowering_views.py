@@ -6,8 +6,10 @@ import sympy
 import torch
 
 from ember.ir import NODE_META_KEY, FloorDiv, ModularIndexing, TensorMeta, contiguous_strides
+from ember.primtorch.prims.extern import ARG_STRIDES
 from ember.primtorch.utils import broadcast_shapes, known, make_channels_last_strides_for
 
+from .config import config
 from .loop_ir import compute_dtype, ops
 from .lowering import (
     Lazy,
@@ -17,6 +19,7 @@ from .lowering import (
     is_tensor,
     load_as,
     out_meta,
+    read_order_strides,
     register,
     remap_view,
 )  # fmt: skip
@@ -173,7 +176,8 @@ def _rev(L, a, dims):
 
 @register("as_strided")
 def _as_strided(L, a, size, stride, storage_offset=0):
-    if L.channels_last:  # `stride` addresses eager's layout of `a`, which NHWC lowering may change
+    if L.channels_last or L.own_layout(a):  # `stride` addresses eager's layout of `a`, which
+        # NHWC lowering or matmul padding may change
         node = L.current.args[0]
         meta = node.meta.get(NODE_META_KEY) if hasattr(node, "meta") else None
         if isinstance(meta, TensorMeta) and not (
@@ -414,8 +418,98 @@ def _extern(name):
     return lower
 
 
-for _name in EXTERN_KERNELS:
+for _name in EXTERN_KERNELS:  # the matmuls and the convolution have their own lowerings below
     register(_name)(_extern(_name))
+
+# mm(a, b) with M*N*K below this is not padded: the padded copy of b would cost about as much as
+# the unaligned product loses. Nor is one of fewer rows than PAD_MM_MIN_ROWS whose b is a buffer
+# already (a weight in the product's dtype): so few rows read b about as fast as a copy writes it.
+PAD_MM_MIN_WORK = 2**24
+PAD_MM_MIN_ROWS = 64
+# the argument positions of the two matrices
+_MATRICES = {"extern.mm": (0, 1), "extern.bmm": (0, 1), "extern.addmm": (1, 2),
+             "extern.baddbmm": (1, 2)}  # fmt: skip
+
+
+def _matmul(name):
+    def lower(L, *args, **kwargs):
+        """A matrix computed here (a cast weight) is stored in the order it reads its source: a
+        transposed weight's cast is a straight copy, and cuBLAS gets a transposed operand. An
+        mm with unaligned output rows multiplies a padded operand (config.pad_mm)."""
+        args = list(args)
+        n_pad = _padded_columns(name, args)
+        if n_pad:
+            n = args[_MATRICES[name][1]].sizes[1]
+            args = _pad_operands(L, name, args, n_pad)
+        required = ARG_STRIDES.get(name, {})
+        for pos, a in enumerate(args):  # in argument order, as L.extern would realize them
+            if isinstance(a, Lazy) and pos not in required:
+                matrix = pos in _MATRICES[name] and len(a.sizes) in (2, 3)
+                args[pos] = L.realize(a, read_order_strides(a) if matrix else None)
+        if not n_pad:
+            return L.extern(name, EXTERN_KERNELS[name], args, kwargs)
+        m, dtype, device = args[_MATRICES[name][0]].sizes[0], out_meta(L).dtype, args[0].device
+        meta = TensorMeta(dtype, (m, S(n_pad)), contiguous_strides((m, S(n_pad))), 0, device)
+        out = L.extern(name, EXTERN_KERNELS[name], args, kwargs, meta=meta)
+        L.relaid.add(out.buffer.name)  # read through the view of its first N columns
+        return View(out.buffer, (m, n), (S(n_pad), sympy.S.One))
+
+    return lower
+
+
+for _name in _MATRICES:
+    register(_name)(_matmul(_name))
+
+
+def _pad_mm_on(device) -> bool:
+    mode = config.pad_mm
+    if mode is True or mode in ("1", "on", "true"):
+        return True
+    return mode == "auto" and str(device).startswith("cuda")
+
+
+def _padded_columns(name, args) -> int:
+    """The padded column count of an mm/addmm whose output rows cuBLAS would find unaligned
+    (config.pad_mm), or 0 to multiply as it is."""
+    if name not in ("extern.mm", "extern.addmm"):
+        return 0
+    a, b = (args[p] for p in _MATRICES[name])
+    if a.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not _pad_mm_on(a.device):
+        return 0
+    sizes = (*a.sizes, b.sizes[1])
+    if not all(S(s).is_Integer for s in sizes):
+        return 0
+    m, k, n = (int(s) for s in sizes)
+    align = 16 // a.dtype.itemsize  # cuBLAS's fast kernels want 16-byte aligned rows
+    if n % align == 0 or m < 2 or m * n * k < PAD_MM_MIN_WORK:
+        return 0  # a single row is a matrix-vector product, whose kernels need no alignment
+    if m < PAD_MM_MIN_ROWS and not isinstance(b, Lazy):
+        return 0
+    return -(-n // align) * align
+
+
+def _pad_columns(x, n_pad):
+    """`x` (..., N) as a Lazy (..., n_pad) whose columns from N on are zero."""
+    n = int(x.sizes[-1])
+
+    def fn(idx):
+        inside = ops.lt(ops.index_expr(idx[-1], torch.int64), ops.constant(n, torch.int64))
+        return ops.masked(inside, lambda: x.load(idx), 0)
+
+    return Lazy((*x.sizes[:-1], S(n_pad)), x.dtype, x.device, fn)
+
+
+def _pad_operands(L, name, args, n_pad) -> list:
+    """The args with `b` (and an addmm's bias of N columns) zero-padded to `n_pad` columns; b
+    stored in the order it reads (a transposed weight: (n_pad, K) rows)."""
+    args = list(args)
+    pos_b = _MATRICES[name][1]
+    b, bias = args[pos_b], args[0]
+    if name == "extern.addmm" and is_tensor(bias) and bias.sizes and bias.sizes[-1] == b.sizes[1]:
+        args[0] = L.realize(_pad_columns(bias, n_pad))
+    padded = _pad_columns(b, n_pad)
+    args[pos_b] = L.realize(padded, read_order_strides(padded))
+    return args
 
 
 def _nhwc(L, x) -> View:

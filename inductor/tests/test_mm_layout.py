@@ -1,0 +1,164 @@
+"""Matmul operands and outputs in the layouts cuBLAS runs fast on.
+
+A matrix computed in the graph (a weight cast under autocast) is stored in the order it reads its
+source, so a transposed weight's cast is a straight copy and the GEMM gets a transposed operand.
+An mm/addmm whose output rows are unaligned (a vocabulary of 50257) multiplies a zero-padded
+operand and reads the first columns of the aligned product (config.pad_mm). There is no GPU
+here, so padding is forced on (True) for CPU graphs.
+"""
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from ember.inductor import config
+from ember.inductor.lowering import lower_graph
+from ember.inductor.lowering_views import PAD_MM_MIN_WORK
+from ember.inductor.loop_ir import ComputedBuffer, ExternBuffer
+from ember.primtorch.trace import trace_to_prims
+from inductor_helpers import check
+
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+N, K, M = 1001, 512, 64  # M * N * K is above PAD_MM_MIN_WORK; 1001 columns are unaligned
+
+
+@pytest.fixture
+def pad_on(monkeypatch):
+    monkeypatch.setattr(config, "pad_mm", True)
+
+
+def _weights(dtype):
+    torch.manual_seed(0)
+    return torch.randn(N, K, dtype=dtype) / K**0.5, torch.randn(N, dtype=dtype)
+
+
+def _extern_shapes(source: str, op: str) -> list:
+    """The (sizes) each call of extern `op` in a wrapper's text is restrided to."""
+    pat = rf"restride\(extern_{op}\(.*\), \(([\d, ]+)\), \(([\d, ]+)\)\)"
+    return [tuple(int(v) for v in m.group(1).split(",")) for m in re.finditer(pat, source)]
+
+
+def test_threshold_admits_the_test_sizes():
+    assert M * N * K >= PAD_MM_MIN_WORK
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True], ids=["mm", "addmm"])
+def test_linear_with_odd_out_features_multiplies_padded_columns(pad_on, dtype, bias):
+    w, b = _weights(dtype)
+    x = torch.randn(4, M // 4, K, dtype=dtype)
+    fn = (lambda x, w, b: F.linear(x, w, b)) if bias else (lambda x, w: F.linear(x, w))
+    args = (x, w, b) if bias else (x, w)
+    compiled = check(fn, *args, **TOL[dtype])  # values and (contiguous) strides match eager
+    n_pad = 1008 if dtype == torch.bfloat16 else 1004  # 16-byte rows
+    assert _extern_shapes(compiled.source, "addmm" if bias else "mm") == [(M, n_pad)], (
+        compiled.source
+    )
+    assert compiled(*args).is_contiguous()
+
+
+def test_padded_product_read_by_a_pointwise_and_another_matmul(pad_on):
+    # The padded view feeds a fused epilogue and, as a strided view, another extern.
+    w, _ = _weights(torch.float32)
+    w2 = torch.randn(N, 8)
+    x = torch.randn(M, K)
+
+    def fn(x, w, w2):
+        h = F.linear(x, w)
+        return torch.relu(h) * 2, h @ w2
+
+    compiled = check(fn, x, w, w2, atol=1e-3, rtol=1e-3)
+    assert _extern_shapes(compiled.source, "mm")[0] == (M, 1004), compiled.source
+
+
+def test_addmm_with_a_full_bias_and_scalars(pad_on):
+    w, _ = _weights(torch.float32)
+    x, bias = torch.randn(M, K), torch.randn(M, N)
+
+    def fn(bias, x, w):
+        return torch.addmm(bias, x, w.t(), beta=0.5, alpha=2.0)
+
+    compiled = check(fn, bias, x, w, atol=1e-3, rtol=1e-3)
+    assert _extern_shapes(compiled.source, "addmm") == [(M, 1004)], compiled.source
+
+
+@pytest.mark.parametrize("mode", [False, "auto"])
+def test_padding_off_or_auto_on_cpu_keeps_the_product_as_is(monkeypatch, mode):
+    monkeypatch.setattr(config, "pad_mm", mode)
+    w, _ = _weights(torch.bfloat16)
+    x = torch.randn(M, K, dtype=torch.bfloat16)
+    compiled = check(lambda x, w: F.linear(x, w), x, w, **TOL[torch.bfloat16])
+    assert _extern_shapes(compiled.source, "mm") == [(M, N)], compiled.source
+
+
+def test_small_or_aligned_products_are_not_padded(pad_on):
+    w, _ = _weights(torch.float32)
+    small = check(lambda x, w: F.linear(x, w), torch.randn(4, K), w, atol=1e-4, rtol=1e-4)
+    assert _extern_shapes(small.source, "mm") == [(4, N)], small.source
+    aligned = torch.randn(1024, K)
+    out = check(lambda x, w: F.linear(x, w), torch.randn(M, K), aligned, atol=1e-4, rtol=1e-4)
+    assert _extern_shapes(out.source, "mm") == [(M, 1024)], out.source
+
+
+# --- operands stored in the order they read ------------------------------------------------------
+
+
+def _matmul_operands(fn, *args):
+    """{extern op: [the strides of each matrix a kernel of this graph computes for it]}."""
+    gm = trace_to_prims(fn, *args)
+    low = lower_graph(gm, list(args))
+    out = {}
+    for b in low.buffers:
+        if isinstance(b, ExternBuffer):
+            mats = b.args[1:3] if b.op in ("extern.addmm", "extern.baddbmm") else b.args[:2]
+            out.setdefault(b.op, []).extend(
+                tuple(int(s) for s in m.layout.strides) for m in mats
+                if isinstance(m, ComputedBuffer)
+            )  # fmt: skip
+    return out
+
+
+def test_a_cast_transposed_weight_is_stored_in_the_weights_order(monkeypatch):
+    monkeypatch.setattr(config, "pad_mm", False)
+    w = torch.randn(300, 64)  # (N, K) fp32
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    # the (64, 300) operand keeps w's (300, 64) row-major storage: a straight copy
+    assert _matmul_operands(lambda x, w: x @ w.to(torch.bfloat16).T, x, w) == {
+        "extern.mm": [(1, 64)]
+    }
+
+    def autocast_linear(x, w, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(x, w, b)
+
+    ops = _matmul_operands(autocast_linear, torch.randn(8, 64), w, torch.randn(300))
+    assert ops == {"extern.addmm": [(64, 1), (1, 64)]}  # x cast row-major, w cast as stored
+    check(lambda x, w: x @ w.to(torch.bfloat16).T, x, w, atol=1e-2, rtol=1e-2)
+
+
+def test_a_padded_transposed_weight_is_stored_as_padded_rows(pad_on):
+    w, _ = _weights(torch.float32)
+    x = torch.randn(M, K, dtype=torch.bfloat16)
+    fn = lambda x, w: x @ w.to(torch.bfloat16).T  # noqa: E731
+    assert _matmul_operands(fn, x, w) == {"extern.mm": [(1, K)]}  # a (1008, K) row-major buffer
+    check(fn, x, w, **TOL[torch.bfloat16])
+
+
+def test_operands_whose_reads_disagree_or_go_row_major_stay_contiguous():
+    a = torch.randn(64, 64)
+    # a + a.T reads a both ways: no single order, so row-major
+    assert _matmul_operands(lambda a, b: (a + a.T) @ b, a, torch.randn(64, 8)) == {
+        "extern.mm": [(64, 1)]
+    }
+    assert _matmul_operands(lambda a, b: torch.relu(a) @ b, a, torch.randn(64, 8)) == {
+        "extern.mm": [(64, 1)]
+    }
+
+
+def test_a_batched_transposed_operand_follows_its_source():
+    q, k = torch.randn(3, 16, 8), torch.randn(3, 16, 8)
+    fn = lambda q, k: q @ (k * 2).transpose(1, 2)  # noqa: E731
+    # (3, 8, 16) read from k's (3, 16, 8) storage: batch outermost, then k's rows
+    assert _matmul_operands(fn, q, k) == {"extern.bmm": [(128, 1, 8)]}
+    check(fn, q, k)
