@@ -58,3 +58,22 @@ def test_an_argument_copied_into_padded_rows_keeps_its_values(monkeypatch):
     monkeypatch.setitem(extern.ARG_STRIDES, "extern.mm",
                         {0: lambda sizes, strides: (((sizes[1] + 15) // 16) * 16, 1)})  # fmt: skip
     check(lambda x, y: torch.relu(x) @ y, torch.randn(5, 7), torch.randn(7, 3))
+
+
+def test_padded_rows_are_whole_rows(monkeypatch):
+    # A kernel reading aligned rows reads the last row's padding too: the buffer behind the
+    # padded copy must hold whole rows (5 rows of 16 here), not end at the last element.
+    from ember.inductor.loop_ir import AliasBuffer
+    from ember.primtorch.prims import extern
+
+    monkeypatch.setitem(extern.ARG_STRIDES, "extern.mm",
+                        {0: lambda sizes, strides: (((sizes[1] + 15) // 16) * 16, 1)})  # fmt: skip
+    g = PrimGraph()
+    x, y = g.input(torch.randn(5, 7)), g.input(torch.randn(7, 3))
+    g.output(g(prims.extern.mm, g(prims.abs, x), y))
+    low = lower_graph(g.module(), g.inputs)
+    ext = next(b for b in low.buffers if isinstance(b, ExternBuffer))
+    arg = ext.args[0]
+    assert tuple(int(s) for s in arg.layout.strides) == (16, 1)
+    held = arg.source if isinstance(arg, AliasBuffer) else arg
+    assert int(held.layout.storage_size()) == 5 * 16

@@ -378,6 +378,19 @@ class Lowerer(fx.Interpreter):
             return x
         if _is_dense(x.sizes, strides):
             return self.realize(Lazy(x.sizes, x.dtype, x.device, x.load), strides)
+        padded = _padded_rows(x.sizes, strides)
+        if padded is not None:
+            # Rows padded for alignment, as whole rows with zeros after the elements: a kernel
+            # reading aligned rows (the memory-efficient attention's bias) reads the last row's
+            # padding too, which a buffer ending at the last element would not hold.
+            n = int(x.sizes[-1])
+
+            def fn(idx):
+                inside = ops.lt(ops.index_expr(idx[-1], torch.int64), ops.constant(n, torch.int64))
+                return ops.masked(inside, lambda: x.load(idx), 0)
+
+            whole = self.realize(Lazy(padded, x.dtype, x.device, fn), contiguous_strides(padded))
+            return View(whole.buffer, list(x.sizes), list(strides), whole.offset)
         # rows padded for alignment: a buffer larger than its elements
         buf = ComputedBuffer(self.new_name(), Layout(x.dtype, x.device, x.sizes, strides),
                              Pointwise(x.sizes, x.load, x.dtype))  # fmt: skip
@@ -541,6 +554,18 @@ def wants_channels_last(gm: fx.GraphModule) -> bool:
 
 
 CONVOLUTIONS = ("extern.convolution", "extern.convolution_backward")
+
+
+def _padded_rows(sizes, strides):
+    """The shape (..., P) whose contiguous strides `strides` are, when they lay `sizes` out in
+    rows of P > sizes[-1] elements (static sizes); else None."""
+    if len(sizes) < 2 or not all(sympy.sympify(v).is_Integer for v in (*sizes, *strides)):
+        return None
+    row = int(strides[-2])
+    shape = (*(int(v) for v in sizes[:-1]), row)
+    if int(sizes[-1]) >= row or tuple(int(v) for v in strides) != tuple(contiguous_strides(shape)):
+        return None
+    return tuple(sympy.Integer(v) for v in shape)
 
 
 def _layout(meta: TensorMeta) -> Layout:
