@@ -290,14 +290,17 @@ def _plan_outputs(outs, clones, observer: _Observer):
 
 
 def _alias_bases(outs, clones, observer: _Observer) -> dict:
-    """storage pointer -> ("input", index) or ("output", base tensor) for aliased outputs."""
-    tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+    """storage pointer -> ("input", index) or ("output", base tensor) for aliased outputs.
+    Storages of no bytes are left out: they all have the pointer 0 (two `torch.tensor([])` of
+    a cache are not views of one another) and no write through one can reach another."""
+    tensors = [o for o in outs if isinstance(o, torch.Tensor) and _has_bytes(o)]
     bases: dict[int, tuple] = {}
     for i, c in enumerate(clones):
-        bases.setdefault(_storage_ptr(c), ("input", i))
+        if _has_bytes(c):
+            bases.setdefault(_storage_ptr(c), ("input", i))
     # A mutated input's new value (and views of it) alias that input after the copy-back.
     for i, value in observer.new_values.items():
-        if _same_layout(value, clones[i]):
+        if _has_bytes(value) and _same_layout(value, clones[i]):
             bases.setdefault(_storage_ptr(value), ("input", i))
     counts: dict[int, int] = {}
     for o in tensors:
@@ -306,6 +309,12 @@ def _alias_bases(outs, clones, observer: _Observer) -> dict:
         if n > 1 and ptr not in bases:
             bases[ptr] = ("output", _group_base(ptr, tensors, observer))
     return {ptr: b for ptr, b in bases.items() if ptr in counts}
+
+
+def _has_bytes(t: torch.Tensor) -> bool:
+    if type(t) is SymbolicTensor:
+        t = t.value
+    return t.untyped_storage().nbytes() > 0
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:

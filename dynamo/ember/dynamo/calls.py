@@ -331,6 +331,9 @@ def binop(tx, op, a, b):
                 truth(tx, binop(tx, operator.eq, x, y)) for x, y in zip(a.items, b.items)
             )
             return V.ConstVT(same if op is operator.eq else not same)
+    if (isinstance(a, V.ConstVT) and isinstance(b, V.ListVT) and base is operator.add
+            and type(a.value) is (tuple if b.is_tuple else list)):  # fmt: skip
+        return V.ListVT(unpack(tx, a) + b.items, is_tuple=b.is_tuple)  # (-1,) + x.shape[1:]
     if isinstance(a, V.ConstVT) and isinstance(b, V.ListVT) and base is operator.mul:
         return V.ListVT(b.items * a.value, is_tuple=b.is_tuple)
     if isinstance(a, V.DictVT) and isinstance(b, V.DictVT) and base is operator.or_:

@@ -328,6 +328,8 @@ def graph_module(output, outputs: list) -> fx.GraphModule:
     """Finish the fx graph: its output is the tuple of graph-produced tensors the code needs."""
     output.graph.output(tuple(vt.node for vt in outputs))
     eliminate_dead_code(output.graph)
+    if output.shape_env is not None and output.shape_env.replacements:
+        output.shape_env.pin_placeholders(output.graph)
     gm = fx.GraphModule(torch.nn.Module(), output.graph)
     gm.graph.lint()
     return gm

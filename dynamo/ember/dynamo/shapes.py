@@ -142,6 +142,7 @@ def _view(env, args, kwargs):
 
 
 def _assume_equal(env, a, b):
+    a, b = env.simplify(a), env.simplify(b)
     if sympy.expand(a - b) != 0:
         env.assume(sympy.Eq(a, b))
 
@@ -224,11 +225,13 @@ def _unflatten(env, args, kwargs):
 
 def _linear(env, args, kwargs):
     x, w = sizes_of(args[0]), sizes_of(_arg(args, kwargs, 1, "weight"))
+    _assume_equal(env, x[-1], w[-1])
     return (*x[:-1], w[0]) if len(w) == 2 else x[:-1]
 
 
 def _matmul(env, args, kwargs):
     a, b = sizes_of(args[0]), sizes_of(args[1])
+    _assume_equal(env, a[-1], b[-2] if len(b) > 1 else b[0])
     if len(a) == 1 and len(b) == 1:
         return ()
     if len(b) == 1:
@@ -240,7 +243,17 @@ def _matmul(env, args, kwargs):
 
 
 def _addmm(env, args, kwargs):
-    return (*sizes_of(args[1])[:-1], sizes_of(args[2])[-1])
+    a, b = sizes_of(args[1]), sizes_of(args[2])
+    _assume_equal(env, a[-1], b[-2])
+    return (*a[:-1], b[-1])
+
+
+def _layer_norm(env, args, kwargs):
+    x = sizes_of(args[0])
+    shape = _ints([_arg(args, kwargs, 1, "normalized_shape")])
+    for have, want in zip(x[len(x) - len(shape) :], shape):
+        _assume_equal(env, have, want)  # the weight's and bias's sizes
+    return x
 
 
 def _embedding(env, args, kwargs):
@@ -362,7 +375,10 @@ def _loss(env, args, kwargs):
 
 
 def _sdpa(env, args, kwargs):
-    return (*sizes_of(args[0])[:-1], sizes_of(args[2])[-1])
+    q, k, v = (sizes_of(a) for a in args[:3])
+    _assume_equal(env, q[-1], k[-1])
+    _assume_equal(env, k[-2], v[-2])
+    return (*q[:-1], v[-1])
 
 
 def _getitem(env, args, kwargs):
@@ -473,7 +489,7 @@ def _one_hot(env, args, kwargs):
     return (*sizes_of(args[0]), sympy.Integer(n))
 
 
-_SAME = ("relu gelu silu tanh sigmoid softmax log_softmax dropout layer_norm batch_norm group_norm "
+_SAME = ("relu gelu silu tanh sigmoid softmax log_softmax dropout batch_norm group_norm "
          "instance_norm rms_norm contiguous clone detach to float half double bfloat16 int long "
          "bool type_as tril triu cumsum cumprod exp log log1p sqrt rsqrt abs neg sin cos erf "
          "clamp clamp_min clamp_max fill zeros_like ones_like empty_like rand_like randn_like "
@@ -493,7 +509,7 @@ _RULES = {
     **{n: _elementwise for n in _ELEMENTWISE},
     **{n: _reduction for n in ("sum mean amax amin argmax argmin logsumexp prod all any nansum "
                                "nanmean count_nonzero").split()},  # fmt: skip
-    "std": _var_like, "var": _var_like, "max": _minmax, "min": _minmax,
+    "std": _var_like, "var": _var_like, "layer_norm": _layer_norm, "max": _minmax, "min": _minmax,
     "view": _view, "reshape": _view, "expand": _expand, "broadcast_to": _expand,
     "view_as": _like_other, "reshape_as": _like_other, "expand_as": _like_other,
     "transpose": _transpose, "swapaxes": _transpose, "swapdims": _transpose, "t": _transpose,
@@ -568,7 +584,7 @@ def _checked(env, sizes, example: torch.Tensor):
     """`sizes` if they evaluate to the example's sizes (static if they hold no symbol)."""
     if sizes is None or len(sizes) != example.dim():
         return UNKNOWN
-    sizes = tuple(sympy.sympify(s) for s in sizes)
+    sizes = tuple(env.simplify(s) for s in sizes)
     try:
         if tuple(env.hint(s) for s in sizes) != tuple(example.shape):
             return UNKNOWN

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import sympy
 import torch
 
-from ember.ir import FloorDiv, SymbolSpec, sym
+from ember.ir import NODE_META_KEY, FloorDiv, SymbolSpec, TensorMeta, contiguous_strides, sym
 from ember.ir.symbols import CeilDiv
 
 from . import variables as V
@@ -119,6 +119,9 @@ class ShapeEnv:
         self.slots: list[tuple] = []  # slot k: (source, dim)
         self.value_of: dict[sympy.Symbol, sympy.Expr] = {}  # symbol -> expression over slots
         self.definitions: list = []
+        # Symbols an assumed equality pinned to a constant or to another symbol (guarded): the
+        # graph's backend sees the replacement, not the symbol (see `assume`).
+        self.replacements: dict[sympy.Symbol, sympy.Expr] = {}
 
     # -- symbols ---------------------------------------------------------------------------------
     def input_size(self, source, dim: int, hint: int, rng: "DimRange") -> sympy.Expr:
@@ -168,7 +171,22 @@ class ShapeEnv:
         return [r for r in out if r is not sympy.true]
 
     def specs(self) -> tuple:
-        return tuple(info.spec for info in self.symbols)
+        """The symbols the graph keeps (replaced ones are constants or other symbols there)."""
+        return tuple(i.spec for i in self.symbols if i.spec.symbol not in self.replacements)
+
+    def simplify(self, expr) -> sympy.Expr:
+        """`expr` with the replaced symbols substituted."""
+        expr = sympy.sympify(expr)
+        return expr.xreplace(self.replacements) if self.replacements else expr
+
+    def pin_placeholders(self, graph) -> None:
+        """Write the replacements into the placeholders' symbolic sizes (what the backend reads)."""
+        for node in graph.find_nodes(op="placeholder"):
+            meta = node.meta.get(NODE_META_KEY)
+            if isinstance(meta, TensorMeta) and not meta.is_static():
+                sizes = tuple(self.simplify(s) for s in meta.sizes)
+                node.meta[NODE_META_KEY] = dataclasses.replace(
+                    meta, sizes=sizes, strides=contiguous_strides(sizes))  # fmt: skip
 
     def hint(self, expr) -> int:
         value = sympy.sympify(expr).xreplace(self.hints)
@@ -194,6 +212,20 @@ class ShapeEnv:
         if self.exporting:
             self._check_export_assumption(relation)
         self.relations.setdefault(relation, self.where())
+        if isinstance(relation, sympy.Eq) and not self.exporting:
+            self._replace(relation)
+
+    def _replace(self, eq) -> None:
+        """Pin a symbol that `eq` (guarded) fixes: to a constant (`s2 == 768`, also through a
+        product such as `768*s0*s1 == s0*s1*s2`) or to an earlier symbol (`s7 == s3`). A symbol
+        that only the guards, not the graph, knew to be fixed leaves the backend with sizes it
+        cannot prove equal (a LayerNorm weight of 768 broadcast against a hidden size s2)."""
+        solved = _solve_pinned(self.simplify(eq.lhs - eq.rhs))
+        if solved is None:
+            return
+        s, value = solved
+        self.replacements = {k: v.xreplace({s: value}) for k, v in self.replacements.items()}
+        self.replacements[s] = value
 
     def specialize(self, vt: SymIntVT) -> int:
         """A concrete int for a symbolic one (guarded: other values recompile)."""
@@ -223,7 +255,7 @@ class ShapeEnv:
     # -- ints in the graph -----------------------------------------------------------------------
     def int_vt(self, expr, make_node: Callable[[], object]) -> V.VT:
         """A ConstVT for a static expression, else the SymIntVT computed by `make_node()`."""
-        expr = sympy.sympify(expr)
+        expr = self.simplify(expr)
         if expr.is_Integer:
             return V.ConstVT(int(expr))
         node = self.nodes.get(expr)
@@ -263,6 +295,36 @@ INT_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator
            operator.pow}  # fmt: skip
 COMPARE = {operator.eq: sympy.Eq, operator.ne: sympy.Ne, operator.lt: sympy.Lt,
            operator.le: sympy.Le, operator.gt: sympy.Gt, operator.ge: sympy.Ge}  # fmt: skip
+
+
+def _solve_pinned(diff):
+    """(symbol, value) when `diff == 0` forces one symbol to an integer or to another symbol,
+    the factors that are products of sizes (never 0: sizes are >= 2) set aside; else None."""
+    if not diff.free_symbols:
+        return None
+    factors = [f for f in sympy.Mul.make_args(sympy.factor(diff))
+               if not (f.is_number or f.is_Symbol or (f.is_Pow and f.base.is_Symbol))]  # fmt: skip
+    if len(factors) != 1:
+        return None
+    poly = sympy.expand(factors[0])
+    syms = sorted(poly.free_symbols, key=_symbol_order)
+    if len(syms) == 1:
+        (s,) = syms
+        a, b = poly.coeff(s), poly.subs(s, 0)
+        if sympy.expand(a * s + b - poly) != 0 or a == 0:
+            return None
+        value = -b / a
+        return (s, value) if value.is_Integer and value >= 2 else None
+    if len(syms) == 2:
+        first, later = syms
+        a = poly.coeff(later)
+        if a != 0 and sympy.expand(poly - a * later + a * first) == 0:
+            return later, first  # a * (later - first) == 0
+    return None
+
+
+def _symbol_order(s):
+    return (len(s.name), s.name)
 
 
 def exact_div(a, b):

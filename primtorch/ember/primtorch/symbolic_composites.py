@@ -12,6 +12,7 @@ composite handles symbolically itself.
 
 from __future__ import annotations
 
+import math
 import operator
 from functools import reduce
 
@@ -45,7 +46,103 @@ def _dropout(input, p=0.5, training=True, inplace=False):
     return input * noise
 
 
+def _hint(n) -> int:
+    return n if isinstance(n, int) else int(n.node.hint)
+
+
+def _symbolic(*tensors) -> bool:
+    return any(isinstance(t, torch.Tensor) and not all(isinstance(n, int) for n in t.shape)
+               for t in tensors)  # fmt: skip
+
+
+def _batched_matmul(a, b):
+    """a @ b for operands of 3 or more dims, as one bmm over the broadcast batch: torch's C++
+    matmul (some versions) computes the expanded batch from `sizes()`, baking in the hints."""
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+    flat = reduce(operator.mul, batch, 1)
+    a3 = a.expand(*batch, n, k).reshape(flat, n, k)
+    b3 = b.expand(*batch, k, m).reshape(flat, k, m)
+    return torch.bmm(a3, b3).view(*batch, n, m)
+
+
+def _matmul(input, other):
+    """matmul of two batched (3+ dims) operands with symbolic sizes (see _batched_matmul)."""
+    if not (isinstance(input, torch.Tensor) and isinstance(other, torch.Tensor)):
+        return NotImplemented
+    if input.dim() < 3 or other.dim() < 3 or not _symbolic(input, other):
+        return NotImplemented
+    return _batched_matmul(input, other)
+
+
+def _math_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> bool:
+    """Whether torch would run this attention on its math path: asked with plain tensors of
+    the hint sizes (the choice is made in C++, out of the tracer's sight)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    amp = torch.is_autocast_enabled(query.device.type)
+    dtype = torch.get_autocast_dtype(query.device.type) if amp else None
+
+    def plain(t):
+        if t is None:
+            return None
+        d = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        return torch.empty_strided([_hint(n) for n in t.shape], [_hint(n) for n in t.stride()],
+                                   dtype=d, device=t.device)  # fmt: skip
+
+    with _disable_current_modes():
+        args = [plain(t) for t in (query, key, value, attn_mask)]
+        choice = torch._fused_sdp_choice(*args, dropout_p, is_causal, scale=scale,
+                                         enable_gqa=enable_gqa)  # fmt: skip
+    return choice == int(torch.nn.attention.SDPBackend.MATH)
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):  # fmt: skip
+    """scaled_dot_product_attention with symbolic sizes where torch would take its math path:
+    that path's C++ matmuls bake the hints in (see _batched_matmul); here the same math runs on
+    SymInts. Flash and memory-efficient kernels are left to torch (they are externs)."""
+    tensors = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors) or enable_gqa:
+        return NotImplemented
+    if scale is None and not isinstance(query.shape[-1], int):
+        return NotImplemented  # the default scale reads the head size
+    if dropout_p != 0.0 or not _symbolic(*tensors, attn_mask):
+        return NotImplemented
+    if not _math_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        return NotImplemented
+    device = query.device.type
+    if torch.is_autocast_enabled(device):  # what the autocast of sdpa does to its inputs
+        dtype = torch.get_autocast_dtype(device)
+        query, key, value = (t.to(dtype) if t.is_floating_point() else t for t in tensors)
+    out_dtype = query.dtype
+    # torch's math path on CUDA computes reduced-precision attention in float32
+    compute = torch.float32 if device == "cuda" and out_dtype in (torch.float16,
+                                                                  torch.bfloat16) else out_dtype
+    with torch.autocast(device, enabled=False):
+        q, k, v = (t.to(compute) for t in (query, key, value))
+        if scale is None:
+            scale = 1.0 / math.sqrt(q.shape[-1])
+        root = math.sqrt(scale)
+        scores = _batched_matmul(q * root, k.transpose(-2, -1) * root)
+        if is_causal:
+            keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+            else:
+                scores = scores + attn_mask.to(compute)
+        weights = torch.ops.aten._safe_softmax(scores, -1)
+        return _batched_matmul(weights, v).to(out_dtype)
+
+
 _RULES = {
+    torch.matmul: _matmul,
+    torch.Tensor.matmul: _matmul,
+    torch.Tensor.__matmul__: _matmul,
+    torch.nn.functional.scaled_dot_product_attention: _sdpa,
+    torch._C._nn.scaled_dot_product_attention: _sdpa,
     torch._C._nn.linear: _linear,
     torch.nn.functional.linear: _linear,
     torch.nn.functional.dropout: _dropout,
