@@ -147,7 +147,7 @@ def _find_pair(parts):
 
 
 def _digit(term):
-    """(x, divisor, modulus or None, coefficient) of c*FloorDiv(x, d) or c*ModularIndexing(x, d, m)."""
+    """(x, d, m or None, c) of the term c*ModularIndexing(x, d, m) or c*FloorDiv(x, d)."""
     factors = sympy.Mul.make_args(term)
     heads = [f for f in factors if isinstance(f, (FloorDiv, ModularIndexing))]
     if len(heads) != 1:
@@ -159,7 +159,7 @@ def _digit(term):
     return f.args[0], f.args[1], f.args[2], coeff
 
 
-# --- ranges of expressions -------------------------------------------------------------------------
+# --- ranges of expressions -----------------------------------------------------------------------
 
 
 def interval(e, ranges) -> tuple:
