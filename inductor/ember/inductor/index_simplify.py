@@ -230,7 +230,8 @@ def _nonneg(e) -> bool:
     e = sympy.expand(e)
     if e.is_Number:
         return bool(e >= 0)
-    return e.is_nonnegative is True
+    # s0*s1 - s0 is not known non-negative to sympy; its factored form s0*(s1 - 1) is
+    return e.is_nonnegative is True or sympy.factor(e).is_nonnegative is True
 
 
 def _lt(hi, bound) -> bool:
