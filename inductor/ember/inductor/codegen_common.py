@@ -17,6 +17,7 @@ import torch
 
 from ember.ir import FloorDiv, ModularIndexing
 
+from .index_simplify import simplify_index
 from .loop_ir import COMPARE_OPS, ExternBuffer, MultiOutput, compute_dtype, set_handler
 from .scheduler import Kernel
 
@@ -52,59 +53,6 @@ class CSEVar:
 
 
 # --- index expressions ---------------------------------------------------------------------------
-
-
-def _bound(expr, ranges):
-    """An exclusive upper bound of a non-negative affine `expr` over `ranges`, or None."""
-    total = sympy.S.One
-    for term in sympy.Add.make_args(sympy.expand(expr)):
-        c, rest = term.as_coeff_Mul()
-        if rest == 1 and c >= 0:
-            total += c
-        elif rest in ranges and c > 0 and ranges[rest].is_Integer:
-            total += c * (ranges[rest] - 1)
-        else:
-            return None
-    return total
-
-
-def _split_multiples(expr, d):
-    """(sum of terms with integer coefficients divisible by d, the rest)."""
-    keep, rest = sympy.S.Zero, sympy.S.Zero
-    for term in sympy.Add.make_args(sympy.expand(expr)):
-        c, _ = term.as_coeff_Mul()
-        if c.is_Integer and d.is_Integer and int(c) % int(d) == 0:
-            keep += term
-        else:
-            rest += term
-    return keep, rest
-
-
-def simplify_index(expr, ranges: dict):
-    """Remove FloorDiv/ModularIndexing that the loop ranges make trivial (e.g. after a reshape)."""
-
-    def div(x, d):
-        if not d.is_Integer:
-            return FloorDiv(x, d)
-        mult, rest = _split_multiples(x, d)
-        b = _bound(rest, ranges)
-        if b is not None and b <= d:
-            return sympy.expand(mult / d)
-        return sympy.expand(mult / d) + FloorDiv(rest, d)
-
-    def mod(x, d, m):
-        if not (d.is_Integer and m.is_Integer):
-            return ModularIndexing(x, d, m)
-        _, rest = _split_multiples(x, d * m)
-        b = _bound(rest, ranges)
-        if b is not None and b <= d * m:
-            return div(rest, d)
-        return ModularIndexing(rest, d, m)
-
-    expr = sympy.sympify(expr)
-    if not expr.has(FloorDiv, ModularIndexing):
-        return expr
-    return sympy.expand(expr.replace(ModularIndexing, mod).replace(FloorDiv, div))
 
 
 def print_index(expr, floordiv="/", mod="%") -> str:
@@ -289,12 +237,39 @@ class Renderer:
     def index_text(self, expr) -> str:
         return print_index(simplify_index(expr, self.ranges))
 
+    def kernel_indices(self):
+        """The kernel's variables and every index its members use, simplified within the
+        kernel's ranges (so that merge_dims sees a reshape's div/mod as the affine index it is)."""
+        k = self.kernel
+        xs, rs = k.vars()
+        self.kernel_ranges = dict(zip([*xs, *rs], [*k.xsizes, *k.rsizes]))
+        exprs = []
+        for m in k.members:
+            rec = k.record(m)
+            exprs += [i for _, i in rec.loads + rec.stores] + rec.index_exprs
+        return xs, rs, [simplify_index(e, self.kernel_ranges) for e in exprs]
+
     def run_members(self, members, xs, rs):
-        """Emit the bodies of `members` into self.lines with kernel variables xs, rs."""
+        """Emit the bodies of `members` into self.lines; xs, rs (expressions of the rendered loop
+        variables, one per kernel dimension) stand for the kernel's variables."""
+        kxs, krs = self.kernel.vars()
+        krs = krs[: len(rs)]
+        # Bodies index with the kernel's own variables: `final_index` simplifies within their
+        # ranges first (merged loops make a reshape's div/mod affine only there), then substitutes.
+        self.subst = {**dict(zip(kxs, xs)), **dict(zip(krs, rs))}
+        self._final = {}
         with set_handler(self):
             for m in members:
                 self.member = m
-                m.node.body(*self.kernel.member_index(m, xs, rs))
+                m.node.body(*self.kernel.member_index(m, kxs, krs))
+
+    def final_index(self, index):
+        """A body's index (over the kernel's variables) over the rendered loop variables."""
+        index = sympy.sympify(index)
+        if index not in self._final:
+            e = simplify_index(index, self.kernel_ranges).xreplace(self.subst)
+            self._final[index] = simplify_index(sympy.expand(e), self.ranges)
+        return self._final[index]
 
     def index_key(self, index):
         """An index as a cache key: the same element whatever form the lowering gave it (a

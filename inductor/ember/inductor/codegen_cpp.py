@@ -106,6 +106,7 @@ class CppRenderer(Renderer):
         return self.args[name]
 
     def load(self, name, index):
+        index = self.final_index(index)
         key = ("load", name, self.index_key(index))
         if key in self.cse:
             return self.cse[key]
@@ -153,6 +154,7 @@ class CppRenderer(Renderer):
         return int(c)
 
     def store(self, name, index, value):
+        index = self.final_index(index)
         key = ("load", name, self.index_key(index))
         if isinstance(value, _PendingReduction):
             self.deferred[name] = (index, value)
@@ -189,7 +191,8 @@ class CppRenderer(Renderer):
         if self.vector_mode:
             raise CantRender("index_expr in the vector loop")
         return self.emit(
-            f"static_cast<{ctype(dtype)}>({self.index_text(expr)})", compute_dtype(dtype)
+            f"static_cast<{ctype(dtype)}>({self.index_text(self.final_index(expr))})",
+            compute_dtype(dtype),
         )
 
     def to_dtype(self, value, dtype):
@@ -288,11 +291,7 @@ class CppRenderer(Renderer):
     # --- structure ------------------------------------------------------------------------------
     def render(self) -> KernelSource:
         k = self.kernel
-        xs, rs = k.vars()
-        exprs = []
-        for m in k.members:
-            rec = k.record(m)
-            exprs += [i for _, i in rec.loads + rec.stores] + rec.index_exprs
+        xs, rs, exprs = self.kernel_indices()
         self.xsizes, self.xvars, self.xassign = merge_dims(k.xsizes, xs, exprs)
         self.rsizes, self.rvars, self.rassign = merge_dims(k.rsizes, rs, exprs)
         self.ranges = dict(zip(self.xvars + self.rvars, self.xsizes + self.rsizes))

@@ -102,6 +102,7 @@ class TritonRenderer(Renderer):
         return " & ".join(p for p in parts if p)
 
     def load(self, name, index):
+        index = self.final_index(index)
         key = ("load", name, self.index_key(index))
         if key in self.cse:
             return self.cse[key]
@@ -120,6 +121,7 @@ class TritonRenderer(Renderer):
         return self.emit(text, compute_dtype(dtype), key=key)
 
     def store(self, name, index, value):
+        index = self.final_index(index)
         key = ("load", name, self.index_key(index))
         if isinstance(value, _Pending):
             self.deferred[name] = (index, value)
@@ -147,7 +149,7 @@ class TritonRenderer(Renderer):
         return self.emit(tl_constant(value, compute_dtype(dtype)), compute_dtype(dtype))
 
     def index_expr(self, expr, dtype):
-        text = self.index_text(expr)
+        text = self.index_text(self.final_index(expr))
         return self.emit(
             f"({text}) + tl.zeros([1], {TL[compute_dtype(dtype)]})", compute_dtype(dtype)
         )
@@ -230,11 +232,7 @@ class TritonRenderer(Renderer):
 
     def render(self) -> KernelSource:
         k = self.kernel
-        xs, rs = k.vars()
-        exprs = []
-        for m in k.members:
-            rec = k.record(m)
-            exprs += [i for _, i in rec.loads + rec.stores] + rec.index_exprs
+        xs, rs, exprs = self.kernel_indices()
         xsizes, xvars, xassign = merge_dims(k.xsizes, xs, exprs)
         rsizes, rvars, rassign = merge_dims(k.rsizes, rs, exprs)
         self.ranges = dict(zip(xvars + rvars, xsizes + rsizes))
