@@ -71,8 +71,9 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
 
     def compiler(gm, inputs):
         compiled = compile_graph(gm, inputs)
-        if isinstance(compiled, CompiledGraph) and not gm.meta.get("ember_training"):
-            compiled.use_cudagraphs()  # an inference graph
+        use_cudagraphs = getattr(compiled, "use_cudagraphs", None)
+        if use_cudagraphs is not None and not gm.meta.get("ember_training"):
+            use_cudagraphs()  # an inference graph
         return compiled
 
     return aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler,
