@@ -109,3 +109,16 @@ def test_dropout_of_symbolic_sizes():
     gm, env, x, out = _trace_symbolic(lambda x: torch.dropout(x, 0.25, True))
     assert gm.graph.output_node().args[0].meta[NODE_META_KEY].sizes == (s0, s1, 32)
     assert env.guards == []
+
+
+def test_a_size_padded_to_a_multiple_is_known_to_cover_it():
+    # torch pads an attention bias to s - s % 8 + 8 columns and slices s of them back
+    from ember.primtorch.utils import known_le, known_lt
+
+    s = sym("s4")
+    padded = s - sympy.Mod(s, 8) + 8
+    assert known_le(s, padded) and known_lt(s, padded)
+    assert known_le(s - sympy.Mod(s, 8), s)
+    assert not known_le(padded, s)
+    assert not known_le(s, s - sympy.Mod(s, 8))  # a multiple of 8 below s: not above it
+    assert not known_le(s, s - sympy.Mod(s, 8) + sympy.Mod(s, 8) ** 2 - 60)  # not linear

@@ -227,10 +227,32 @@ def known(rel) -> bool:
     if rel is sympy.false or not rel.free_symbols:
         return bool(rel)
     lhs = _at_least_two(rel.lhs - rel.rhs)
-    decided = type(rel)(sympy.expand(lhs), 0)
-    if decided is sympy.true:
+    if _decided(type(rel), lhs):
         return True
     return bool(_ASSUMPTIONS) and _ASSUMPTIONS[-1].implies(rel)
+
+
+_ORDERS = (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)
+
+
+def _decided(order, lhs: sympy.Expr) -> bool:
+    """Whether `order(lhs, 0)` holds for all values of its symbols. A remainder `Mod(x, c)`
+    that lhs is linear in counts as any value in [0, c - 1] (both ends must hold): a padded size
+    `s - Mod(s, 8) + 8` is then known to exceed `s`."""
+    if order(sympy.expand(lhs), 0) is sympy.true:
+        return True
+    if order not in _ORDERS:
+        return False
+    for mod in lhs.atoms(sympy.Mod):
+        c = mod.args[1]
+        if not (c.is_Integer and c > 0):
+            continue
+        d = sympy.Dummy("mod", integer=True)
+        free = sympy.expand(lhs.xreplace({mod: d}))
+        if d in sympy.expand(free.diff(d)).free_symbols:
+            continue  # not linear in it: its ends do not bound it
+        return all(_decided(order, free.xreplace({d: end})) for end in (0, c - 1))
+    return False
 
 
 def _static(a):
