@@ -60,20 +60,27 @@ def deep_mlp(width, depth):
     return nn.Sequential(*layers).cuda().eval()
 
 
-def test_inference_replays_a_cuda_graph():
-    torch.manual_seed(0)
-    model = deep_mlp(128, 6)
-    compiled = compile_fx(model, [cuda(32, 64)])
+def _run_inference(model, xs):
+    """Compile `model`, call it on each input without grad (checking each result against
+    eager), and return the CUDA-graph replay count with every (input, output) pair."""
+    compiled = compile_fx(model, [xs[0]])
     metrics.reset()
-    first = cuda(32, 64)
-    xs = [first, first] + [cuda(32, 64) for _ in range(4)]  # fixed at first, then moving
     outs = []
     with torch.no_grad():
         for x in xs:
             out = compiled(x)
             torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4)
             outs.append((x, out))
-    assert metrics.cudagraph_replays >= 3
+    return metrics.cudagraph_replays, outs
+
+
+def test_inference_replays_a_cuda_graph():
+    torch.manual_seed(0)
+    first = cuda(32, 64)
+    xs = [first, first] + [cuda(32, 64) for _ in range(4)]  # fixed at first, then moving
+    model = deep_mlp(128, 6)
+    replays, outs = _run_inference(model, xs)
+    assert replays >= 3
     for x, out in outs:  # each call's result is its own: later replays did not overwrite it
         torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4)
 
@@ -81,27 +88,14 @@ def test_inference_replays_a_cuda_graph():
 def test_a_small_program_is_not_graphed():
     model = nn.Sequential(nn.Linear(64, 8), nn.ReLU()).cuda().eval()
     x = cuda(4, 64)
-    compiled = compile_fx(model, [x])
-    metrics.reset()
-    with torch.no_grad():
-        for _ in range(5):
-            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
-    assert metrics.cudagraph_replays == 0
+    assert _run_inference(model, [x] * 5)[0] == 0
 
 
 def test_cuda_graph_follows_an_input_that_was_fixed():
     """The first calls pass one tensor (as a benchmark does); later calls pass others."""
-    model = deep_mlp(32, 6)
     x = cuda(4, 64)
-    compiled = compile_fx(model, [x])
-    metrics.reset()
-    with torch.no_grad():
-        for _ in range(4):
-            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
-        for _ in range(3):
-            y = cuda(4, 64)
-            torch.testing.assert_close(compiled(y), model(y), atol=1e-4, rtol=1e-4)
-    assert metrics.cudagraph_replays >= 4
+    replays, _ = _run_inference(deep_mlp(32, 6), [x] * 4 + [cuda(4, 64) for _ in range(3)])
+    assert replays >= 4
 
 
 def test_training_graphs_are_not_graphed():
