@@ -16,11 +16,14 @@ graph records the launches of one call and replays them with one driver call.
   by the next replay, and each call's results must stay the caller's. An in-place argument that
   moves (an input that was the same tensor in the first calls) is copied from then on: the
   graph is captured again, at most `RECAPTURES` times, after which the wrapper runs as before.
+- Calls take turns (a lock), and each replay's stream waits for the previous replay's output
+  copies: threads or streams sharing a compiled model share the graph's tensors.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
 
@@ -52,8 +55,17 @@ class GraphedCall:
         self.captures = 0
         self.graph = None
         self.disabled = False
+        self.lock = threading.RLock()  # a replay may capture again
+        self.done = None  # recorded after the last replay's output copies
 
     def __call__(self, args: list):
+        if self.disabled:
+            return self.run(args)
+        # One call at a time: calls from several threads share the graph's tensors.
+        with self.lock:
+            return self._call_locked(args)
+
+    def _call_locked(self, args: list):
         if self.graph is not None:
             return self._replay(args)
         if self.disabled:
@@ -103,6 +115,16 @@ class GraphedCall:
         return self._replay(args)
 
     def _replay(self, args: list):
+        # In order on the GPU too: a replay on another stream must not copy its inputs in
+        # before the last one's outputs are copied out.
+        stream = torch.cuda.current_stream()
+        if self.done is not None:
+            stream.wait_event(self.done)
+        outs = self._replay_in_order(args)
+        self.done = stream.record_event()
+        return outs
+
+    def _replay_in_order(self, args: list):
         moved = [i for i, p in self.fixed if _ptr(args[i]) != p]
         if moved:  # the graph reads these at their old addresses
             self.graph = self.outs = self.inputs = None
