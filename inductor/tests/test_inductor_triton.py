@@ -83,3 +83,28 @@ def test_convolution_as_matmul(w_shape, stride, padding, groups):
     check(conv, x, w, b, atol=1e-5, rtol=1e-5)
     want = torch.convolution(x, w, b, stride, padding, [1, 1], False, [0, 0], groups)
     torch.testing.assert_close(conv(x, w, b), want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_same_kernel_in_two_layers_is_one_function():
+    # Layers of a model render the same kernel under other names: named by content, they load
+    # as one Triton function, compiled (and autotuned) once.
+    from ember.inductor.runtime import TritonLauncher
+
+    body = '''import triton
+import triton.language as tl
+
+@triton.jit
+def {name}(in_ptr0, out_ptr1, xnumel, XBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < xnumel
+    tl.store(out_ptr1 + xindex, tl.load(in_ptr0 + xindex, xmask) * 2.0, xmask)
+'''
+    cfgs = [{"XBLOCK": 64, "num_warps": 1}]
+    a = TritonLauncher("kernel3", body.format(name="kernel3"), cfgs, 100, None)
+    b = TritonLauncher("kernel17", body.format(name="kernel17"), cfgs, 100, None)
+    c = TritonLauncher("kernel5", body.format(name="kernel5").replace("2.0", "3.0"), cfgs, 100, None)
+    assert a.fn is b.fn and a.key == b.key
+    assert c.fn is not a.fn
+    x, out = torch.arange(100.0), torch.empty(100)
+    b(x, out)
+    assert torch.equal(out, x * 2)

@@ -120,6 +120,7 @@ class Builds:
         self.cpp: list = []  # (name, source, include dir, launcher) not yet submitted
         self.cpp_jobs: list = []  # (kernels of one translation unit, future)
         self.optional: list = []  # (name, future)
+        self.keys: set = set()  # of the optional builds submitted
 
     def pending(self) -> bool:
         """Is there anything to wait for before the first launch?"""
@@ -128,7 +129,12 @@ class Builds:
     def add_cpp(self, name: str, source: str, include: str, launcher: CppLauncher) -> None:
         self.cpp.append((name, source, include, launcher))
 
-    def submit_optional(self, name: str, fn, *args) -> None:
+    def submit_optional(self, name: str, fn, *args, key=None) -> None:
+        """Run fn(*args) in the background; once per `key` (None: always)."""
+        if key is not None:
+            if key in self.keys:
+                return
+            self.keys.add(key)
         self.optional.append((name, build_pool().submit(fn, *args)))
 
     def start(self) -> None:
@@ -275,11 +281,23 @@ def _load_module(source: str, suffix: str = ""):
     return module
 
 
+def _canonical(name: str, source: str) -> tuple:
+    """(source, function name) with the function named by its content: the same kernel in
+    every layer of a model is then one module, compiled and autotuned once."""
+    head = f"def {name}("
+    if source.count(head) != 1:
+        return source, name
+    body = source.replace(head, "def __kernel__(")
+    fn = "k_" + hashlib.sha256(body.encode()).hexdigest()[:16]
+    return body.replace("def __kernel__(", f"def {fn}("), fn
+
+
 class TritonLauncher:
     """Launches a Triton kernel with a fixed grid; picks block sizes on first call."""
 
     def __init__(self, name, source, configs, xnumel, rnumel):
-        self.fn = getattr(_load_module(source), name)
+        source, fn = _canonical(name, source)
+        self.fn = getattr(_load_module(source), fn)
         self.key = hashlib.sha256(source.encode()).hexdigest()[:20]
         self.configs, self.sizes = configs, (xnumel,) + ((rnumel,) if rnumel is not None else ())
         self.cfg, self.fast = None, None
@@ -420,7 +438,8 @@ def precompile_triton(name: str, launcher: TritonLauncher, arg_types: tuple) -> 
     if builds is None or os.environ.get("TRITON_INTERPRET") == "1":
         return
     dtypes = tuple(POINTER_DTYPES[t[1:]] for t in arg_types if t.startswith("*"))
-    builds.submit_optional(name, launcher.precompile, dtypes)
+    # the same kernel (another layer's) compiles once
+    builds.submit_optional(name, launcher.precompile, dtypes, key=(launcher.key, launcher.sizes, dtypes))
 
 
 # --- externs and buffers -----------------------------------------------------------------------
