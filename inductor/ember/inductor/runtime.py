@@ -121,12 +121,23 @@ class Builds:
         self.cpp_jobs: list = []  # (kernels of one translation unit, future)
         self.optional: list = []  # (name, future)
         self.keys: set = set()  # of the optional builds submitted
+        self.cpp_launchers: dict = {}  # C++ kernel name -> the launchers it binds
+        self.cpp_shown: dict = {}  # C++ kernel name -> the wrapper's names for it
 
     def pending(self) -> bool:
         """Is there anything to wait for before the first launch?"""
         return bool(self.cpp or self.cpp_jobs or self.optional)
 
-    def add_cpp(self, name: str, source: str, include: str, launcher: CppLauncher) -> None:
+    def add_cpp(self, name: str, source: str, include: str, launcher: CppLauncher,
+                shown: str = "") -> None:  # fmt: skip
+        """Build the kernel with the program's; a kernel of the same name (named by content:
+        another layer's) is built once and binds every launcher of it. `shown`: the name the
+        wrapper knows it by, for messages."""
+        self.cpp_shown.setdefault(name, []).append(shown or name)
+        if name in self.cpp_launchers:
+            self.cpp_launchers[name].append(launcher)
+            return
+        self.cpp_launchers[name] = [launcher]
         self.cpp.append((name, source, include, launcher))
 
     def submit_optional(self, name: str, fn, *args, key=None) -> None:
@@ -159,11 +170,13 @@ class Builds:
         failures, total = [], 0
         for group, future in self.cpp_jobs:
             total += len(group)
-            for (name, _, _, launcher), built in zip(group, future.result()):
+            for (name, _, _, _), built in zip(group, future.result()):
                 if isinstance(built, Exception):
-                    failures.append(f"--- kernel {name}: {type(built).__name__}: {built}")
+                    shown = ", ".join(self.cpp_shown.get(name, [name]))
+                    failures.append(f"--- kernel {shown}: {type(built).__name__}: {built}")
                 else:
-                    launcher.bind(built, name)
+                    for launcher in self.cpp_launchers[name]:
+                        launcher.bind(built, name)
         if failures:
             head = f"{len(failures)} of {total} kernels failed to build:"
             raise toolchain.BuildError("\n".join([head, *failures]))
@@ -247,6 +260,16 @@ def _cpp_build(name: str, source: str, include: str) -> Path:
     return toolchain.compile_shared(name, code=source, include_dirs=(include,), **_build_options())
 
 
+def _canonical_cpp(name: str, source: str) -> tuple:
+    """(name, source) with the kernel's entry point named by its content (see _canonical)."""
+    head = f" {name}(void** args)"
+    if source.count(head) != 1 or source.count(name) != 1:
+        return name, source
+    body = source.replace(head, " __kernel__(void** args)")
+    canon = "k" + hashlib.sha256(body.encode()).hexdigest()[:16]
+    return canon, body.replace(" __kernel__(void** args)", f" {canon}(void** args)")
+
+
 def cpp_kernel(name: str, source: str, nargs: int, sizes: int = 0) -> CppLauncher:
     """Compile (cached by content) and load one C++ kernel; inside `collect_builds()` the build
     joins the program's (`Builds.start()`) and the launcher is bound by `Builds.finish()`.
@@ -255,11 +278,12 @@ def cpp_kernel(name: str, source: str, nargs: int, sizes: int = 0) -> CppLaunche
     # resolved here, on the calling thread, so the precompiled header is built once
     include = _pch_dir(repr(sorted(opts.items()))) if config.cpp_pch else str(CSRC)
     launcher = (CppSizesLauncher if sizes else CppLauncher)(nargs)
+    canon, source = _canonical_cpp(name, source)
     builds = _PENDING.get()
     if builds is None:
-        launcher.bind(_cpp_build(name, source, include), name)
+        launcher.bind(_cpp_build(canon, source, include), canon)
     else:
-        builds.add_cpp(name, source, include, launcher)
+        builds.add_cpp(canon, source, include, launcher, shown=name)
     return launcher
 
 
