@@ -146,16 +146,34 @@ class Ember(Backend):
         except (ImportError, AttributeError, TypeError):
             return None
 
+    @staticmethod
+    def _replays():
+        """(calls replayed from CUDA graphs so far, why graphs were given up) from ember.inductor's
+        counters, if it keeps them."""
+        try:
+            metrics = importlib.import_module("ember.inductor.metrics")
+            return metrics.cudagraph_replays, len(metrics.cudagraph_skips), metrics.cudagraph_skips
+        except (ImportError, AttributeError):
+            return None
+
     def begin(self):
         self._start = self._capture_stats()
+        self._start_replays = self._replays()
 
     def stats(self, fn, args, context):
-        """Graphs and breaks captured since begin(); else from `ember.explain` (one re-capture)."""
+        """Graphs and breaks captured since begin(); else from `ember.explain` (one re-capture).
+        With them, how many calls since begin() replayed a CUDA graph."""
         now = self._capture_stats()
         if now is not None and getattr(self, "_start", None) is not None:
             out = {"graphs": now[0] - self._start[0], "breaks": now[1] - self._start[1]}
             if now[2]:
                 out["last_failure"] = str(now[2])[:500]
+            replays, start = self._replays(), getattr(self, "_start_replays", None)
+            if replays is not None and start is not None:
+                out["cudagraph_replays"] = max(0, replays[0] - start[0])
+                skips = replays[2][start[1]:] if replays[1] >= start[1] else replays[2]
+                if skips:
+                    out["cudagraph_skipped"] = skips[-1]
             return out
         try:
             explain = _ember().explain

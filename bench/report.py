@@ -357,6 +357,13 @@ def _detail_lines(run, table):
             if kernels:
                 cells += [fmt(rec.get("gbps"), ".0f"), fmt(rec.get("pct_copy_bw"), ".0f")]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    graphed = [(m, LABELS.get(b, b), row[b]) for m, row in table.items()
+               for b in run["backends"] if "cudagraph_replays" in row.get(b, {})]  # fmt: skip
+    if any(r["cudagraph_replays"] or r.get("cudagraph_skipped") for *_, r in graphed):
+        lines += ["", "Calls replayed from CUDA graphs (warm-up and timed calls): " + ", ".join(
+            f"{m} / {b} {r['cudagraph_replays']}" for m, b, r in graphed) + "."]  # fmt: skip
+        lines += [f"- {m} / {b}: a CUDA graph was given up: {_cell(r['cudagraph_skipped'], 300)}"
+                  for m, b, r in graphed if r.get("cudagraph_skipped")]  # fmt: skip
     return lines
 
 

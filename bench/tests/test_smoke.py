@@ -211,3 +211,14 @@ def test_timed_calls_take_turns(tmp_path, monkeypatch):
         t.join()
     spans.sort()
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+
+
+def test_report_says_which_calls_replayed_cuda_graphs(tmp_path):
+    run_ = _fake_run("1/1", ["resnet50"], 1.0)
+    run_["records"][-1] = {"model": "resnet50", "backend": "ember", "status": "ok",
+                           "latency_ms": 1.5, "cudagraph_replays": 23,
+                           "cudagraph_skipped": "capture failed: boom"}  # fmt: skip
+    report.write(tmp_path, [run_], chart=False)
+    text = (tmp_path / "results.md").read_text()
+    assert "Calls replayed from CUDA graphs (warm-up and timed calls): resnet50 / ember 23." in text
+    assert "resnet50 / ember: a CUDA graph was given up: capture failed: boom" in text

@@ -71,7 +71,7 @@ class GraphedCall:
         if self.disabled:
             return self.run(args)
         if not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
-            self.disabled = True
+            self._give_up("an argument that is not a CUDA tensor")
             return self.run(args)
         self.calls += 1
         ptrs = [_ptr(a) for a in args]
@@ -79,6 +79,11 @@ class GraphedCall:
             self.seen = ptrs
             return self.run(args)
         return self._capture(args, ptrs)
+
+    def _give_up(self, why: str) -> None:
+        self.disabled = True
+        log.info("ember.inductor: no CUDA graph for this program: %s", why)
+        metrics.cudagraph_skips.append(why[:300])
 
     def _capture(self, args: list, ptrs: list):
         self.captures += 1
@@ -98,15 +103,14 @@ class GraphedCall:
             with torch.cuda.graph(graph):
                 outs = self.run(list(inputs))
         except Exception as e:  # noqa: BLE001  (whatever a capture refuses: run without graphs)
-            log.info("ember.inductor: no CUDA graph for this program (%s: %s)", type(e).__name__, e)
-            self.disabled = True
+            self._give_up(f"capture failed: {type(e).__name__}: {e}")
             torch.cuda.synchronize()
             return self.run(args)
         held = {_storage(s) for s in inputs}
         storages = [_storage(o) for o in outs if isinstance(o, torch.Tensor)]
         if set(storages) & held or len(set(storages)) < len(storages):
             # an output is (a view of) an input or of another output: copies would break that
-            self.disabled = True
+            self._give_up("an output aliases an input or another output")
             return self.run(args)
         self.graph, self.outs = graph, outs
         self.inputs = inputs
@@ -130,7 +134,7 @@ class GraphedCall:
             self.graph = self.outs = self.inputs = None
             self.moving.update(moved)
             if self.captures > RECAPTURES:
-                self.disabled = True
+                self._give_up("arguments kept moving between calls")
                 return self.run(args)
             return self._capture(args, [_ptr(a) for a in args])
         inputs = self.inputs

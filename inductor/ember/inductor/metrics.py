@@ -7,6 +7,7 @@ fx_cache_hits = 0  # the torch-level cache (fx_cache.py): a hit skips tracing an
 fx_cache_misses = 0
 fallbacks: list = []
 cudagraph_replays = 0  # calls of compiled graphs replayed from a CUDA graph (cudagraphs.py)
+cudagraph_skips: list = []  # why a program's CUDA graph was given up, one line each
 
 
 def reset() -> None:
@@ -15,4 +16,5 @@ def reset() -> None:
     global cudagraph_replays
     generated_kernel_count = cache_hits = cache_misses = fx_cache_hits = fx_cache_misses = 0
     cudagraph_replays = 0
+    cudagraph_skips.clear()
     fallbacks.clear()
