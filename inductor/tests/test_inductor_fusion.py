@@ -91,6 +91,19 @@ def test_buffer_reuse_and_inplace():
     assert any(s.kind == "view" for s in compiled.artifact.steps)
 
 
+def test_inplace_donor_is_not_read_after_it_is_overwritten():
+    # The second kernel computes mm(d) * 2 first, then d + 1 from softmax's stored exp and sum.
+    # Handed the exp's memory, the product overwrote it before d + 1 read it: only a member
+    # emitted no earlier than every reader of a buffer may write over it (static sizes too; a
+    # dynamic ResNet-BN's backward got wrong gradients from it).
+    def f(x, w):
+        d = x.softmax(-1)
+        return torch.mm(d, w) * 2, d + 1
+
+    compiled = check(f, torch.randn(8, 8), torch.randn(8, 8))
+    assert "# reuses" in compiled.source  # d + 1, the exp's last reader, takes its memory
+
+
 def test_kernel_local_buffers_are_not_allocated():
     compiled = check(lambda a: torch.softmax(a, -1), torch.randn(4, 8))
     assert compiled.source.count("empty_strided(") == 1  # only the output

@@ -127,18 +127,16 @@ class WrapperBuilder:
         """A buffer that dies in kernel `k`, read only where `b` is stored: `b` may overwrite it.
 
         Either an input of a pointwise kernel, or (softmax's exp, say) an earlier per-element member
-        of the same reduction kernel whose readers all run no later than `b`'s phase.
+        of the same reduction kernel. Either way every member that reads it must be emitted no
+        later than `b`: a member after `b` in the loop body would load the element `b` has just
+        stored over it (a kernel computing `mm(d) * 2` and `d + 1` could give `d + 1` the product).
         """
         if not config.inplace_buffers:
             return None
-        if not all(sympy.sympify(s).is_number for s in (*b.layout.sizes, *b.layout.strides)):
-            # Not yet proven safe with symbolic sizes: a dynamic ResNet's backward got wrong
-            # gradients from an in-place write (tests/test_dynamic_models.py).
-            return None
-        reads, phase_of = {}, {}
-        for p, (loop, post) in enumerate(k.phases):
+        reads, emitted_at = {}, {}
+        for loop, post in k.phases:  # the order the kernel's body computes and stores them
             for m in loop + post:
-                phase_of[m.node.name] = p
+                emitted_at[m.node.name] = len(emitted_at)
         for m in k.members:
             for name, index in k.record(m).loads:
                 reads.setdefault(name, []).append((sympy.expand(index), m.node.name))
@@ -147,13 +145,14 @@ class WrapperBuilder:
             src = self.buffers.get(name)
             if not (isinstance(src, ComputedBuffer) and last.get(name) == i and name not in self.outputs
                     and name not in self.donated and src.layout == b.layout
-                    and all(idx == want for idx, _ in uses)):  # fmt: skip
+                    and all(idx == want for idx, _ in uses)
+                    and all(emitted_at[r] <= emitted_at[b.name] for _, r in uses)):  # fmt: skip
                 continue
             if name == b.name:
                 continue
             if name in k.names:
-                ok = (k.rsizes and k.names.index(name) < k.names.index(b.name) and k.roles[name] == k.roles[b.name] == "xr" and name not in k.local
-                      and max(phase_of[r] for _, r in uses) <= phase_of[b.name])  # fmt: skip
+                ok = (k.rsizes and k.names.index(name) < k.names.index(b.name)
+                      and k.roles[name] == k.roles[b.name] == "xr" and name not in k.local)  # fmt: skip
             else:
                 ok = not k.rsizes
             if ok:
