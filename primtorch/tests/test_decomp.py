@@ -294,3 +294,18 @@ def test_bessel_k_quadrature(fn):
     special = torch.tensor([0.0, -1.0, float("inf"), float("nan"), 1e-30, 1.0], dtype=torch.float64)
     x = torch.cat([special, torch.logspace(-5, 3, 60, dtype=torch.float64)])
     check(fn, x, rtol=1e-10, atol=0)
+
+
+def test_small_powers_are_products_roots_and_reciprocals():
+    # torch special-cases these exponents; pow itself is slow (a scalar libm call per element on
+    # the CPU) and inexact for integers
+    x = torch.randn(64)
+    for exponent, expected in ((2, {"prims.mul"}), (3, {"prims.mul"}), (0.5, {"prims.sqrt"}),
+                               (-0.5, {"prims.rsqrt"}), (-1, {"prims.reciprocal"})):  # fmt: skip
+        gm = trace_to_prims(lambda a, e=exponent: a**e, x)
+        targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+        assert "prims.pow" not in targets and expected <= targets, (exponent, targets)
+        torch.testing.assert_close(gm(x)[0] if isinstance(gm(x), (list, tuple)) else gm(x),
+                                   x**exponent, equal_nan=True)  # fmt: skip
+    gm = trace_to_prims(lambda a: a**2.5, x)
+    assert "prims.pow" in {str(n.target) for n in gm.graph.nodes}

@@ -314,13 +314,28 @@ def fmod(self, other):
     return elementwise(_prim("fmod"), self, other, kind=DEFAULT)
 
 
+# Exponents torch computes without pow (its pow kernels special-case them): products, roots and
+# reciprocals are exact where pow is not, and far cheaper (GPT-2's GELU cubes every activation).
+_INTEGRAL_POWERS = {2: 2, 3: 3}
+_FLOAT_POWERS = {0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}
+
+
 @register_decomposition(aten.pow)
 def pow(self, exponent):
-    if is_tensor(self) and not is_tensor(exponent) and exponent == 2:
-        # x*x is what torch computes for a square, and it stays exact for integers.
-        compute, dtype = elementwise_dtypes(self, 2, kind=BOOL_TO_LONG)
-        a = convert(self, compute)
-        return convert(prims.mul(a, a), dtype)
+    if is_tensor(self) and not is_tensor(exponent) and not isinstance(exponent, complex) and (
+            not self.dtype.is_complex):  # fmt: skip
+        if exponent in _INTEGRAL_POWERS:
+            # x*x (x*x*x) is what torch computes, and it stays exact for integers.
+            compute, dtype = elementwise_dtypes(self, exponent, kind=BOOL_TO_LONG)
+            a = convert(self, compute)
+            out = prims.mul(a, a)
+            if exponent == 3:
+                out = prims.mul(out, a)
+            return convert(out, dtype)
+        if exponent in _FLOAT_POWERS and self.dtype.is_floating_point:
+            compute, dtype = elementwise_dtypes(self, exponent, kind=BOOL_TO_LONG)
+            out = getattr(prims, _FLOAT_POWERS[exponent])(convert(self, compute))
+            return convert(out, dtype)
     return elementwise(_prim("pow"), self, exponent, kind=BOOL_TO_LONG)
 
 
