@@ -50,7 +50,7 @@ class GraphedCall:
     def __init__(self, run):
         self.run = run
         self.calls = 0
-        self.seen = None  # storage of each argument at the last plain call
+        self.seen = None  # the address of each argument at the last plain call
         self.moving: set = set()  # arguments seen at another address than at capture
         self.captures = 0
         self.graph = None
