@@ -383,13 +383,7 @@ class Lowerer(fx.Interpreter):
             # Rows padded for alignment, as whole rows with zeros after the elements: a kernel
             # reading aligned rows (the memory-efficient attention's bias) reads the last row's
             # padding too, which a buffer ending at the last element would not hold.
-            n = int(x.sizes[-1])
-
-            def fn(idx):
-                inside = ops.lt(ops.index_expr(idx[-1], torch.int64), ops.constant(n, torch.int64))
-                return ops.masked(inside, lambda: x.load(idx), 0)
-
-            whole = self.realize(Lazy(padded, x.dtype, x.device, fn), contiguous_strides(padded))
+            whole = self.realize(pad_last_dim(x, padded[-1]), contiguous_strides(padded))
             return View(whole.buffer, list(x.sizes), list(strides), whole.offset)
         # rows padded for alignment: a buffer larger than its elements
         buf = ComputedBuffer(self.new_name(), Layout(x.dtype, x.device, x.sizes, strides),
@@ -487,6 +481,17 @@ class Lowerer(fx.Interpreter):
             outs.append(View.of(mo))
         ext.outputs = tuple(o.buffer.name for o in outs if o is not None)
         return tuple(outs)
+
+
+def pad_last_dim(x, n_pad) -> Lazy:
+    """`x` (..., N) as a Lazy (..., n_pad) whose elements from N on are zero."""
+    n = int(x.sizes[-1])
+
+    def fn(idx):
+        inside = ops.lt(ops.index_expr(idx[-1], torch.int64), ops.constant(n, torch.int64))
+        return ops.masked(inside, lambda: x.load(idx), 0)
+
+    return Lazy((*x.sizes[:-1], sympy.Integer(n_pad)), x.dtype, x.device, fn)
 
 
 def read_orders(x: Lazy) -> tuple[list, list]:

@@ -19,6 +19,7 @@ from .lowering import (
     is_tensor,
     load_as,
     out_meta,
+    pad_last_dim,
     read_order_strides,
     register,
     remap_view,
@@ -488,17 +489,6 @@ def _padded_columns(name, args) -> int:
     return -(-n // align) * align
 
 
-def _pad_columns(x, n_pad):
-    """`x` (..., N) as a Lazy (..., n_pad) whose columns from N on are zero."""
-    n = int(x.sizes[-1])
-
-    def fn(idx):
-        inside = ops.lt(ops.index_expr(idx[-1], torch.int64), ops.constant(n, torch.int64))
-        return ops.masked(inside, lambda: x.load(idx), 0)
-
-    return Lazy((*x.sizes[:-1], S(n_pad)), x.dtype, x.device, fn)
-
-
 def _pad_operands(L, name, args, n_pad) -> list:
     """The args with `b` (and an addmm's bias of N columns) zero-padded to `n_pad` columns; b
     stored in the order it reads (a transposed weight: (n_pad, K) rows)."""
@@ -506,8 +496,8 @@ def _pad_operands(L, name, args, n_pad) -> list:
     pos_b = _MATRICES[name][1]
     b, bias = args[pos_b], args[0]
     if name == "extern.addmm" and is_tensor(bias) and bias.sizes and bias.sizes[-1] == b.sizes[1]:
-        args[0] = L.realize(_pad_columns(bias, n_pad))
-    padded = _pad_columns(b, n_pad)
+        args[0] = L.realize(pad_last_dim(bias, n_pad))
+    padded = pad_last_dim(b, n_pad)
     args[pos_b] = L.realize(padded, read_order_strides(padded))
     return args
 
