@@ -121,8 +121,7 @@ class Builds:
         self.cpp_jobs: list = []  # (kernels of one translation unit, future)
         self.optional: list = []  # (name, future)
         self.keys: set = set()  # of the optional builds submitted
-        self.cpp_launchers: dict = {}  # C++ kernel name -> the launchers it binds
-        self.cpp_shown: dict = {}  # C++ kernel name -> the wrapper's names for it
+        self.cpp_users: dict = {}  # C++ kernel name -> [(the wrapper's name for it, launcher)]
 
     def pending(self) -> bool:
         """Is there anything to wait for before the first launch?"""
@@ -133,12 +132,10 @@ class Builds:
         """Build the kernel with the program's; a kernel of the same name (named by content:
         another layer's) is built once and binds every launcher of it. `shown`: the name the
         wrapper knows it by, for messages."""
-        self.cpp_shown.setdefault(name, []).append(shown or name)
-        if name in self.cpp_launchers:
-            self.cpp_launchers[name].append(launcher)
-            return
-        self.cpp_launchers[name] = [launcher]
-        self.cpp.append((name, source, include, launcher))
+        users = self.cpp_users.setdefault(name, [])
+        users.append((shown or name, launcher))
+        if len(users) == 1:
+            self.cpp.append((name, source, include, launcher))
 
     def submit_optional(self, name: str, fn, *args, key=None) -> None:
         """Run fn(*args) in the background; once per `key` (None: always)."""
@@ -171,11 +168,12 @@ class Builds:
         for group, future in self.cpp_jobs:
             total += len(group)
             for (name, _, _, _), built in zip(group, future.result()):
+                users = self.cpp_users[name]
                 if isinstance(built, Exception):
-                    shown = ", ".join(self.cpp_shown.get(name, [name]))
+                    shown = ", ".join(shown for shown, _ in users)
                     failures.append(f"--- kernel {shown}: {type(built).__name__}: {built}")
                 else:
-                    for launcher in self.cpp_launchers[name]:
+                    for _, launcher in users:
                         launcher.bind(built, name)
         if failures:
             head = f"{len(failures)} of {total} kernels failed to build:"
@@ -260,14 +258,20 @@ def _cpp_build(name: str, source: str, include: str) -> Path:
     return toolchain.compile_shared(name, code=source, include_dirs=(include,), **_build_options())
 
 
-def _canonical_cpp(name: str, source: str) -> tuple:
-    """(name, source) with the kernel's entry point named by its content (see _canonical)."""
-    head = f" {name}(void** args)"
-    if source.count(head) != 1 or source.count(name) != 1:
+def _named_by_content(name: str, source: str, head: str) -> tuple:
+    """(name, source) with the kernel's definition `head.format(name)` renamed after the rest of
+    its source: the same kernel in every layer of a model is then one build (and one Triton
+    autotuning). Unchanged when the definition is not found once."""
+    old = head.format(name)
+    if source.count(old) != 1:
         return name, source
-    body = source.replace(head, " __kernel__(void** args)")
+    body = source.replace(old, head.format("__kernel__"))
     canon = "k" + hashlib.sha256(body.encode()).hexdigest()[:16]
-    return canon, body.replace(" __kernel__(void** args)", f" {canon}(void** args)")
+    return canon, body.replace(head.format("__kernel__"), head.format(canon))
+
+
+def _canonical_cpp(name: str, source: str) -> tuple:
+    return _named_by_content(name, source, " {}(void** args)")
 
 
 def cpp_kernel(name: str, source: str, nargs: int, sizes: int = 0) -> CppLauncher:
@@ -305,22 +309,11 @@ def _load_module(source: str, suffix: str = ""):
     return module
 
 
-def _canonical(name: str, source: str) -> tuple:
-    """(source, function name) with the function named by its content: the same kernel in
-    every layer of a model is then one module, compiled and autotuned once."""
-    head = f"def {name}("
-    if source.count(head) != 1:
-        return source, name
-    body = source.replace(head, "def __kernel__(")
-    fn = "k_" + hashlib.sha256(body.encode()).hexdigest()[:16]
-    return body.replace("def __kernel__(", f"def {fn}("), fn
-
-
 class TritonLauncher:
     """Launches a Triton kernel with a fixed grid; picks block sizes on first call."""
 
     def __init__(self, name, source, configs, xnumel, rnumel):
-        source, fn = _canonical(name, source)
+        fn, source = _named_by_content(name, source, "def {}(")
         self.fn = getattr(_load_module(source), fn)
         self.key = hashlib.sha256(source.encode()).hexdigest()[:20]
         self.configs, self.sizes = configs, (xnumel,) + ((rnumel,) if rnumel is not None else ())
