@@ -152,7 +152,7 @@ class Ember(Backend):
         counters, if it keeps them."""
         try:
             metrics = importlib.import_module("ember.inductor.metrics")
-            return metrics.cudagraph_replays, len(metrics.cudagraph_skips), metrics.cudagraph_skips
+            return metrics.cudagraph_replays, list(metrics.cudagraph_skips)
         except (ImportError, AttributeError):
             return None
 
@@ -170,8 +170,8 @@ class Ember(Backend):
                 out["last_failure"] = str(now[2])[:500]
             replays, start = self._replays(), getattr(self, "_start_replays", None)
             if replays is not None and start is not None:
-                out["cudagraph_replays"] = max(0, replays[0] - start[0])
-                skips = replays[2][start[1]:] if replays[1] >= start[1] else replays[2]
+                out["cudagraph_replays"] = max(0, replays[0] - start[0])  # 0 after a reset()
+                skips = replays[1][len(start[1]):]
                 if skips:
                     out["cudagraph_skipped"] = skips[-1]
             return out

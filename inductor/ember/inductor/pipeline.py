@@ -222,12 +222,11 @@ class CompiledGraph:
         self._flat = self._spec is None or self._spec in (
             pytree.tree_structure(leaves), pytree.tree_structure(list(leaves))
         )
-        spec = self._spec
-        self._sequence = None
-        if not self._flat and spec.type is not None and issubclass(spec.type, (list, tuple)):
-            kids = spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
-            if not hasattr(spec.type, "_fields") and all(c.is_leaf() for c in kids):
-                self._sequence = spec.type
+        spec, self._sequence = self._spec, None
+        if not self._flat and spec.num_nodes == spec.num_leaves + 1:  # one container of leaves
+            kind = spec.type
+            if issubclass(kind, (list, tuple)) and not hasattr(kind, "_fields"):  # no namedtuple
+                self._sequence = kind
         metrics.generated_kernel_count += len(program.kernels)
 
     def _first_call(self, args):

@@ -36,7 +36,8 @@ def _static(t) -> bool:
     return isinstance(t, torch.Tensor) and all(type(s) is int for s in t.shape)
 
 
-def _autocast(t, dtype):
+def autocast_input(t, dtype):
+    """`t` as autocast hands it to attention: floating tensors in `dtype` (None: as they are)."""
     return t.to(dtype) if dtype is not None and t.is_floating_point() else t
 
 
@@ -73,7 +74,7 @@ def efficient_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_cau
         torch.broadcast_shapes(attn_mask.shape, (batch, heads, length, source))
     except RuntimeError:
         return None
-    q, k, v = (_autocast(t, amp) for t in (q, k, v))
+    q, k, v = (autocast_input(t, amp) for t in (q, k, v))
     if attn_mask.dtype == torch.bool:
         bias = torch.zeros(attn_mask.shape, dtype=dtype, device=q.device)
         bias = bias.masked_fill(attn_mask.logical_not(), float("-inf"))

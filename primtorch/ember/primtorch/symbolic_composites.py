@@ -19,6 +19,8 @@ from functools import reduce
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .attention import autocast_input
+
 
 def _linear(input, weight, bias=None):
     """linear on an input of 3 or more dims with a bias: torch flattens it to 2-d for one addmm
@@ -114,7 +116,7 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     device = query.device.type
     if torch.is_autocast_enabled(device):  # what the autocast of sdpa does to its inputs
         dtype = torch.get_autocast_dtype(device)
-        query, key, value = (t.to(dtype) if t.is_floating_point() else t for t in tensors)
+        query, key, value = (autocast_input(t, dtype) for t in tensors)
     out_dtype = query.dtype
     # torch's math path on CUDA computes reduced-precision attention in float32
     compute = torch.float32 if device == "cuda" and out_dtype in (torch.float16,

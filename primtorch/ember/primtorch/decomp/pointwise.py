@@ -316,7 +316,7 @@ def fmod(self, other):
 
 # Exponents torch computes without pow (its pow kernels special-case them): products, roots and
 # reciprocals are exact where pow is not, and far cheaper (GPT-2's GELU cubes every activation).
-_INTEGRAL_POWERS = {2: 2, 3: 3}
+_INTEGRAL_POWERS = (2, 3)
 _FLOAT_POWERS = {0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}
 
 
