@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import backends as backend_registry
 import measure
+import turns
 import torch
 from models import MODELS
 from torch import nn
@@ -76,23 +77,15 @@ MODES = {
 }
 
 
-@contextlib.contextmanager
-def timing_turn():
-    """Held around warm-up and timed calls. With `--jobs N` several workers share a device:
-    an exclusive lock on the file EMBER_BENCH_TIMING_LOCK names makes their timed calls take
-    turns, while compiles (CPU work) overlap."""
-    path = os.environ.get("EMBER_BENCH_TIMING_LOCK")
-    if not path:
-        yield
-        return
-    import fcntl
+timing_turn = turns.timing_turn  # dynamic.py and the tests take it from here
 
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+
+def _unpaused(time_call, *args):
+    """time_call(*args) -> (seconds, result), less the time this worker was stopped by another
+    worker's timed phase (see turns.py)."""
+    t0 = time.time()
+    seconds, result = time_call(*args)
+    return max(0.0, seconds - turns.paused_seconds(t0, time.time())), result
 
 
 class BenchTimeout(BaseException):
@@ -279,7 +272,7 @@ class Task:
         mem.begin()
         backend.begin()
         step = self.make_step(backend.compile(fn), model)
-        first_s, out = measure.time_call(step, str(self.device))
+        first_s, out = _unpaused(measure.time_call, step, str(self.device))
         rec["compile_cold_s" if backend.compiles else "first_call_s"] = first_s
         if self.cfg.get("accuracy", True):
             rec["accuracy"] = measure.compare(
@@ -323,7 +316,7 @@ class Task:
             rec["warm_note"] = "backend has no reset()"
             return
         step = self.make_step(backend.compile(fn), model)
-        rec["compile_warm_s"], _ = measure.time_call(step, str(self.device))
+        rec["compile_warm_s"], _ = _unpaused(measure.time_call, step, str(self.device))
         hits = backend.cache_hits()
         if hits is not None:
             rec["warm_cache_hits"] = hits

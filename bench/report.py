@@ -227,8 +227,9 @@ def _header(run):
             f"isolation: {run.get('isolate', 'model')}; "
             + (f"CPU threads {run['threads']}; " if run.get("threads") else "")
             + (
-                f"{run['jobs']} models at a time per device (compiles overlap, timed calls take "
-                "turns: compile times include the shared CPU); "
+                f"{run['jobs']} models at a time per device (compiles overlap; a timed phase runs "
+                "with the other workers stopped, and compile times leave out the time stopped, "
+                "though they include the shared CPU); "
                 if run.get("jobs", 1) > 1
                 else ""
             )

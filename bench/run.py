@@ -43,7 +43,9 @@ def worker_main(config_path):
 
     faulthandler.enable()  # a segfault in a backend leaves a Python traceback in the log
     import harness
+    import turns
 
+    turns.register()  # other workers' timed phases pause this one (see turns.py)
     cfg = json.loads(Path(config_path).read_text())
     with open(cfg["events"], "a") as events:
 
@@ -354,8 +356,9 @@ def parse_args(argv):
         "--jobs",
         type=int,
         default=1,
-        help="workers per device at a time: their compiles overlap, their warm-up and timed "
-        "calls take turns (cold and warm compile times then include the sharing of the CPU)",
+        help="workers per device at a time: their compiles overlap; a worker's warm-up and timed "
+        "calls run with the other workers stopped (cold and warm compile times then include "
+        "the sharing of the CPU, less the time stopped)",
     )
     p.add_argument("--smoke", action="store_true", help="the suite's quick subset (cpu-core)")
     p.add_argument(

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import report
+import turns
 
 POLL_S = 0.2
 RUN_PY = Path(__file__).resolve().with_name("run.py")
@@ -66,6 +67,7 @@ class Worker:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
+        self._lock = env.get(turns.LOCK_ENV)
         self._events = open(self.events_path)  # noqa: SIM115 - read as it grows; close() closes
         self._partial = ""
 
@@ -87,6 +89,12 @@ class Worker:
         except ProcessLookupError:
             pass
         self.proc.wait()
+        self._unregister()
+
+    def _unregister(self):
+        # a worker that died or was killed in its timed phase leaves the others stopped
+        turns.unregister(self._lock, self.proc.pid)
+        turns.resume_all(self._lock)
 
     def log_tail(self, lines=12):
         """The last lines this worker wrote to its log (to explain a crash)."""
@@ -95,6 +103,7 @@ class Worker:
 
     def close(self, run_log):
         """Append this worker's output to the run's log (under a lock: workers may be parallel)."""
+        self._unregister()
         self._events.close()
         text = self.log_path.read_text(errors="replace")
         with _print_lock, open(run_log, "a") as f:

@@ -213,6 +213,95 @@ def test_timed_calls_take_turns(tmp_path, monkeypatch):
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
 
 
+_COUNTER = """
+import os, sys, time
+sys.path.insert(0, sys.argv[2])
+import turns
+turns.register()
+n = 0
+while True:
+    n += 1
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(str(n))
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])  # a reader never sees a half-written count
+    time.sleep(0.01)
+"""
+
+
+def test_timed_phase_pauses_the_other_workers(tmp_path, monkeypatch):
+    """A worker in its timed phase stops the other registered workers' groups, continues them
+    after, and each stopped worker can subtract the pause from its compile times."""
+    import subprocess
+    import time
+
+    import turns
+
+    lock = tmp_path / "timing.lock"
+    monkeypatch.setenv("EMBER_BENCH_TIMING_LOCK", str(lock))
+    count = tmp_path / "count"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _COUNTER, str(count), str(BENCH)],
+        env={**__import__("os").environ, "EMBER_BENCH_TIMING_LOCK": str(lock)},
+        start_new_session=True,
+    )
+
+    def read():
+        return int(count.read_text()) if count.exists() else 0
+
+    try:
+        deadline = time.time() + 30
+        while read() < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        assert (lock.parent / "timing.lock.workers" / str(child.pid)).exists()
+        t0 = time.time()
+        with turns.timing_turn():
+            time.sleep(0.1)
+            during = read()
+            time.sleep(0.4)
+            assert read() == during  # stopped: no progress while this phase times
+        time.sleep(0.3)
+        assert read() > during  # continued
+        paused = turns.paused_seconds(t0, time.time(), pid=child.pid)
+        assert 0.45 <= paused <= 1.0
+        assert turns.paused_seconds(t0, time.time()) == 0.0  # this process was never stopped
+    finally:
+        turns.unregister(str(lock), child.pid)
+        child.kill()
+        child.wait()
+    assert not (lock.parent / "timing.lock.workers" / str(child.pid)).exists()
+
+
+def test_a_killed_holder_leaves_nobody_stopped(tmp_path):
+    """resume_all (the runner, when a worker ends) continues the groups a dead holder stopped."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import turns
+
+    lock = str(tmp_path / "timing.lock")
+    env = {**os.environ, "EMBER_BENCH_TIMING_LOCK": lock}
+    count = tmp_path / "count"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _COUNTER, str(count), str(BENCH)], env=env, start_new_session=True
+    )
+    try:
+        while not count.exists():
+            time.sleep(0.05)
+        os.killpg(child.pid, signal.SIGSTOP)  # as a holder that died mid-turn would leave it
+        time.sleep(0.2)
+        stopped_at = int(count.read_text())
+        time.sleep(0.3)
+        assert int(count.read_text()) == stopped_at
+        turns.resume_all(lock)
+        time.sleep(0.3)
+        assert int(count.read_text()) > stopped_at
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_report_says_which_calls_replayed_cuda_graphs(tmp_path):
     run_ = _fake_run("1/1", ["resnet50"], 1.0)
     run_["records"][-1] = {"model": "resnet50", "backend": "ember", "status": "ok",

@@ -18,6 +18,12 @@ graph records the launches of one call and replays them with one driver call.
   graph is captured again, at most `RECAPTURES` times, after which the wrapper runs as before.
 - Calls take turns (a lock), and each replay's stream waits for the previous replay's output
   copies: threads or streams sharing a compiled model share the graph's tensors.
+
+`GraphsBySize` does the same for a program with symbolic sizes: one `GraphedCall` per set of
+argument sizes (and of the integer arguments that carry sizes), up to `MAX_SIZES` of them; calls
+with other sizes run the wrapper. The graphs share one memory pool, one lock and one ordering
+event: a replay only leaves its outputs in the pool, and they are copied out before the next
+replay, of any size, may run.
 """
 
 from __future__ import annotations
@@ -34,10 +40,26 @@ log = logging.getLogger("ember.inductor")
 WARM_CALLS = 2  # calls run plainly before capture; the one after is captured
 RECAPTURES = 2
 MIN_GRAPHED_STEPS = 8  # kernel launches and extern calls a program needs to be worth a graph
+MAX_SIZES = 32  # graphs a program with symbolic sizes keeps, one per set of sizes
 
 
-def _ptr(t) -> int:
-    return t.data_ptr()
+def _ptr(a):
+    """A tensor's address; None for a number (a size), which the graph's sizes fix."""
+    return a.data_ptr() if isinstance(a, torch.Tensor) else None
+
+
+def _graphable(a) -> bool:
+    return a.is_cuda if isinstance(a, torch.Tensor) else type(a) in (int, bool)
+
+
+class _Shared:
+    """What graphs that share one memory pool share: the lock their calls take turns on and the
+    event recorded after the last replay's output copies."""
+
+    def __init__(self):
+        self.lock = threading.RLock()  # a replay may capture again
+        self.done = None
+        self.pool = None  # None: a pool of the graph's own
 
 
 def _storage(t) -> int:
@@ -47,22 +69,21 @@ def _storage(t) -> int:
 class GraphedCall:
     """`call(args: list) -> outputs` of one compiled wrapper, replayed from a CUDA graph."""
 
-    def __init__(self, run):
+    def __init__(self, run, shared=None):
         self.run = run
+        self.shared = shared or _Shared()
         self.calls = 0
         self.seen = None  # the address of each argument at the last plain call
         self.moving: set = set()  # arguments seen at another address than at capture
         self.captures = 0
         self.graph = None
         self.disabled = False
-        self.lock = threading.RLock()  # a replay may capture again
-        self.done = None  # recorded after the last replay's output copies
 
     def __call__(self, args: list):
         if self.disabled:
             return self.run(args)
         # One call at a time: calls from several threads share the graph's tensors.
-        with self.lock:
+        with self.shared.lock:
             return self._call_locked(args)
 
     def _call_locked(self, args: list):
@@ -70,8 +91,8 @@ class GraphedCall:
             return self._replay(args)
         if self.disabled:
             return self.run(args)
-        if not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
-            self._give_up("an argument that is not a CUDA tensor")
+        if not all(_graphable(a) for a in args):
+            self._give_up("an argument that is not a CUDA tensor or an integer")
             return self.run(args)
         self.calls += 1
         ptrs = [_ptr(a) for a in args]
@@ -100,13 +121,13 @@ class GraphedCall:
                 self.run(list(inputs))  # warm: allocator and library handles for this stream
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self.shared.pool):
                 outs = self.run(list(inputs))
         except Exception as e:  # noqa: BLE001  (whatever a capture refuses: run without graphs)
             self._give_up(f"capture failed: {type(e).__name__}: {e}")
             torch.cuda.synchronize()
             return self.run(args)
-        held = {_storage(s) for s in inputs}
+        held = {_storage(s) for s in inputs if isinstance(s, torch.Tensor)}
         storages = [_storage(o) for o in outs if isinstance(o, torch.Tensor)]
         if set(storages) & held or len(set(storages)) < len(storages):
             # an output is (a view of) an input or of another output: copies would break that
@@ -122,10 +143,10 @@ class GraphedCall:
         # In order on the GPU too: a replay on another stream must not copy its inputs in
         # before the last one's outputs are copied out.
         stream = torch.cuda.current_stream()
-        if self.done is not None:
-            stream.wait_event(self.done)
+        if self.shared.done is not None:
+            stream.wait_event(self.shared.done)
         outs = self._replay_in_order(args)
-        self.done = stream.record_event()
+        self.shared.done = stream.record_event()
         return outs
 
     def _replay_in_order(self, args: list):
@@ -144,3 +165,42 @@ class GraphedCall:
         self.graph.replay()
         metrics.cudagraph_replays += 1
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outs]
+
+
+class GraphsBySize:
+    """`call(args: list) -> outputs` of a compiled wrapper with symbolic sizes: a `GraphedCall`
+    per set of argument sizes, strides and integer arguments, all in one memory pool."""
+
+    def __init__(self, run):
+        self.run = run
+        self.shared = _Shared()
+        self.graphs: dict = {}
+        self.full = False
+        self.off = False  # a size's graph was given up: the reason holds for every size
+
+    def __call__(self, args: list):
+        if self.off:
+            return self.run(args)
+        key = tuple(
+            (tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else (type(a), a)
+            for a in args
+        )
+        graphed = self.graphs.get(key)
+        if graphed is None:
+            if len(self.graphs) >= MAX_SIZES:
+                if not self.full:
+                    self.full = True
+                    log.info("ember.inductor: %d sizes have CUDA graphs; others run plainly",
+                             MAX_SIZES)  # fmt: skip
+                    metrics.cudagraph_skips.append(f"more than {MAX_SIZES} sizes")
+                return self.run(args)
+            if self.shared.pool is None and any(
+                isinstance(a, torch.Tensor) and a.is_cuda for a in args
+            ):
+                self.shared.pool = torch.cuda.graph_pool_handle()
+            graphed = self.graphs[key] = GraphedCall(self.run, self.shared)
+        out = graphed(args)
+        if graphed.disabled:
+            self.off = True
+            self.graphs.clear()
+        return out

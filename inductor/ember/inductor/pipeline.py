@@ -29,7 +29,7 @@ from . import (
 from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs
 from .config import config
-from .cudagraphs import MIN_GRAPHED_STEPS, GraphedCall
+from .cudagraphs import MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize
 from .loop_ir import verify
 from .lowering import lower_graph
 from .scheduler import Kernel, schedule
@@ -236,17 +236,18 @@ class CompiledGraph:
 
     def use_cudagraphs(self) -> None:
         """Replay this program from a CUDA graph (cudagraphs.py) when config.cudagraphs allows
-        and it runs on CUDA with static sizes. For inference graphs only: a training forward's
-        outputs (the saved activations) would be copied on every call."""
+        and it runs on CUDA (with symbolic sizes: a graph per set of sizes). For inference graphs
+        only: a training forward's outputs (the saved activations) would be copied on every
+        call."""
         mode = config.cudagraphs
         if mode is False or mode in ("0", "off", "false") or self._graphed is not None:
             return
         art = self.artifact
-        if not str(art.device).startswith("cuda") or art.symbols:
+        if not str(art.device).startswith("cuda"):
             return
         if sum(s.kind in ("kernel", "extern") for s in art.steps) < MIN_GRAPHED_STEPS:
             return  # a replay, the input copies and the output copies cost more than they save
-        self._graphed = GraphedCall(self._run)
+        self._graphed = GraphsBySize(self._run) if art.symbols else GraphedCall(self._run)
         if self._call is self._run:
             self._call = self._graphed
 
