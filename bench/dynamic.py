@@ -30,6 +30,7 @@ import os
 import random
 import statistics
 import time
+import traceback
 from pathlib import Path
 
 import _paths  # noqa: F401  (components and bench/ on sys.path)
@@ -133,7 +134,11 @@ def run_model(name, args, lengths):
                 }
             rec["graphs"] = count()
         except Exception as e:  # noqa: BLE001 - recorded, the other variants still run
-            rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            # the table gets the message's last line (a Triton CompilationError's reason comes
+            # after the source it quotes); the JSON keeps all of it and the traceback
+            lines = [ln for ln in str(e).splitlines() if ln.strip()] or [""]
+            rec["error"] = f"{type(e).__name__}: {lines[-1][:300]}"
+            rec["error_detail"] = traceback.format_exc()[-20000:]
         variants[label] = rec
 
     measure("eager", lambda n: model, lambda: 0, lengths)

@@ -105,3 +105,27 @@ def test_a_graph_the_symbolic_backend_cannot_take_is_compiled_static():
         for t in SIZES:
             x = torch.randn(2, t)
             torch.testing.assert_close(compiled(x), model(x))
+
+
+def _pad_to_16(x):
+    n = x.shape[-1]
+    y = torch.nn.functional.pad(x, (0, 16 * ((n + 15) // 16) - n))
+    return (y * 2).sum(-1), y.exp()
+
+
+def test_a_size_rounded_up_to_a_multiple_stays_symbolic():
+    """As torch's CUDA attention pads its mask: the padded size is ceiling(s/16)*16, printed in
+    the kernels and the wrapper, for every length, with one compile."""
+    calls = []
+
+    def counting(gm, example_inputs):
+        calls.append(1)
+        return ember.inductor.compile_fx(gm, example_inputs)
+
+    counting.ember_supports_dynamic = True
+    compiled = ember.compile(_pad_to_16, backend=counting, dynamic=True)
+    for n in (20, 33, 47, 64):
+        x = torch.randn(3, n)
+        for got, want in zip(compiled(x), _pad_to_16(x)):
+            torch.testing.assert_close(got, want)
+    assert len(calls) == 1

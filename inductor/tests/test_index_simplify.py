@@ -217,3 +217,22 @@ def test_softmax_through_a_heads_view_is_one_flat_loop(backend):
     if backend == "triton":  # the (2, 3) view merged back: only rows (x0) and columns (x1)
         text = "\n".join(k.source for k in compiled.program.kernels)
         assert "x2 =" not in text, text
+
+
+def test_printing_rounded_up_sizes_and_max():
+    """A size rounded up to a multiple (torch pads an attention mask to 16 columns) prints as an
+    integer division; Max(1, size) (a stride) prints as the size when it is a positive integer,
+    else as each language's max."""
+    from ember.inductor.codegen_common import PY_MINMAX, TRITON_MINMAX, print_index
+
+    s1, s2 = sympy.symbols("s1 s2", integer=True, positive=True)
+    padded = 16 * sympy.ceiling(s1 / 16)
+    assert print_index(padded, floordiv="//") == "16 * (((15 + s1) // 16))"
+    assert print_index(sympy.floor(s1 / s2)) == "((s1) / s2)"
+    assert print_index(sympy.Max(1, padded, evaluate=False), floordiv="//") == print_index(
+        padded, floordiv="//"
+    )
+    k = sympy.Symbol("k", integer=True)  # of unknown sign: the max stays
+    assert print_index(sympy.Max(1, k)) == "std::max<int64_t>(1, k)"
+    assert print_index(sympy.Max(1, k), minmax=TRITON_MINMAX) == "tl.maximum(1, k)"
+    assert print_index(sympy.Max(1, k), minmax=PY_MINMAX) == "max(1, k)"

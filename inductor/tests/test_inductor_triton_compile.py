@@ -81,6 +81,27 @@ def test_scalar_address_kernels_compile(triton_kernels):
     assert not failures, "\n\n".join(failures[:2])
 
 
+def test_looped_any_and_safe_softmax_compile(triton_kernels, monkeypatch):
+    """Rows longer than a persistent reduction takes: an `any` accumulated over a loop (as
+    _safe_softmax checks for fully masked rows) keeps one type across the loop."""
+    monkeypatch.setattr(config, "persistent_reduction_max", 8)
+    x = torch.randn(6, 40)
+    x[1] = float("-inf")
+    mask = torch.rand(6, 40) > 0.3
+
+    def f(x, mask):
+        return (x > 1).any(-1), torch.ops.aten._safe_softmax(x.masked_fill(mask, -torch.inf), -1)
+
+    from ember.primtorch import trace_to_prims
+
+    prims = trace_to_prims(f, x, mask)
+    out = pipeline.compile_prims(prims, [x, mask])(x, mask)
+    for got, want in zip(out, f(x, mask)):
+        torch.testing.assert_close(got, want)
+    failures = triton_aot.check_kernels(triton_kernels.values())
+    assert not failures, "\n\n".join(failures[:2])
+
+
 def test_attach_cubins_from_a_fresh_and_a_cached_program(triton_kernels, tmp_path, monkeypatch):
     """A CUDA artifact for the C++ wrapper: each Triton kernel gets a cubin, and each kernel step
     passes every parameter of the kernel's signature (the numels too), also when the program

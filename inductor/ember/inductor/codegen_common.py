@@ -55,7 +55,12 @@ class CSEVar:
 # --- index expressions ---------------------------------------------------------------------------
 
 
-def print_index(expr, floordiv="/", mod="%") -> str:
+C_MINMAX = ("std::max<int64_t>", "std::min<int64_t>")
+PY_MINMAX = ("max", "min")  # the Python wrapper
+TRITON_MINMAX = ("tl.maximum", "tl.minimum")  # a kernel's sizes are scalars, not Python ints
+
+
+def print_index(expr, floordiv="/", mod="%", minmax=C_MINMAX) -> str:
     """An integer expression in C/Python syntax (non-negative operands assumed for / and %)."""
 
     def p(e):
@@ -79,7 +84,15 @@ def print_index(expr, floordiv="/", mod="%") -> str:
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 0:
             return " * ".join([_paren(p(e.base), e.base)] * int(e.exp))
         if isinstance(e, (sympy.Max, sympy.Min)):
-            return _minmax(e, p)
+            return _minmax(e, p, minmax)
+        if isinstance(e, (sympy.floor, sympy.ceiling)):
+            # floor(n/d) or ceiling(n/d) of integers (a size rounded up to a multiple, as
+            # torch's attention pads its mask): an integer division of non-negative operands
+            n, d = sympy.fraction(sympy.together(e.args[0]))
+            if n.is_integer and d.is_integer and d.is_positive:
+                if isinstance(e, sympy.ceiling):
+                    n = n + d - 1
+                return f"(({p(n)}) {floordiv} {_paren(p(d), d)})"
         raise NotImplementedError(f"cannot print index expression {e}")
 
     return p(sympy.sympify(expr))
@@ -101,10 +114,19 @@ def code_text(value) -> str:
     return str(value)
 
 
-def _minmax(e, p):
-    fn = "max" if isinstance(e, sympy.Max) else "min"
-    out = p(e.args[0])
-    for a in e.args[1:]:
+def _minmax(e, p, names):
+    args = list(e.args)
+    if isinstance(e, sympy.Max) and any(a == 1 for a in args):
+        # Max(1, size) (a stride) where the size is a positive integer sympy did not order
+        # against 1, e.g. 16*ceiling(s/16) built from a Mod
+        positive = [a for a in args if a != 1 and a.is_integer and a.is_positive]
+        if positive:
+            args = [a for a in args if a != 1]
+    if len(args) == 1:
+        return p(args[0])
+    fn = names[0] if isinstance(e, sympy.Max) else names[1]
+    out = p(args[0])
+    for a in args[1:]:
         out = f"{fn}({out}, {p(a)})"
     return out
 

@@ -17,6 +17,8 @@ from ember.ir import CeilDiv
 
 from .codegen_common import (
     CantRender,
+    PY_MINMAX,
+    TRITON_MINMAX,
     CSEVar,
     KernelSource,
     Renderer,
@@ -73,7 +75,8 @@ INTERPRET_OPS = {
 REDUCE = {"sum": ("0", "tl.sum({0}, 1)[:, None]", "{0} + {1}"),
           "max": ("float('-inf')", "tl.max({0}, 1)[:, None]", f"tl.maximum({{0}}, {{1}}, {NAN_ALL})"),
           "min": ("float('inf')", "tl.min({0}, 1)[:, None]", f"tl.minimum({{0}}, {{1}}, {NAN_ALL})"),
-          "any": ("0", "tl.max({0}, 1)[:, None]", "tl.maximum({0}, {1})")}  # fmt: skip
+          # a looped any's accumulator stays int1: where(mask, flag, 0) is an int32
+          "any": ("0", "tl.max({0}.to(tl.int32), 1)[:, None] != 0", "{0} | ({1} != 0)")}  # fmt: skip
 
 
 def tl_constant(value, dtype) -> str:
@@ -219,7 +222,9 @@ class TritonRenderer(Renderer):
 
     # --- structure ------------------------------------------------------------------------------
     def index_text(self, expr):
-        return print_index(simplify_index(expr, self.ranges), floordiv="//", mod="%")
+        return print_index(
+            simplify_index(expr, self.ranges), floordiv="//", mod="%", minmax=TRITON_MINMAX
+        )
 
     def _decompose(self, flat, vars_, sizes):
         lines = []
@@ -273,7 +278,7 @@ class TritonRenderer(Renderer):
         meta = (("xnumel", self._hint(xnumel)), ("rnumel", self._hint(rnumel)),
                 ("persistent", int(self.persistent)), ("reduction", int(reduction)))  # fmt: skip
         if dynamic:  # the wrapper computes the numels from the sizes at each call
-            meta += (("numel", (_py(xnumel), _py(rnumel))),)
+            meta += (("numel", (_py(xnumel, PY_MINMAX), _py(rnumel, PY_MINMAX))),)
         return KernelSource(self.name, "triton", src, (*self.args, *syms), types, meta=meta)
 
     def _hint(self, expr) -> int:
@@ -321,8 +326,9 @@ def _indent(lines):
     return ["    " + line for line in lines]
 
 
-def _py(expr) -> str:
-    return print_index(sympy.sympify(expr), floordiv="//", mod="%")
+def _py(expr, minmax=TRITON_MINMAX) -> str:
+    """An index or size in a kernel (minmax=PY_MINMAX: in the wrapper's Python)."""
+    return print_index(sympy.sympify(expr), floordiv="//", mod="%", minmax=minmax)
 
 
 def launch_configs(src: KernelSource) -> list[dict]:

@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 from ember.ir import BufferIR, KernelIR, StepIR, SymbolSpec, TensorMeta, new_artifact
 from ember.ir.codec import value_to_json
 
-from .codegen_common import print_index
+from .codegen_common import PY_MINMAX, print_index
 from .config import config
 from .loop_ir import AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput
 from .scheduler import Kernel, _step_reads
@@ -50,7 +50,7 @@ def _text(value) -> str:
         inner = ", ".join(_text(v) for v in value)
         return f"({inner}{',' if len(value) == 1 else ''})"
     if isinstance(value, sympy.Basic) and not value.is_Integer:
-        return print_index(value, floordiv="//")
+        return print_index(value, floordiv="//", minmax=PY_MINMAX)
     return str(int(value))
 
 
