@@ -45,9 +45,10 @@ class TorchCompile(Backend):
 
     compiles = True
 
-    def __init__(self, name, label, backend=None, description="torch.compile (default mode)"):
+    def __init__(self, name, label, backend=None, description="torch.compile (default mode)",
+                 mode=None):  # fmt: skip
         self.name, self.label, self.description = name, label, description
-        self.backend = backend
+        self.backend, self.mode = backend, mode
 
     def _backend(self):
         if self.backend == "ember_inductor":
@@ -57,6 +58,8 @@ class TorchCompile(Backend):
     def compile(self, fn):
         import torch
 
+        if self.mode:
+            return torch.compile(fn, backend=self._backend(), mode=self.mode)
         return torch.compile(fn, backend=self._backend())
 
     def reset(self):
@@ -237,6 +240,14 @@ BACKENDS = {
     for b in (
         Backend(),
         TorchCompile("torch_compile", "torch.compile"),
+        TorchCompile(
+            "torch_compile_cg",
+            "torch.compile[reduce-overhead]",
+            None,
+            "torch.compile(mode='reduce-overhead'): torch's inductor with its CUDA graphs, the "
+            "fair race for Ember's CUDA-graph replay on a GPU",
+            mode="reduce-overhead",
+        ),
         Ember("ember", "ember"),
         Ember("ember_inductor", "ember[inductor]", "inductor"),
         Ember("ember_aot_eager", "ember[aot_eager]", "aot_eager"),
