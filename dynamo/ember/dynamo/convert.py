@@ -260,8 +260,10 @@ def finish(tx, output, code, backend, reason):
         except Exception as e:  # noqa: BLE001  (a backend that cannot take these symbols)
             if not gm.meta.get("ember_symbols"):
                 raise
+            log.debug("the backend failed on symbolic sizes", exc_info=True)
             raise SymbolicFallback(f"the backend failed on symbolic sizes: {type(e).__name__}: "
-                                   f"{str(e).splitlines()[0] if str(e) else ''}") from e  # fmt: skip
+                                   f"{str(e).splitlines()[0] if str(e) else ''}"
+                                   f"{_raised_at(e)}") from e  # fmt: skip
         del example_inputs
         _drop_example_values(gm)
         if compiled is None:
@@ -293,6 +295,18 @@ def finish(tx, output, code, backend, reason):
     if not has_graph and kind == "return" and not output.side_effects and not output.mutated:
         return program, None  # nothing to compile: run the original code under these guards
     return program, fn
+
+
+def _raised_at(e: BaseException) -> str:
+    """Where the innermost Python frame of `e`'s traceback was (an error raised in C++ names the
+    Python line that called it), as " [raised at file:line in function]"."""
+    tb = e.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return f" [raised at {code.co_filename}:{tb.tb_lineno} in {code.co_name}]"
 
 
 def _drop_example_values(gm) -> None:
