@@ -62,3 +62,63 @@ def test_key_depends_on_config(cache_on, monkeypatch):
     k1 = cache.graph_key(gm, [x])
     monkeypatch.setattr(config, "fuse", False)
     assert cache.graph_key(gm, [x]) != k1
+
+
+def _counting_compile(monkeypatch):
+    compiled = []
+
+    def counting(source, filename, mode, *a, **k):
+        compiled.append(filename)
+        return compile(source, filename, mode, *a, **k)
+
+    monkeypatch.setattr(cache, "compile", counting, raising=False)
+    return compiled
+
+
+def test_wrapper_code_is_compiled_once_and_loaded_after(cache_on, monkeypatch):
+    compiled = _counting_compile(monkeypatch)
+    x = torch.randn(4, 10)
+    first = compile_prims(trace_to_prims(_fn, x), [x])
+    assert len(compiled) == 1 and compiled[0].startswith("<ember.inductor wrapper ")
+    (code_file,) = (cache_on / "wrappers").glob("*.bin")
+    second = compile_prims(trace_to_prims(_fn, x), [x])
+    assert len(compiled) == 1  # the marshalled code, not a compile
+    torch.testing.assert_close(second(x), _fn(x))
+    torch.testing.assert_close(first(x), _fn(x))
+    # a different program compiles (its own file)
+    compile_prims(trace_to_prims(lambda a: a.sin() * 2, x), [x])
+    assert len(compiled) == 2 and len(list((cache_on / "wrappers").glob("*.bin"))) == 2
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "other_code"])
+def test_bad_wrapper_code_is_compiled_again(cache_on, monkeypatch, damage):
+    x = torch.randn(4, 10)
+    compile_prims(trace_to_prims(_fn, x), [x])
+    (code_file,) = (cache_on / "wrappers").glob("*.bin")
+    data = code_file.read_bytes()  # a good file
+    if damage == "truncate":
+        code_file.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        code_file.write_bytes(data[:40] + bytes([data[40] ^ 1]) + data[41:])
+    else:  # a valid, checksummed file holding another wrapper's code
+        import hashlib
+        import marshal
+
+        body = marshal.dumps(compile("def call(args):\n    raise SystemExit\n", "<x>", "exec"))
+        code_file.write_bytes(hashlib.sha256(body).digest() + body)
+    compiled = _counting_compile(monkeypatch)
+    again = compile_prims(trace_to_prims(_fn, x), [x])
+    assert len(compiled) == 1
+    torch.testing.assert_close(again(x), _fn(x))
+    # rewritten whole: the next compile loads it
+    compile_prims(trace_to_prims(_fn, x), [x])
+    assert len(compiled) == 1
+
+
+def test_wrapper_code_without_the_cache_compiles(cache_on, monkeypatch):
+    config.cache = False
+    compiled = _counting_compile(monkeypatch)
+    x = torch.randn(4, 10)
+    for _ in range(2):
+        torch.testing.assert_close(compile_prims(trace_to_prims(_fn, x), [x])(x), _fn(x))
+    assert len(compiled) == 2 and not (cache_on / "wrappers").exists()

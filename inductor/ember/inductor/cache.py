@@ -8,8 +8,12 @@ corrupt, truncated, foreign or stale entry) is ignored, counted as a miss and re
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
+import marshal
+import sys
+import types
 
 import torch
 from torch import fx
@@ -140,3 +144,40 @@ def load(key: str) -> Program | None:
         return None
     metrics.cache_hits += 1
     return program
+
+
+# Wrappers' code objects, marshalled as .pyc files are: by interpreter (its magic number and
+# cache tag) and by the whole source's hash. Compiling a wrapper (one line per buffer and kernel
+# launch, kernel sources inlined) is most of what loading a cached program costs.
+_CODE_TAG = f"{sys.implementation.cache_tag}-{importlib.util.MAGIC_NUMBER.hex()}"
+
+
+def wrapper_code(source: str) -> types.CodeType:
+    """`compile(source)` of a wrapper, loaded from disk when an earlier compile of the very same
+    source (in any process of this interpreter) left it there; each file carries the SHA-256
+    of its bytes, and one that does not check out is compiled again."""
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    filename = f"<ember.inductor wrapper {digest[:12]}>"
+    if not config.cache:
+        return compile(source, filename, "exec")
+    path = cache_dir() / "wrappers" / f"{digest}.{_CODE_TAG}.bin"
+    try:
+        data = path.read_bytes()
+        body = data[32:]
+        if data[:32] != hashlib.sha256(body).digest():
+            raise ValueError("checksum mismatch")
+        code = marshal.loads(body)
+        if not isinstance(code, types.CodeType) or code.co_filename != filename:
+            raise ValueError("not this wrapper's code")
+        return code
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, EOFError, TypeError) as e:
+        log.warning("ember.inductor: ignoring a bad wrapper code file %s (%s)", path.name, e)
+    code = compile(source, filename, "exec")
+    body = marshal.dumps(code)
+    try:
+        atomic_write(path, hashlib.sha256(body).digest() + body)
+    except OSError as e:  # a read-only or full cache must not fail the compile
+        log.warning("ember.inductor: cannot write wrapper code: %s", e)
+    return code
