@@ -29,31 +29,55 @@ def test_second_compile_hits_and_runs(cache_on):
     torch.testing.assert_close(second(x), _fn(x))
 
 
-@pytest.mark.parametrize("damage", ["truncate", "checksum", "version", "foreign_key"])
+def read_entry_file(path):
+    """(header, payload) of an entry file: a JSON header line, then the payload's JSON."""
+    head, _, body = path.read_text().partition("\n")
+    return json.loads(head), json.loads(body)
+
+
+def write_entry_file(path, header, payload):
+    path.write_text(json.dumps(header) + "\n" + json.dumps(payload, sort_keys=True))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "checksum", "version", "foreign_key", "old_format"])
 def test_bad_entry_is_recompiled(cache_on, damage):
     x = torch.randn(3, 6)
     gm = trace_to_prims(_fn, x)
     compile_prims(gm, [x])
     (path,) = (cache_on / "graphs").glob("*.json")
     text = path.read_text()
-    entry = json.loads(text)
+    header, payload = read_entry_file(path)
     if damage == "truncate":
         path.write_text(text[: len(text) // 2])
+    elif damage == "old_format":  # format 2: one JSON object with the payload inside
+        path.write_text(json.dumps({**header, "format": 2, "payload": payload}))
     else:
         if damage == "checksum":
-            entry["payload"]["source"] = (
-                entry["payload"]["source"].replace("softmax", "x") + "\nraise SystemExit"
-            )
+            payload["source"] = payload["source"].replace("softmax", "x") + "\nraise SystemExit"
         elif damage == "version":
-            entry["versions"] = "ir=0 inductor=0"
+            header["versions"] = "ir=0 inductor=0"
         else:
-            entry["key"] = "0" * 64
-        path.write_text(json.dumps(entry))
+            header["key"] = "0" * 64
+        write_entry_file(path, header, payload)
     metrics.reset()
     again = compile_prims(gm, [x])
     assert metrics.cache_hits == 0 and metrics.cache_misses == 1
     torch.testing.assert_close(again(x), _fn(x))
-    assert json.loads(path.read_text())["checksum"] == entry["checksum"] or damage != "checksum"
+    assert path.read_text() == text  # rewritten whole
+
+
+def test_entry_checksum_is_of_the_payload_text(cache_on):
+    x = torch.randn(3, 6)
+    compile_prims(trace_to_prims(_fn, x), [x])
+    (path,) = (cache_on / "graphs").glob("*.json")
+    head, _, body = path.read_text().partition("\n")
+    header = json.loads(head)
+    assert header["checksum"] == cache.hashlib.sha256(body.encode()).hexdigest()
+    # the same payload written another way (another key order) is not the text checksummed
+    path.write_text(head + "\n" + json.dumps(json.loads(body), sort_keys=False, indent=1))
+    metrics.reset()
+    compile_prims(trace_to_prims(_fn, x), [x])
+    assert (metrics.cache_hits, metrics.cache_misses) == (0, 1)
 
 
 def test_key_depends_on_config(cache_on, monkeypatch):
