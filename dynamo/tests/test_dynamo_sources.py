@@ -36,3 +36,28 @@ def test_a_pickled_source_does_not_carry_this_process_hash():
     hash(s)
     back = pickle.loads(pickle.dumps(s))
     assert back == s and "_hash" not in back.__dict__ and hash(back) == hash(s)
+
+
+def test_inputs_are_placeholders_in_order_of_first_read_before_every_op():
+    import torch
+
+    import ember
+
+    layers = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(12)])
+
+    def fn(x):
+        y = x.sin()
+        for layer in layers:
+            y = layer(y).relu()
+        return y + x
+
+    x = torch.randn(2, 4)
+    out = ember.explain(fn)(x)
+    (gm,) = out.graphs
+    ops = [n.op for n in gm.graph.nodes]
+    n_inputs = ops.count("placeholder")
+    assert n_inputs == 1 + 2 * 12 and ops[:n_inputs] == ["placeholder"] * n_inputs
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    assert names[0] == "l_x" and "weight" in names[1] and "bias" in names[2], names[:3]
+    assert "11" in names[-1] and "bias" in names[-1], names[-1]
+    torch.testing.assert_close(ember.compile(fn, backend="eager")(x), fn(x))
