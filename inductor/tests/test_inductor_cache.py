@@ -29,31 +29,55 @@ def test_second_compile_hits_and_runs(cache_on):
     torch.testing.assert_close(second(x), _fn(x))
 
 
-@pytest.mark.parametrize("damage", ["truncate", "checksum", "version", "foreign_key"])
+def read_entry_file(path):
+    """(header, payload) of an entry file: a JSON header line, then the payload's JSON."""
+    head, _, body = path.read_text().partition("\n")
+    return json.loads(head), json.loads(body)
+
+
+def write_entry_file(path, header, payload):
+    path.write_text(json.dumps(header) + "\n" + json.dumps(payload, sort_keys=True))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "checksum", "version", "foreign_key", "old_format"])
 def test_bad_entry_is_recompiled(cache_on, damage):
     x = torch.randn(3, 6)
     gm = trace_to_prims(_fn, x)
     compile_prims(gm, [x])
     (path,) = (cache_on / "graphs").glob("*.json")
     text = path.read_text()
-    entry = json.loads(text)
+    header, payload = read_entry_file(path)
     if damage == "truncate":
         path.write_text(text[: len(text) // 2])
+    elif damage == "old_format":  # format 2: one JSON object with the payload inside
+        path.write_text(json.dumps({**header, "format": 2, "payload": payload}))
     else:
         if damage == "checksum":
-            entry["payload"]["source"] = (
-                entry["payload"]["source"].replace("softmax", "x") + "\nraise SystemExit"
-            )
+            payload["source"] = payload["source"].replace("softmax", "x") + "\nraise SystemExit"
         elif damage == "version":
-            entry["versions"] = "ir=0 inductor=0"
+            header["versions"] = "ir=0 inductor=0"
         else:
-            entry["key"] = "0" * 64
-        path.write_text(json.dumps(entry))
+            header["key"] = "0" * 64
+        write_entry_file(path, header, payload)
     metrics.reset()
     again = compile_prims(gm, [x])
     assert metrics.cache_hits == 0 and metrics.cache_misses == 1
     torch.testing.assert_close(again(x), _fn(x))
-    assert json.loads(path.read_text())["checksum"] == entry["checksum"] or damage != "checksum"
+    assert path.read_text() == text  # rewritten whole
+
+
+def test_entry_checksum_is_of_the_payload_text(cache_on):
+    x = torch.randn(3, 6)
+    compile_prims(trace_to_prims(_fn, x), [x])
+    (path,) = (cache_on / "graphs").glob("*.json")
+    head, _, body = path.read_text().partition("\n")
+    header = json.loads(head)
+    assert header["checksum"] == cache.hashlib.sha256(body.encode()).hexdigest()
+    # the same payload written another way (another key order) is not the text checksummed
+    path.write_text(head + "\n" + json.dumps(json.loads(body), sort_keys=False, indent=1))
+    metrics.reset()
+    compile_prims(trace_to_prims(_fn, x), [x])
+    assert (metrics.cache_hits, metrics.cache_misses) == (0, 1)
 
 
 def test_key_depends_on_config(cache_on, monkeypatch):
@@ -62,3 +86,63 @@ def test_key_depends_on_config(cache_on, monkeypatch):
     k1 = cache.graph_key(gm, [x])
     monkeypatch.setattr(config, "fuse", False)
     assert cache.graph_key(gm, [x]) != k1
+
+
+def _counting_compile(monkeypatch):
+    compiled = []
+
+    def counting(source, filename, mode, *a, **k):
+        compiled.append(filename)
+        return compile(source, filename, mode, *a, **k)
+
+    monkeypatch.setattr(cache, "compile", counting, raising=False)
+    return compiled
+
+
+def test_wrapper_code_is_compiled_once_and_loaded_after(cache_on, monkeypatch):
+    compiled = _counting_compile(monkeypatch)
+    x = torch.randn(4, 10)
+    first = compile_prims(trace_to_prims(_fn, x), [x])
+    assert len(compiled) == 1 and compiled[0].startswith("<ember.inductor wrapper ")
+    (code_file,) = (cache_on / "wrappers").glob("*.bin")
+    second = compile_prims(trace_to_prims(_fn, x), [x])
+    assert len(compiled) == 1  # the marshalled code, not a compile
+    torch.testing.assert_close(second(x), _fn(x))
+    torch.testing.assert_close(first(x), _fn(x))
+    # a different program compiles (its own file)
+    compile_prims(trace_to_prims(lambda a: a.sin() * 2, x), [x])
+    assert len(compiled) == 2 and len(list((cache_on / "wrappers").glob("*.bin"))) == 2
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "other_code"])
+def test_bad_wrapper_code_is_compiled_again(cache_on, monkeypatch, damage):
+    x = torch.randn(4, 10)
+    compile_prims(trace_to_prims(_fn, x), [x])
+    (code_file,) = (cache_on / "wrappers").glob("*.bin")
+    data = code_file.read_bytes()  # a good file
+    if damage == "truncate":
+        code_file.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        code_file.write_bytes(data[:40] + bytes([data[40] ^ 1]) + data[41:])
+    else:  # a valid, checksummed file holding another wrapper's code
+        import hashlib
+        import marshal
+
+        body = marshal.dumps(compile("def call(args):\n    raise SystemExit\n", "<x>", "exec"))
+        code_file.write_bytes(hashlib.sha256(body).digest() + body)
+    compiled = _counting_compile(monkeypatch)
+    again = compile_prims(trace_to_prims(_fn, x), [x])
+    assert len(compiled) == 1
+    torch.testing.assert_close(again(x), _fn(x))
+    # rewritten whole: the next compile loads it
+    compile_prims(trace_to_prims(_fn, x), [x])
+    assert len(compiled) == 1
+
+
+def test_wrapper_code_without_the_cache_compiles(cache_on, monkeypatch):
+    config.cache = False
+    compiled = _counting_compile(monkeypatch)
+    x = torch.randn(4, 10)
+    for _ in range(2):
+        torch.testing.assert_close(compile_prims(trace_to_prims(_fn, x), [x])(x), _fn(x))
+    assert len(compiled) == 2 and not (cache_on / "wrappers").exists()

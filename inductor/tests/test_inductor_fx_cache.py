@@ -103,21 +103,22 @@ def test_inference_entry_does_not_serve_training(cache_on, monkeypatch):
 
 def _damage(path, how):
     text = path.read_text()
-    entry = json.loads(text)
+    head, _, body = text.partition("\n")
+    header, payload = json.loads(head), json.loads(body)
     if how == "truncate":
         path.write_text(text[: len(text) // 2])
         return
     if how == "checksum":  # a payload edited behind the checksum's back
-        entry["payload"]["programs"][0]["source"] += "\nraise SystemExit\n"
+        payload["programs"][0]["source"] += "\nraise SystemExit\n"
     elif how == "plan":  # a well-formed entry whose plan cannot be read: still not trusted
-        entry["payload"]["plan"]["format"] = -1
-        body = json.dumps(entry["payload"], sort_keys=True)
-        entry["checksum"] = fx_cache.hashlib.sha256(body.encode()).hexdigest()
+        payload["plan"]["format"] = -1
+        body = json.dumps(payload, sort_keys=True)
+        header["checksum"] = fx_cache.hashlib.sha256(body.encode()).hexdigest()
     elif how == "version":
-        entry["versions"] = "ir=0 inductor=0"
+        header["versions"] = "ir=0 inductor=0"
     else:
-        entry["key"] = "0" * 64
-    path.write_text(json.dumps(entry))
+        header["key"] = "0" * 64
+    path.write_text(json.dumps(header) + "\n" + json.dumps(payload, sort_keys=True))
 
 
 @pytest.mark.parametrize("how", ["truncate", "checksum", "plan", "version", "foreign_key"])

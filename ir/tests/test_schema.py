@@ -90,6 +90,24 @@ def test_unknown_field_rejected():
         ir.from_json(ir.CompiledArtifact, data)
 
 
+def test_missing_field_and_wrong_scalar_type_rejected():
+    data = ir.to_json(example_artifact())
+    meta = ir.to_json(ir.TensorMeta(torch.float32, (2, 3), (3, 1), device="cpu"))
+    assert ir.from_json(ir.TensorMeta, dict(meta)) == ir.TensorMeta(torch.float32, (2, 3), (3, 1))
+    del meta["device"]  # has a default: fine
+    assert ir.from_json(ir.TensorMeta, meta).device == "cpu"
+    del meta["dtype"]  # has none
+    with pytest.raises(ValueError, match="field 'dtype' missing"):
+        ir.from_json(ir.TensorMeta, meta)
+    meta = ir.to_json(ir.TensorMeta(torch.float32, (2,), (1,)))
+    meta["requires_grad"] = "yes"
+    with pytest.raises(TypeError, match="expected bool, found str"):
+        ir.from_json(ir.TensorMeta, meta)
+    # decoding the same class twice gives equal objects (decoders are built once per type)
+    assert ir.from_json(ir.CompiledArtifact, data) == ir.from_json(ir.CompiledArtifact, data)
+    assert ir.from_json(ir.CompiledArtifact, data) == example_artifact()
+
+
 def test_argument_values_round_trip():
     values = (None, True, 3, 2.5, float("inf"), float("nan"), "x", torch.float16,
               torch.device("cpu"), torch.channels_last, [1, (2, 3)], ir.sym("s") + 1)  # fmt: skip

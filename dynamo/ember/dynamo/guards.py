@@ -75,6 +75,7 @@ class GuardSet:
         # Objects an ID guard refers to must outlive the guard (ids are compared).
         self.keepalive: list = []
         self.nslots = 0  # int slots of dynamic sizes (SYM_TENSOR fills, EXPR reads)
+        self._items: Optional[list] = None  # items(), until the next guard is added
 
     def add_relations(self, relations, nslots: int) -> None:
         """Guards on dynamic sizes: each sympy relation over slot symbols, compiled to the
@@ -101,13 +102,18 @@ class GuardSet:
                 key = Guard(kind, source, _IdBox(value))
         else:
             key = Guard(kind, source, value)
-        self.guards.setdefault(key, None)
+        if key not in self.guards:
+            self.guards[key] = None
+            self._items = None
 
     def __len__(self):
         return len(self.guards)
 
     def items(self) -> list[Guard]:
-        return [dataclasses.replace(g, value=_unbox(g.value)) for g in self.guards]
+        # made once per change: describe() and compile() both read them
+        if self._items is None or len(self._items) != len(self.guards):
+            self._items = [dataclasses.replace(g, value=_unbox(g.value)) for g in self.guards]
+        return list(self._items)
 
     def describe(self) -> list[str]:
         return [g.describe() for g in self.items()]

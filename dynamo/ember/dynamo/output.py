@@ -47,6 +47,7 @@ class OutputGraph:
         self.pending_attrs: dict[tuple, V.VT] = {}  # (id(obj), name) -> value set while tracing
         self.root_globals: dict = {}
         self.names: set[str] = set()
+        self._last_placeholder = None  # the placeholder _insert_placeholder added last
         self.op_count = 0
         # Dynamic sizes: the policy choosing them, and the symbols and guards (None: all static).
         self.policy = policy
@@ -108,12 +109,22 @@ class OutputGraph:
                                                  0, str(value.device), value.requires_grad)
 
     def _insert_placeholder(self, name):
-        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
-        if placeholders:
-            with self.graph.inserting_after(placeholders[-1]):
-                return self.graph.placeholder(name)
-        with self.graph.inserting_before(next(iter(self.graph.nodes), None)):
-            return self.graph.placeholder(name)
+        last = self._last_placeholder
+        if last is None or last._erased or last.graph is not self.graph or (
+            last.next.op == "placeholder"
+        ):
+            # Placeholders are added here only, so the one added last is the last one (checked
+            # above); scanning the graph for each input was quadratic in a model's parameters.
+            placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+            last = placeholders[-1] if placeholders else None
+        if last is not None:
+            with self.graph.inserting_after(last):
+                node = self.graph.placeholder(name)
+        else:
+            with self.graph.inserting_before(next(iter(self.graph.nodes), None)):
+                node = self.graph.placeholder(name)
+        self._last_placeholder = node
+        return node
 
     def _placeholder_name(self, source: Source) -> str:
         base = re.sub(r"\W+", "_", source.name()).strip("_").lower() or "input"

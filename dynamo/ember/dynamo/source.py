@@ -30,6 +30,10 @@ class Source:
     def is_module_param(self) -> bool:
         return False
 
+    def __getstate__(self):
+        # a hash remembered by _hash_once is only valid in this process (str hashes are salted)
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalSource(Source):
@@ -66,10 +70,22 @@ class GlobalSource(Source):
         return f"G[{self.global_name!r}]"
 
 
+def _hash_once(self) -> int:
+    """A chained source's hash, computed once: sources are dict keys (inputs by source, guard
+    registers) and a module attribute's source is a chain as deep as the module tree, which the
+    dataclass hash walked on every lookup."""
+    h = self.__dict__.get("_hash")
+    if h is None:
+        h = hash((type(self).__name__, *(getattr(self, f.name) for f in dataclasses.fields(self))))
+        object.__setattr__(self, "_hash", h)
+    return h
+
+
 @dataclasses.dataclass(frozen=True)
 class AttrSource(Source):
     base: Source
     attr: str
+    __hash__ = _hash_once
 
     def expr(self):
         if self.attr.isidentifier() and not keyword.iskeyword(self.attr):
@@ -84,6 +100,7 @@ class AttrSource(Source):
 class ItemSource(Source):
     base: Source
     key: object  # an int or str constant
+    __hash__ = _hash_once
 
     def is_module_param(self):
         return isinstance(self.base, AttrSource) and self.base.attr == "_parameters"
@@ -101,6 +118,7 @@ class CellSource(Source):
 
     base: Source
     index: int
+    __hash__ = _hash_once
 
     def expr(self):
         return f"{self.base.expr()}.__closure__[{self.index}].cell_contents"

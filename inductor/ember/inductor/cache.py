@@ -1,15 +1,20 @@
 """The on-disk compile cache: a compiled program by graph text, inputs, configuration and versions.
 
-An entry is one JSON file written atomically, holding its own key, a format version, the
-component versions and a SHA-256 checksum of its payload; anything that does not check out (a
-corrupt, truncated, foreign or stale entry) is ignored, counted as a miss and recompiled.
+An entry is one file written atomically: a JSON header line (its own key, a format version, the
+component versions and the SHA-256 of the payload's text), then the payload as JSON text. The
+checksum is of the bytes read, so a hit hashes them and parses once. Anything that does not check
+out (a corrupt, truncated, foreign or stale entry) is ignored, counted as a miss and recompiled.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
+import marshal
+import sys
+import types
 
 import torch
 from torch import fx
@@ -23,7 +28,7 @@ from .runtime import atomic_write, cache_dir
 from .wrapper import Program
 
 log = logging.getLogger("ember.inductor")
-FORMAT = 2
+FORMAT = 3  # 3: header line + payload text (2: one JSON object)
 
 
 def _versions() -> str:
@@ -94,12 +99,13 @@ def program_from_json(payload: dict) -> Program:
 
 
 def write_entry(path, key: str, payload: dict) -> None:
-    """Write `payload` under `key` atomically, with its format, versions and checksum."""
-    body = json.dumps(payload, sort_keys=True)
-    entry = {"format": FORMAT, "key": key, "versions": _versions(),
-             "checksum": hashlib.sha256(body.encode()).hexdigest(), "payload": payload}  # fmt: skip
+    """Write `payload` under `key` atomically, after a header with its format, versions and
+    checksum."""
+    body = json.dumps(payload, sort_keys=True)  # escapes newlines: the header is the first line
+    header = {"format": FORMAT, "key": key, "versions": _versions(),
+              "checksum": hashlib.sha256(body.encode()).hexdigest()}  # fmt: skip
     try:
-        atomic_write(path, json.dumps(entry, sort_keys=True))
+        atomic_write(path, json.dumps(header, sort_keys=True) + "\n" + body)
     except OSError as e:  # a read-only or full cache must not fail the compile
         log.warning("ember.inductor: cannot write compile cache entry: %s", e)
 
@@ -107,15 +113,14 @@ def write_entry(path, key: str, payload: dict) -> None:
 def read_entry(path, key: str) -> dict:
     """The payload stored at `path` for `key`; FileNotFoundError when absent, ValueError (or
     KeyError/TypeError/OSError) when it is not trustworthy."""
-    entry = json.loads(path.read_text())
-    payload = entry["payload"]
-    body = json.dumps(payload, sort_keys=True)
-    ok = (entry.get("format") == FORMAT and entry.get("key") == key
-          and entry.get("versions") == _versions()
-          and entry.get("checksum") == hashlib.sha256(body.encode()).hexdigest())  # fmt: skip
+    head, _, body = path.read_bytes().partition(b"\n")
+    header = json.loads(head)
+    ok = (isinstance(header, dict) and header.get("format") == FORMAT
+          and header.get("key") == key and header.get("versions") == _versions()
+          and header.get("checksum") == hashlib.sha256(body).hexdigest())  # fmt: skip
     if not ok:
         raise ValueError("checksum, key or version mismatch")
-    return payload
+    return json.loads(body)
 
 
 def store(key: str, program: Program) -> None:
@@ -140,3 +145,40 @@ def load(key: str) -> Program | None:
         return None
     metrics.cache_hits += 1
     return program
+
+
+# Wrappers' code objects, marshalled as .pyc files are: by interpreter (its magic number and
+# cache tag) and by the whole source's hash. Compiling a wrapper (one line per buffer and kernel
+# launch, kernel sources inlined) is most of what loading a cached program costs.
+_CODE_TAG = f"{sys.implementation.cache_tag}-{importlib.util.MAGIC_NUMBER.hex()}"
+
+
+def wrapper_code(source: str) -> types.CodeType:
+    """`compile(source)` of a wrapper, loaded from disk when an earlier compile of the very same
+    source (in any process of this interpreter) left it there; each file carries the SHA-256
+    of its bytes, and one that does not check out is compiled again."""
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    filename = f"<ember.inductor wrapper {digest[:12]}>"
+    if not config.cache:
+        return compile(source, filename, "exec")
+    path = cache_dir() / "wrappers" / f"{digest}.{_CODE_TAG}.bin"
+    try:
+        data = path.read_bytes()
+        body = data[32:]
+        if data[:32] != hashlib.sha256(body).digest():
+            raise ValueError("checksum mismatch")
+        code = marshal.loads(body)
+        if not isinstance(code, types.CodeType) or code.co_filename != filename:
+            raise ValueError("not this wrapper's code")
+        return code
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, EOFError, TypeError) as e:
+        log.warning("ember.inductor: ignoring a bad wrapper code file %s (%s)", path.name, e)
+    code = compile(source, filename, "exec")
+    body = marshal.dumps(code)
+    try:
+        atomic_write(path, hashlib.sha256(body).digest() + body)
+    except OSError as e:  # a read-only or full cache must not fail the compile
+        log.warning("ember.inductor: cannot write wrapper code: %s", e)
+    return code

@@ -8,7 +8,6 @@ flat list of stages.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import logging
 
@@ -202,9 +201,7 @@ class CompiledGraph:
         if config.output_code:
             print(program.source)
         namespace: dict = dict(constants)  # get_attr tensors, by their buffer names
-        code = compile(
-            program.source, f"<ember.inductor wrapper {_digest(program.source)}>", "exec"
-        )
+        code = cache.wrapper_code(program.source)
         # Every kernel of the program builds at once, in the background until the first call.
         with runtime.collect_builds() as builds:
             exec(code, namespace)
@@ -269,10 +266,6 @@ class CompiledGraph:
         if self._sequence is not None:
             return self._sequence(out)
         return pytree.tree_unflatten(out, self._spec)
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def example_metas(gm):

@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -380,11 +381,35 @@ def _autotune_path() -> Path:
     return cache_dir() / "autotune.json"
 
 
+# The last autotune.json read: (path, the file's identity when read, its choices). Every Triton
+# kernel of a program looks its choice up (ahead of launch and at its first call), and the file
+# holds the choices of every kernel tuned so far, so reading it each time made a warm compile
+# cost O(kernels x file size). atomic_write replaces the file (new inode, new mtime), so the
+# identity changes with every write, ours or another process's; a stale read could only pick
+# another of the kernel's configs, each of which computes the same result.
+_CHOICES: list = [None, None, {}]
+_CHOICES_LOCK = threading.Lock()  # lookups run on the build threads too
+
+
 def _known_choices() -> dict:
+    """The remembered choices, by `_autotune_key` (read again only when the file changed).
+    Shared: copy before changing it."""
+    path = _autotune_path()
     try:
-        return json.loads(_autotune_path().read_text())
+        with open(path, "rb") as f:  # the identity of the very file that is read
+            st = os.fstat(f.fileno())
+            stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            with _CHOICES_LOCK:
+                if _CHOICES[0] == path and _CHOICES[1] == stamp:
+                    return _CHOICES[2]
+            known = json.loads(f.read())
     except (OSError, ValueError):
         return {}
+    if not isinstance(known, dict):
+        return {}
+    with _CHOICES_LOCK:
+        _CHOICES[:] = [path, stamp, known]
+    return known
 
 
 def _autotune_key(launcher: TritonLauncher) -> str:
@@ -414,7 +439,7 @@ def autotune(launcher: TritonLauncher, args) -> dict:
         for c in launcher.configs
     ]
     best = launcher.configs[min(range(len(times)), key=times.__getitem__)]
-    known = _known_choices()
+    known = dict(_known_choices())
     known[_autotune_key(launcher)] = best
     atomic_write(_autotune_path(), json.dumps(known))
     return best

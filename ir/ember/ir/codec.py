@@ -110,26 +110,45 @@ def _encode(tp, v):
 
 
 def _decode(tp, d):
+    return _decoder(tp)(d)
+
+
+def _identity(d):
+    return d
+
+
+@functools.cache
+def _decoder(tp):
+    """The function decoding JSON data of annotation `tp`, built once per annotation: loading a
+    cached program decodes thousands of values, and dispatching on the annotation each time
+    (typing.get_origin/get_args, is_dataclass) cost more than the decoding."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Union:
-        if d is None:
-            return None
-        return _decode(next(a for a in args if a is not type(None)), d)
+        inner = _decoder(next(a for a in args if a is not type(None)))
+        return lambda d: None if d is None else inner(d)
     if origin is tuple:
-        return tuple(_decode(args[0], x) for x in d)
+        item = _decoder(args[0])
+        return lambda d: tuple([item(x) for x in d])
     if origin is dict:
-        return {k: _decode(args[1], x) for k, x in d.items()}
+        value = _decoder(args[1])
+        return lambda d: {k: value(x) for k, x in d.items()}
     if tp is sympy.Expr:
-        return expr_from_json(d)
+        return expr_from_json
     if tp is torch.dtype:
-        return dtype_from_name(d)
+        return dtype_from_name
     if tp is Any:
-        return d
+        return _identity
     if dataclasses.is_dataclass(tp):
-        return from_json(tp, d)
-    if tp in (int, float, str, bool) and not isinstance(d, tp) and not (tp is float and isinstance(d, int)):
-        raise TypeError(f"expected {tp.__name__}, found {type(d).__name__} in serialised IR")
-    return d
+        return functools.partial(from_json, tp)
+    if tp in (int, float, str, bool):
+        def check(d, tp=tp):
+            if not isinstance(d, tp) and not (tp is float and isinstance(d, int)):
+                found = type(d).__name__
+                raise TypeError(f"expected {tp.__name__}, found {found} in serialised IR")
+            return d
+
+        return check
+    return _identity
 
 
 @functools.cache
@@ -144,19 +163,30 @@ def to_json(obj) -> dict:
     return {f.name: _encode(hints[f.name], getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
+@functools.cache
+def _fields_of(cls) -> tuple:
+    """(field names, ((name, decoder, required), ...)) of a schema class, in field order."""
+    hints = _type_hints(cls)
+    fields = tuple(
+        (f.name, _decoder(hints[f.name]),
+         f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in dataclasses.fields(cls)
+    )  # fmt: skip
+    return frozenset(name for name, _, _ in fields), fields
+
+
 def from_json(cls, data: dict):
     """A schema dataclass instance from `to_json`'s dict; unknown or missing fields are errors."""
-    hints = _type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
-    if unknown:
+    names, fields = _fields_of(cls)
+    if not names.issuperset(data):
+        unknown = set(data) - names
         raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)} in serialised IR")
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _decode(hints[f.name], data[f.name])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ValueError(f"{cls.__name__}: field {f.name!r} missing in serialised IR")
+    for name, decode, required in fields:
+        if name in data:
+            kwargs[name] = decode(data[name])
+        elif required:
+            raise ValueError(f"{cls.__name__}: field {name!r} missing in serialised IR")
     return cls(**kwargs)
 
 

@@ -1,0 +1,82 @@
+"""Remembered Triton autotuning choices: read from disk once per change of the file, not once
+per kernel (a warm compile looks every kernel's choice up, twice)."""
+
+import json
+import types
+
+import pytest
+from ember.inductor import config, runtime
+from ember.ir import toolchain
+
+CFGS = [{"XBLOCK": 64, "num_warps": 1}, {"XBLOCK": 256, "num_warps": 4}]
+
+
+@pytest.fixture
+def choices(tmp_path, monkeypatch):
+    """An empty cache dir, autotuning on, and a count of the times autotune.json is parsed."""
+    monkeypatch.setattr(toolchain.config, "cache_dir", tmp_path)
+    monkeypatch.setattr(config, "autotune", True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    parses = []
+    real = json.loads
+
+    def counting(text, *a, **k):
+        parses.append(len(text))
+        return real(text, *a, **k)
+
+    monkeypatch.setattr(runtime.json, "loads", counting)
+    return parses
+
+
+def _launcher(key):
+    return types.SimpleNamespace(key=key, sizes=(1024,), configs=CFGS)
+
+
+def _write(known):
+    runtime.atomic_write(runtime._autotune_path(), json.dumps(known))
+
+
+def test_many_lookups_parse_the_file_once(choices):
+    _write({f"k{i}:(1024,)": CFGS[i % 2] for i in range(200)})
+    found = [runtime._remembered_config(_launcher(f"k{i}")) for i in range(200)]
+    assert found == [CFGS[i % 2] for i in range(200)]
+    assert runtime._remembered_config(_launcher("unknown")) is None
+    assert len(choices) == 1
+
+
+def test_a_rewritten_file_is_read_again(choices):
+    _write({"k1:(1024,)": CFGS[0]})
+    assert runtime._remembered_config(_launcher("k1")) == CFGS[0]
+    # another process tunes again: same size of file, replaced atomically
+    _write({"k1:(1024,)": CFGS[1]})
+    assert runtime._remembered_config(_launcher("k1")) == CFGS[1]
+    assert runtime._remembered_config(_launcher("k1")) == CFGS[1]
+    assert len(choices) == 2
+
+
+def test_missing_corrupt_or_foreign_files_remember_nothing(choices):
+    assert runtime._remembered_config(_launcher("k1")) is None
+    runtime.atomic_write(runtime._autotune_path(), "{not json")
+    assert runtime._remembered_config(_launcher("k1")) is None
+    runtime.atomic_write(runtime._autotune_path(), "[1, 2]")
+    assert runtime._remembered_config(_launcher("k1")) is None
+    _write({"k1:(1024,)": {"XBLOCK": 8, "num_warps": 1}})  # a config no longer offered
+    assert runtime._remembered_config(_launcher("k1")) is None
+
+
+def test_recording_a_choice_keeps_the_others_and_the_shared_copy(choices, monkeypatch):
+    _write({"k1:(1024,)": CFGS[0]})
+    before = runtime._known_choices()
+    shared = dict(before)
+
+    import triton.testing
+
+    # k2's configs time as [2.0, 1.0]: the second wins
+    times = iter([2.0, 1.0])
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: next(times))
+    k2 = types.SimpleNamespace(key="k2", sizes=(1024,), configs=CFGS, _launch=None)
+    assert runtime.autotune(k2, []) == CFGS[1]
+    assert before == shared  # the cached dict was not changed in place
+    on_disk = json.loads(runtime._autotune_path().read_text())
+    assert on_disk == {"k1:(1024,)": CFGS[0], "k2:(1024,)": CFGS[1]}
+    assert runtime._remembered_config(_launcher("k2")) == CFGS[1]
