@@ -59,7 +59,7 @@ def _sync(device):
 
 
 def _time(fn, device, iters):
-    from harness import timing_turn  # several of these processes may share one device
+    from turns import timing_turn  # several of these processes may share one device
 
     with timing_turn():
         for _ in range(2):

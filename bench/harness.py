@@ -10,7 +10,6 @@ finally resets the backend and compiles a fresh wrapper again (warm compile, on-
 import contextlib
 import copy
 import gc
-import os
 import signal
 import threading
 import time
@@ -77,14 +76,11 @@ MODES = {
 }
 
 
-timing_turn = turns.timing_turn  # dynamic.py and the tests take it from here
-
-
-def _unpaused(time_call, *args):
-    """time_call(*args) -> (seconds, result), less the time this worker was stopped by another
-    worker's timed phase (see turns.py)."""
+def _time_call(step, device):
+    """measure.time_call, less the time this worker was stopped by another worker's timed phase
+    (see turns.py): a compile's own time."""
     t0 = time.time()
-    seconds, result = time_call(*args)
+    seconds, result = measure.time_call(step, device)
     return max(0.0, seconds - turns.paused_seconds(t0, time.time())), result
 
 
@@ -272,7 +268,7 @@ class Task:
         mem.begin()
         backend.begin()
         step = self.make_step(backend.compile(fn), model)
-        first_s, out = _unpaused(measure.time_call, step, str(self.device))
+        first_s, out = _time_call(step, str(self.device))
         rec["compile_cold_s" if backend.compiles else "first_call_s"] = first_s
         if self.cfg.get("accuracy", True):
             rec["accuracy"] = measure.compare(
@@ -297,7 +293,7 @@ class Task:
         return rec
 
     def _time(self, step, rec, mem):
-        with timing_turn():
+        with turns.timing_turn():
             measure.warm_up(step, str(self.device), self.timing.warmup)
             mem.before_timed()
             rec["latency_ms"], rec["iters"] = measure.time_steady(
@@ -316,7 +312,7 @@ class Task:
             rec["warm_note"] = "backend has no reset()"
             return
         step = self.make_step(backend.compile(fn), model)
-        rec["compile_warm_s"], _ = _unpaused(measure.time_call, step, str(self.device))
+        rec["compile_warm_s"], _ = _time_call(step, str(self.device))
         hits = backend.cache_hits()
         if hits is not None:
             rec["warm_cache_hits"] = hits

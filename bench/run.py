@@ -153,7 +153,7 @@ def run_one(i, name, ctx, plan, gpu=None):
 def _run_models(names, ctx, plan, on_done):
     """Run every model, on one GPU or spread over `gpus` GPUs, `jobs` workers per GPU at a time
     (several jobs on one GPU compile side by side; their timed phases take turns, see
-    harness.timing_turn)."""
+    turns.timing_turn)."""
     gpus, jobs = plan["gpus"], plan["jobs"]
     if gpus <= 1 and jobs <= 1:
         for i, name in enumerate(names, 1):

@@ -11,8 +11,8 @@ Each worker is the leader of its own process group (the runner starts it in a ne
 stopping the group stops its compile subprocesses too. A worker registers its group in a
 directory beside the lock file; the holder of the turn logs each pause there, and a worker
 subtracts the time it spent stopped from the compile times it reports (`paused_seconds`). The
-runner continues every registered group when it kills a worker (`resume_all`), so a worker killed
-in its timed phase leaves nobody stopped.
+runner continues every registered group whenever a worker ends (`resume_all`), so a worker that
+died or was killed in its timed phase leaves nobody stopped.
 """
 
 import contextlib
@@ -68,21 +68,28 @@ def _signal_group(pgid, sig):
         return False
 
 
-def resume_all(lock_path):
-    """Continue every registered worker group: the runner calls this when a worker ended, which
-    may have died or been killed in its timed phase with the others stopped. It takes the lock
-    first (a dead holder's lock is free), so it never continues groups in a live holder's turn."""
-    if not lock_path:
-        return
+@contextlib.contextmanager
+def _holding(lock_path):
+    """The turn: an exclusive lock on the file (freed by the system if its holder dies)."""
     import fcntl
 
     with open(lock_path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            for pgid in _others(_registry(lock_path)):
-                _signal_group(pgid, signal.SIGCONT)
+            yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def resume_all(lock_path):
+    """Continue every registered worker group: the runner calls this when a worker ended, which
+    may have died or been killed in its timed phase with the others stopped. It takes the turn
+    first (a dead holder's is free), so it never continues groups in a live holder's turn."""
+    if not lock_path:
+        return
+    with _holding(lock_path):
+        for pgid in _others(_registry(lock_path)):
+            _signal_group(pgid, signal.SIGCONT)
 
 
 @contextlib.contextmanager
@@ -94,15 +101,11 @@ def timing_turn():
     if not path:
         yield
         return
-    import fcntl
-
     reg = _registry(path)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        stopped, start = [], time.time()
+    with _holding(path):
+        stopped = [g for g in _others(reg) if _signal_group(g, signal.SIGSTOP)]
+        start = time.time()
         try:
-            stopped = [g for g in _others(reg) if _signal_group(g, signal.SIGSTOP)]
-            start = time.time()
             yield
         finally:
             end = time.time()
@@ -111,7 +114,6 @@ def timing_turn():
                     log.write("".join(f"{g} {start:.6f} {end:.6f}\n" for g in stopped))
             for g in stopped:
                 _signal_group(g, signal.SIGCONT)
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def paused_seconds(t0, t1, pid=None):

@@ -89,12 +89,6 @@ class Worker:
         except ProcessLookupError:
             pass
         self.proc.wait()
-        self._unregister()
-
-    def _unregister(self):
-        # a worker that died or was killed in its timed phase leaves the others stopped
-        turns.unregister(self._lock, self.proc.pid)
-        turns.resume_all(self._lock)
 
     def log_tail(self, lines=12):
         """The last lines this worker wrote to its log (to explain a crash)."""
@@ -102,8 +96,11 @@ class Worker:
         return [line for line in text.splitlines() if line.strip()][-lines:]
 
     def close(self, run_log):
-        """Append this worker's output to the run's log (under a lock: workers may be parallel)."""
-        self._unregister()
+        """Append this worker's output to the run's log (under a lock: workers may be parallel);
+        continue the other workers, which this one, dead or killed in its timed phase, may have
+        left stopped."""
+        turns.unregister(self._lock, self.proc.pid)
+        turns.resume_all(self._lock)
         self._events.close()
         text = self.log_path.read_text(errors="replace")
         with _print_lock, open(run_log, "a") as f:

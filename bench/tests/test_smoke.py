@@ -193,13 +193,13 @@ def test_timed_calls_take_turns(tmp_path, monkeypatch):
     import threading
     import time
 
-    import harness
+    import turns
 
     monkeypatch.setenv("EMBER_BENCH_TIMING_LOCK", str(tmp_path / "timing.lock"))
     spans = []
 
     def timed(name):
-        with harness.timing_turn():
+        with turns.timing_turn():
             start = time.monotonic()
             time.sleep(0.2)
             spans.append((start, time.monotonic()))

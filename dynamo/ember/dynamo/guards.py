@@ -111,7 +111,7 @@ class GuardSet:
 
     def items(self) -> list[Guard]:
         # made once per change: describe() and compile() both read them
-        if self._items is None or len(self._items) != len(self.guards):
+        if self._items is None:
             self._items = [dataclasses.replace(g, value=_unbox(g.value)) for g in self.guards]
         return list(self._items)
 

@@ -222,9 +222,7 @@ class TritonRenderer(Renderer):
 
     # --- structure ------------------------------------------------------------------------------
     def index_text(self, expr):
-        return print_index(
-            simplify_index(expr, self.ranges), floordiv="//", mod="%", minmax=TRITON_MINMAX
-        )
+        return _py(simplify_index(expr, self.ranges))
 
     def _decompose(self, flat, vars_, sizes):
         lines = []

@@ -109,10 +109,6 @@ def _encode(tp, v):
     return v
 
 
-def _decode(tp, d):
-    return _decoder(tp)(d)
-
-
 def _identity(d):
     return d
 
