@@ -109,12 +109,10 @@ class OutputGraph:
                                                  0, str(value.device), value.requires_grad)
 
     def _insert_placeholder(self, name):
+        # Placeholders are added here only, so the one added last is the last one: scanning the
+        # graph for each input was quadratic in a model's parameters.
         last = self._last_placeholder
-        if last is None or last._erased or last.graph is not self.graph or (
-            last.next.op == "placeholder"
-        ):
-            # Placeholders are added here only, so the one added last is the last one (checked
-            # above); scanning the graph for each input was quadratic in a model's parameters.
+        if last is not None and last._erased:
             placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
             last = placeholders[-1] if placeholders else None
         if last is not None:
