@@ -97,3 +97,31 @@ def test_constant_mask_runs_flash(monkeypatch, capsys, fn):
     code = capsys.readouterr().out
     assert "extern.sdpa_flash'" in code and "extern.sdpa_efficient'" not in code, code[-3000:]
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def causal_attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("fn,mask_kind,kernel", [
+    (attention_amp, "bool", "sdpa_efficient"),
+    (attention, "float", "sdpa_efficient"),
+    (causal_attention, None, "sdpa_flash"),
+])  # fmt: skip
+def test_symbolic_lengths_call_the_kernels_in_one_graph(monkeypatch, capsys, fn, mask_kind,
+                                                        kernel):  # fmt: skip
+    """With dynamic=True, one compiled graph runs every length through the flash or
+    memory-efficient kernel (torch's C++ attention never sees the symbolic sizes)."""
+    monkeypatch.setattr(config, "output_code", True)
+    compiled = ember.compile(fn, dynamic=True, fullgraph=True)
+    dtype = torch.float32 if fn is attention_amp else torch.bfloat16
+    for length in (77, 100, 128, 161):
+        q, k, v, mask = _inputs(length, dtype, mask_kind or "bool")
+        args = (q, k, v) if mask_kind is None else (q, k, v, mask)
+        with torch.no_grad(), _amp(fn):
+            got = compiled(*args)
+            want = fn(*args)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    code = capsys.readouterr().out
+    assert code.count("def call(") == 1, "recompiled for a length"
+    assert f"extern.{kernel}'" in code and "extern.bmm" not in code, code[-3000:]

@@ -249,3 +249,20 @@ def test_bias_computed_in_the_graph(channels_last):
     x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 4, 4), torch.randn(4)
     with torch.no_grad():
         check(lambda x, w, b: torch.conv2d(x, w, b * 2, stride=4), x, w, b, atol=1e-5, rtol=1e-5)
+
+
+def test_rows_padded_to_a_multiple_are_recognised_with_symbolic_sizes():
+    """A layout in rows rounded up to a multiple of 16 (the memory-efficient attention's bias)
+    is a buffer of whole padded rows, static or symbolic; a dense layout is not padded."""
+    import sympy
+
+    from ember.inductor.lowering import _padded_rows
+    from ember.ir import contiguous_strides
+
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    row = 16 * sympy.ceiling(s / 16)
+    assert _padded_rows((2, 3, s, s), contiguous_strides((2, 3, s, row))) == (2, 3, s, row)
+    assert _padded_rows((2, 3, s, s), contiguous_strides((2, 3, s, s))) is None
+    assert _padded_rows((2, 3, s, s + 16), contiguous_strides((2, 3, s, row))) is None  # row < size
+    assert _padded_rows((4, 77), (80, 1)) == (4, 80)
+    assert _padded_rows((4, 80), (80, 1)) is None

@@ -122,3 +122,17 @@ def test_a_size_padded_to_a_multiple_is_known_to_cover_it():
     assert not known_le(padded, s)
     assert not known_le(s, s - sympy.Mod(s, 8))  # a multiple of 8 below s: not above it
     assert not known_le(s, s - sympy.Mod(s, 8) + sympy.Mod(s, 8) ** 2 - 60)  # not linear
+
+
+def test_a_size_rounded_up_by_integer_division_is_known_to_cover_it():
+    # symbolic attention pads its bias to 16 * ((s + 15) // 16) columns and slices s of them back
+    from ember.ir.symbols import CeilDiv, FloorDiv
+    from ember.primtorch.utils import known_le, known_lt
+
+    s = sym("s4")
+    for padded in (16 * FloorDiv(s + 15, 16), 16 * CeilDiv(s, 16), 16 * sympy.ceiling(s / 16)):
+        assert known_le(s, padded) and known_le(padded, s + 15)
+        assert not known_lt(s, padded)  # equal when s is a multiple of 16
+        assert not known_le(s + 1, padded)
+    assert known_le(16 * FloorDiv(s, 16), s) and not known_le(s, 16 * FloorDiv(s, 16))
+    assert not known_le(s, FloorDiv(s, sym("s5")) * sym("s5"))  # a symbolic divisor: undecided

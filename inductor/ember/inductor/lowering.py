@@ -24,6 +24,7 @@ from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides, lookup, targ
 from ember.primtorch.prims.extern import ARG_STRIDES
 from ember.primtorch.utils import (
     is_non_overlapping_and_dense,
+    known_le,
     make_channels_last_strides_for,
     strides_from_perm,
 )
@@ -485,13 +486,13 @@ class Lowerer(fx.Interpreter):
 
 def pad_last_dim(x, n_pad) -> Lazy:
     """`x` (..., N) as a Lazy (..., n_pad) whose elements from N on are zero."""
-    n = int(x.sizes[-1])
+    n = sympy.sympify(x.sizes[-1])
 
     def fn(idx):
-        inside = ops.lt(ops.index_expr(idx[-1], torch.int64), ops.constant(n, torch.int64))
+        inside = ops.lt(ops.index_expr(idx[-1], torch.int64), ops.index_expr(n, torch.int64))
         return ops.masked(inside, lambda: x.load(idx), 0)
 
-    return Lazy((*x.sizes[:-1], sympy.Integer(n_pad)), x.dtype, x.device, fn)
+    return Lazy((*x.sizes[:-1], sympy.sympify(n_pad)), x.dtype, x.device, fn)
 
 
 def read_orders(x: Lazy) -> tuple[list, list]:
@@ -563,14 +564,18 @@ CONVOLUTIONS = ("extern.convolution", "extern.convolution_backward")
 
 def _padded_rows(sizes, strides):
     """The shape (..., P) whose contiguous strides `strides` are, when they lay `sizes` out in
-    rows of P > sizes[-1] elements (static sizes); else None."""
-    if len(sizes) < 2 or not all(sympy.sympify(v).is_Integer for v in (*sizes, *strides)):
+    rows of P elements, P > sizes[-1] (with symbolic sizes: P >= sizes[-1] for every size and
+    P != sizes[-1] as expressions, a row rounded up to a multiple); else None."""
+    if len(sizes) < 2:
         return None
-    row = int(strides[-2])
-    shape = (*(int(v) for v in sizes[:-1]), row)
-    if int(sizes[-1]) >= row or tuple(int(v) for v in strides) != tuple(contiguous_strides(shape)):
+    sizes, strides = [sympy.sympify(v) for v in sizes], [sympy.sympify(v) for v in strides]
+    row, last = strides[-2], sizes[-1]
+    if sympy.simplify(row - last) == 0 or not known_le(last, row):
         return None
-    return tuple(sympy.Integer(v) for v in shape)
+    shape = (*sizes[:-1], row)
+    if any(sympy.simplify(a - b) != 0 for a, b in zip(strides, contiguous_strides(shape))):
+        return None
+    return shape
 
 
 def _layout(meta: TensorMeta) -> Layout:

@@ -77,9 +77,9 @@ def _matmul(input, other):
     return _batched_matmul(input, other)
 
 
-def _math_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> bool:
-    """Whether torch would run this attention on its math path: asked with plain tensors of
-    the hint sizes (the choice is made in C++, out of the tracer's sight)."""
+def _fused_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """The SDPBackend torch would run this attention on: asked with plain tensors of the hint
+    sizes (the choice is made in C++, out of the tracer's sight)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     amp = torch.is_autocast_enabled(query.device.type)
@@ -96,27 +96,82 @@ def _math_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
         args = [plain(t) for t in (query, key, value, attn_mask)]
         choice = torch._fused_sdp_choice(*args, dropout_p, is_causal, scale=scale,
                                          enable_gqa=enable_gqa)  # fmt: skip
-    return choice == int(torch.nn.attention.SDPBackend.MATH)
+    return torch.nn.attention.SDPBackend(choice)
+
+
+def _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale):
+    """The flash or memory-efficient CUDA kernel called directly, as torch's C++ attention would
+    call it, so that the tracer never hands a SymbolicTensor to that C++ (whose checks read plain
+    sizes, on CUDA only); `backend` MATH (inference only) asks for the memory-efficient kernel in
+    its place. NotImplemented where torch's preparation of the inputs is not mirrored here."""
+    from torch.nn.attention import SDPBackend
+
+    dims = [int(n) for n in (query.shape[-1], key.shape[-1], value.shape[-1])]  # specialised
+    if dims[0] != dims[1] or dims[0] % 8 or dims[2] % 8:
+        return NotImplemented  # torch pads the head dim to a multiple of 8 first
+    if query.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return NotImplemented
+    if backend == SDPBackend.FLASH_ATTENTION and attn_mask is None:
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, 0.0, is_causal, False, scale=scale
+        )[0]
+    if backend not in (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH):
+        return NotImplemented
+    bias = None
+    if attn_mask is not None:
+        if attn_mask.dim() > 4:
+            return NotImplemented
+        if attn_mask.dtype == torch.bool:
+            bias = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device)
+            bias = bias.masked_fill(attn_mask.logical_not(), float("-inf"))
+        elif attn_mask.is_floating_point():
+            bias = attn_mask.to(query.dtype)
+        else:
+            return NotImplemented
+        # (the lowering lays the bias out in rows aligned as the kernel reads them: ARG_STRIDES)
+        batch, heads, length = query.shape[:3]
+        bias = bias.expand(batch, heads, length, bias.shape[-1])
+    needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    try:
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, needs_lse, 0.0, is_causal, scale=scale
+        )[0]
+    except RuntimeError:
+        if backend == SDPBackend.MATH:
+            return NotImplemented  # the kernel refused what torch would not give it either
+        raise
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False):  # fmt: skip
-    """scaled_dot_product_attention with symbolic sizes where torch would take its math path:
-    that path's C++ matmuls bake the hints in (see _batched_matmul); here the same math runs on
-    SymInts. Flash and memory-efficient kernels are left to torch (they are externs)."""
+    """scaled_dot_product_attention with symbolic sizes. Where torch would take its math path,
+    whose C++ matmuls bake the hints in (see _batched_matmul), the same math runs on SymInts; on
+    CUDA the flash and memory-efficient kernels (externs) are called directly (_cuda_kernel)."""
     tensors = (query, key, value)
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors) or enable_gqa:
         return NotImplemented
-    if scale is None and not isinstance(query.shape[-1], int):
-        return NotImplemented  # the default scale reads the head size
     if dropout_p != 0.0 or not _symbolic(*tensors, attn_mask):
         return NotImplemented
-    if not _math_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        return NotImplemented
     device = query.device.type
+    if scale is None and not isinstance(query.shape[-1], int):
+        if device != "cuda":
+            return NotImplemented  # the default scale reads the head size
+        scale = 1.0 / math.sqrt(int(query.shape[-1]))  # the head size is specialised (a guard)
+    backend = _fused_choice(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                            enable_gqa)  # fmt: skip
     if torch.is_autocast_enabled(device):  # what the autocast of sdpa does to its inputs
         dtype = torch.get_autocast_dtype(device)
         query, key, value = (autocast_input(t, dtype) for t in tensors)
+    math_path = backend == torch.nn.attention.SDPBackend.MATH
+    if device == "cuda" and (not math_path or not torch.is_grad_enabled()):
+        # in inference the memory-efficient kernel also takes what torch would run on its math
+        # path (as attention.efficient_attention does for static sizes)
+        with torch.autocast(device, enabled=False):
+            out = _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale)
+        if out is not NotImplemented:
+            return out
+    if not math_path:
+        return NotImplemented  # the CPU flash kernel: torch's C++ handles symbolic sizes
     out_dtype = query.dtype
     # torch's math path on CUDA computes reduced-precision attention in float32
     compute = torch.float32 if device == "cuda" and out_dtype in (torch.float16,

@@ -243,6 +243,9 @@ def _decided(order, lhs: sympy.Expr) -> bool:
         return True
     if order not in _ORDERS:
         return False
+    divisions = _as_remainders(lhs)
+    if divisions is not lhs:
+        return _decided(order, divisions)
     for mod in lhs.atoms(sympy.Mod):
         c = mod.args[1]
         if not (c.is_Integer and c > 0):
@@ -253,6 +256,27 @@ def _decided(order, lhs: sympy.Expr) -> bool:
             continue  # not linear in it: its ends do not bound it
         return all(_decided(order, free.xreplace({d: end})) for end in (0, c - 1))
     return False
+
+
+def _as_remainders(expr: sympy.Expr) -> sympy.Expr:
+    """`expr` with each integer division by a positive constant c written through its remainder,
+    floor(p / c) = (p - Mod(p, c)) / c (and a ceiling as the floor of p + c - 1), so that
+    `_decided` bounds it: a size rounded up to a multiple, 16*FloorDiv(s + 15, 16), is then known
+    to be at least s. `expr` itself when it has none."""
+    from ember.ir.symbols import CeilDiv, FloorDiv
+
+    subs = {}
+    for f in expr.atoms(FloorDiv, CeilDiv, sympy.floor, sympy.ceiling):
+        if isinstance(f, (FloorDiv, CeilDiv)):
+            p, c = f.args
+        else:
+            p, c = sympy.fraction(sympy.together(f.args[0]))
+        if not (c.is_Integer and c > 0):
+            continue
+        if isinstance(f, (CeilDiv, sympy.ceiling)):
+            p = p + c - 1
+        subs[f] = (p - sympy.Mod(p, c)) / c
+    return expr.xreplace(subs) if subs else expr
 
 
 def _static(a):
