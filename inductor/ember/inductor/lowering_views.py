@@ -157,7 +157,7 @@ def _slice(L, a, start_indices, limit_indices, strides=None):
 
 
 def CeilDivInt(n, d):
-    return (n + d - 1) // d if S(n).is_Integer else sympy.ceiling(n / d)
+    return (n + d - 1) // d if S(n).is_Integer else FloorDiv(S(n) + d - 1, d)
 
 
 @register("slice_in_dim")

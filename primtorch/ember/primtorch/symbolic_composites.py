@@ -17,6 +17,7 @@ import operator
 from functools import reduce
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .attention import autocast_input
@@ -128,9 +129,13 @@ def _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale):
             bias = attn_mask.to(query.dtype)
         else:
             return NotImplemented
-        # (the lowering lays the bias out in rows aligned as the kernel reads them: ARG_STRIDES)
+        # the kernel reads bias rows at 16-element alignment: a padded buffer, viewed back (the
+        # lowering then lays the bias out in such rows too: ARG_STRIDES)
+        source = bias.shape[-1]
+        padded = (source + 15) // 16 * 16
+        bias = F.pad(bias, (0, padded - source))[..., :source]
         batch, heads, length = query.shape[:3]
-        bias = bias.expand(batch, heads, length, bias.shape[-1])
+        bias = bias.expand(batch, heads, length, source)
     needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     try:
         return torch.ops.aten._scaled_dot_product_efficient_attention(

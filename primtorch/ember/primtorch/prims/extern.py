@@ -188,6 +188,11 @@ def _blhe(sizes):
 ARG_STRIDES: dict[str, dict[int, object]] = {}
 
 
+def _round_up(n, multiple: int):
+    """`n` rounded up to a multiple of `multiple`, as an expression the IR serialises."""
+    return FloorDiv(sympy.sympify(n) + multiple - 1, multiple) * multiple
+
+
 def _aligned_bias(sizes, strides):
     """The memory-efficient kernels read attn_bias rows at 16-element alignment (eager pads the
     bias's last dim to a multiple of 16 and slices it back): keep an aligned bias as it is, else
@@ -197,7 +202,7 @@ def _aligned_bias(sizes, strides):
     ):
         return strides
     *lead, last = sizes
-    return utils.make_contiguous_strides_for((*lead, sympy.ceiling(sympy.sympify(last) / 16) * 16))
+    return utils.make_contiguous_strides_for((*lead, _round_up(last, 16)))
 
 
 def _check_qkv(name, query, key, value):
@@ -308,7 +313,7 @@ def _sdpa_efficient_meta(query, key, value, attn_bias, compute_log_sumexp, dropo
     out_sizes = (b, h, lq, value.sizes[3])
     out = TensorMeta(query.dtype, out_sizes, _blhe(out_sizes), 0, query.device)
     # The kernel pads the logsumexp length to a multiple of 32 when it is computed.
-    lse_len = sympy.ceiling(lq / 32) * 32 if compute_log_sumexp else sympy.S.Zero
+    lse_len = _round_up(lq, 32) if compute_log_sumexp else sympy.S.Zero
     lse = _contiguous(torch.float32, (b, h, lse_len), query.device)
     # The kernel returns its philox seed and offset as CPU scalars.
     seed = _contiguous(torch.int64, (), "cpu")
@@ -336,7 +341,7 @@ def _sdpa_efficient_backward_meta(grad_out_, query, key, value, attn_bias, out, 
     if grad_input_mask[3] and attn_bias is not None:
         # The kernel pads the bias grad's last dim to a multiple of 16 and returns a view.
         *lead, last = attn_bias.sizes
-        padded = sympy.ceiling(last / 16) * 16
+        padded = _round_up(last, 16)
         strides = utils.make_contiguous_strides_for((*lead, padded))
         bias = TensorMeta(attn_bias.dtype, attn_bias.sizes, strides, 0, attn_bias.device)
     return (*grads, bias)
