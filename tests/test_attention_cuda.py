@@ -103,10 +103,21 @@ def causal_attention(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def gqa_flag_attention(q, k, v):
+    """As transformers calls it with no mask: enable_gqa=True whether or not heads are grouped."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def grouped_attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k[:, :2], v[:, :2], is_causal=True, enable_gqa=True)
+
+
 @pytest.mark.parametrize("fn,mask_kind,kernel", [
     (attention_amp, "bool", "sdpa_efficient"),
     (attention, "float", "sdpa_efficient"),
     (causal_attention, None, "sdpa_flash"),
+    (gqa_flag_attention, None, "sdpa_flash"),
+    (grouped_attention, None, "sdpa_flash"),
 ])  # fmt: skip
 def test_symbolic_lengths_call_the_kernels_in_one_graph(monkeypatch, capsys, fn, mask_kind,
                                                         kernel):  # fmt: skip

@@ -136,3 +136,18 @@ def test_a_size_rounded_up_by_integer_division_is_known_to_cover_it():
         assert not known_le(s + 1, padded)
     assert known_le(16 * FloorDiv(s, 16), s) and not known_le(s, 16 * FloorDiv(s, 16))
     assert not known_le(s, FloorDiv(s, sym("s5")) * sym("s5"))  # a symbolic divisor: undecided
+
+
+def test_an_attention_bias_in_rows_rounded_up_to_16_keeps_its_layout():
+    """The memory-efficient kernel's bias: a view whose row strides are multiples of 16 for every
+    size (symbolic, or 0 where broadcast) is passed as it is; other layouts get aligned rows."""
+    from ember.ir.symbols import FloorDiv
+    from ember.primtorch.prims.extern import _aligned_bias
+
+    s = sym("s4")
+    row = 16 * FloorDiv(s + 15, 16)
+    assert _aligned_bias((2, 12, s, s), (s * row, 0, row, 1)) == (s * row, 0, row, 1)
+    relaid = _aligned_bias((2, 12, s, s), (s * s, 0, s, 1))
+    assert relaid[-1] == 1 and all(relaid[-2].subs(s, n) == row.subs(s, n) for n in (2, 16, 17, 77))
+    assert _aligned_bias((2, 12, 77, 77), (77 * 80, 0, 80, 1)) == (77 * 80, 0, 80, 1)
+    assert _aligned_bias((2, 12, 77, 77), (77 * 77, 0, 77, 1))[-2] == 80

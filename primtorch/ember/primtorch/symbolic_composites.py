@@ -134,8 +134,10 @@ def _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale):
         source = bias.shape[-1]
         padded = (source + 15) // 16 * 16
         bias = F.pad(bias, (0, padded - source))[..., :source]
-        batch, heads, length = query.shape[:3]
-        bias = bias.expand(batch, heads, length, source)
+        # broadcast only the dims of size 1 (a mask's own length is another symbol, equal at
+        # run time, which the kernel checks)
+        lead = [1] * (4 - bias.dim()) + list(bias.shape[:-1])
+        bias = bias.expand(*(q if n == 1 else n for q, n in zip(query.shape[:3], lead)), source)
     needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     try:
         return torch.ops.aten._scaled_dot_product_efficient_attention(
@@ -153,8 +155,18 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     whose C++ matmuls bake the hints in (see _batched_matmul), the same math runs on SymInts; on
     CUDA the flash and memory-efficient kernels (externs) are called directly (_cuda_kernel)."""
     tensors = (query, key, value)
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors) or enable_gqa:
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
         return NotImplemented
+    if enable_gqa:  # transformers asks for it whenever no mask is given, groups or not
+        if query.device.type != "cuda" or not all(isinstance(t.shape[1], int) for t in tensors):
+            return NotImplemented  # (torch's CPU kernels take symbolic sizes)
+        if query.shape[1] % key.shape[1]:
+            return NotImplemented
+        group = query.shape[1] // key.shape[1]
+        if group > 1:
+            key, value = (t.repeat_interleave(group, dim=1) for t in (key, value))
+            tensors = (query, key, value)
+        enable_gqa = False
     if dropout_p != 0.0 or not _symbolic(*tensors, attn_mask):
         return NotImplemented
     device = query.device.type

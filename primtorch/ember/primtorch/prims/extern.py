@@ -198,9 +198,9 @@ def _aligned_bias(sizes, strides):
     bias's last dim to a multiple of 16 and slices it back): keep an aligned bias as it is, else
     lay it out in rows of that padded length (a sequence of 77 tokens failed the kernel's check)."""
     if strides is not None and strides[-1] == 1 and all(
-        sympy.sympify(st).is_Integer and int(st) % 16 == 0 for st in strides[:-1] if st != 0
+        (sympy.sympify(st) / 16).is_integer for st in strides[:-1] if st != 0
     ):
-        return strides
+        return strides  # static, or symbolic and a multiple of 16 for every size (16*FloorDiv)
     *lead, last = sizes
     return utils.make_contiguous_strides_for((*lead, _round_up(last, 16)))
 
