@@ -32,10 +32,13 @@ def test_softmax_persistent_and_looped(persistent_max, monkeypatch):
     check(lambda a: torch.softmax(a, -1), torch.randn(3, 20), kernels=1)
 
 
-def test_a_4096_column_softmax_reads_its_row_once():
-    """Rows up to 4096 are persistent: a bfloat16 softmax keeps exp(x - max) in registers
-    instead of storing it in float32 between loops (which halved its bandwidth on an H100)."""
-    x = torch.randn(2, 4096, dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_4096_column_softmax_reads_its_row_once(dtype, monkeypatch):
+    """Rows up to 4096 are persistent: a softmax keeps exp(x - max) in registers instead of
+    storing it in float32 between loops (which halved its bandwidth on an H100), and writes
+    nothing but its output (a float32 copy of the exponentials, never read, cost as much)."""
+    monkeypatch.setattr(config, "cpu_backend", "triton")
+    x = torch.randn(2, 4096, dtype=dtype)
     gm = trace_to_prims(lambda a: torch.softmax(a, -1), x)
     low = lower_graph(gm, [x])
     steps = schedule(low.buffers, [o.name for o in low.outputs])
@@ -44,7 +47,24 @@ def test_a_4096_column_softmax_reads_its_row_once():
     assert len(kernels) == 1
     src = TritonRenderer(kernels[0], buffers, "k").render().source
     assert "for roffset" not in src and src.count("tl.load(") == 1
+    assert src.count("tl.store(") == 1, src
     check(lambda a: torch.softmax(a, -1), x, kernels=1, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("persistent_max", [4096, 4])
+def test_values_read_again_after_their_row_reduction(persistent_max, monkeypatch):
+    """exp(x - max) divided by its sum, a layer norm's centred values scaled by their variance,
+    and a row value added back to every element: persistent rows keep the per-element values in
+    registers across the reduction, looped ones store or recompute them; all match eager."""
+    monkeypatch.setattr(config, "persistent_reduction_max", persistent_max)
+
+    def fn(a, w):
+        e = (a - a.amax(-1, keepdim=True)).exp()
+        c = a - a.mean(-1, keepdim=True)
+        n = c * torch.rsqrt(c.square().mean(-1, keepdim=True) + 1e-5) * w
+        return e / e.sum(-1, keepdim=True), n + n.sum(-1, keepdim=True)
+
+    check(fn, torch.randn(6, 40), torch.randn(40), atol=1e-4, rtol=1e-4)
 
 
 def test_layer_norm_and_reductions():

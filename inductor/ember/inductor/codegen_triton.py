@@ -111,6 +111,11 @@ class TritonRenderer(Renderer):
             return self.cse[key]
         if key in self.locals:
             return self.locals[key]
+        if name in self.kernel.local:  # never stored: a read must come from a register
+            raise RuntimeError(
+                f"ember.inductor: {self.name} reads {name}, which it keeps in registers, at an "
+                f"index it did not compute ({index}); please report this"
+            )
         dtype = self.dtype_of(name)
         other = ", other=0.0" if self.mask_stack or self.kernel.rsizes else ""
         ptr, mask = f"{self.args[name]} + ({self.index_text(index)})", self._mask()

@@ -321,22 +321,38 @@ def plan_phases(k: Kernel) -> None:
         placed_in[m.node.name] = (cur, "loop")
 
 
+def persistent(k: Kernel) -> bool:
+    """Whether `k` renders as a persistent Triton reduction: one block holds a whole row, so the
+    values of every phase stay in registers (codegen_triton decides it by the same rule)."""
+    if not k.rsizes or not k.members:
+        return False
+    device = str(k.members[0].node.layout.device)
+    rnumel = sympy.Mul(*k.rsizes)
+    triton = device.startswith("cuda") or config.cpu_backend == "triton"
+    return triton and rnumel.is_Integer and int(rnumel) <= config.persistent_reduction_max
+
+
 def plan_locals(k: Kernel, readers: dict, outputs: set) -> None:
     """Buffers only this kernel reads, each read served from a register, are never stored."""
     phase_of = {}
     for i, (loop, post) in enumerate(k.phases):
         for m in loop + post:
             phase_of[m.node.name] = i
+    whole_rows = persistent(k)
     for m in k.members:
         name = m.node.name
         if name in outputs or readers.get(name, set()) - {id(k)}:
             continue
         ok = True
-        if m.role == "xr" and k.rsizes:  # per-element values survive only within their own loop
+        # Per-element values survive only within their own loop, unless the row is persistent
+        # (softmax's exponentials, read again after their sum, are then never written).
+        if m.role == "xr" and k.rsizes:
             for other in k.members:
-                if name in {n for n, _ in k.record(other).loads} and (
-                    phase_of[other.node.name] != phase_of[name] or other.role != "xr"
-                ):
+                if name not in {n for n, _ in k.record(other).loads}:
+                    continue
+                if whole_rows:
+                    ok = ok and other.role != "x"  # a row-level value reads no single element
+                elif phase_of[other.node.name] != phase_of[name] or other.role != "xr":
                     ok = False
         if ok:
             k.local.add(name)
