@@ -24,6 +24,12 @@ CTYPE = {
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
 }  # fmt: skip
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread
+
+
+def _parallel_for(total) -> str:
+    """The OpenMP pragma of a kernel's outer loop over `total` elements of work: as many threads
+    as that work keeps busy (ember::threads_for), not always every one."""
+    return f"#pragma omp parallel for num_threads(ember::threads_for({code_text(total)}))"
 CHUNK = 4096  # elements per OpenMP work item in one-dimensional loops
 
 SCALAR_UNARY = {
@@ -346,7 +352,7 @@ class CppRenderer(Renderer):
         vec, _ = self._try_vector(members, self.xassign, [], inner)
         scalar = self._body(members, self.xassign, [], False)
         total = sympy.Mul(*sizes)
-        par = "" if total.is_Integer and total < PARALLEL_MIN else "#pragma omp parallel for"
+        par = "" if total.is_Integer and total < PARALLEL_MIN else _parallel_for(total)
         if len(xv) == 1:
             n = code_text(sizes[0])
             chunks = f"({n} + {CHUNK - 1}) / {CHUNK}"
@@ -372,7 +378,7 @@ class CppRenderer(Renderer):
         total = sympy.Mul(*self.xsizes) * sympy.Mul(*self.rsizes)
         par = self.xvars and not (total.is_Integer and total < PARALLEL_MIN)
         collapse = f" collapse({len(self.xvars)})" if len(self.xvars) > 1 else ""
-        return _indent((["#pragma omp parallel for" + collapse] if par else []) + out)
+        return _indent(([_parallel_for(total) + collapse] if par else []) + out)
 
     def _phase(self, i, loop_members, post):
         self.phase = i
