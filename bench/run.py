@@ -400,7 +400,8 @@ def list_all():
         if s.smoke:
             print(f"  smoke: {', '.join(s.smoke)}")
         if s.parts:
-            print("  parts on an H100: " + ", ".join(f"{m} {n}" for m, n in s.parts.items()))
+            pieces = ", ".join(f"{m} {n}" for m, n in s.parts.items())
+            print(f"  parts on the device (an H100 host): {pieces}")
     print("backends:")
     for b in backend_registry.BACKENDS.values():
         print(f"  {b.name}: {b.description}")

@@ -112,6 +112,7 @@ SUITES = {
             smoke=SMALL,
             smoke_timing=Timing(warmup=1, iters=3, max_seconds=1.0),
             smoke_backends=("eager", "ember"),
+            parts={"infer-fp32": 3, "train-fp32": 4},  # on the device host's CPU, 16 threads
         ),
     )
 }
