@@ -162,3 +162,28 @@ def test_a_batched_transposed_operand_follows_its_source():
     # (3, 8, 16) read from k's (3, 16, 8) storage: batch outermost, then k's rows
     assert _matmul_operands(fn, q, k) == {"extern.bmm": [(128, 1, 8)]}
     check(fn, q, k)
+
+
+def test_rows_that_vary_multiply_padded_columns_when_the_operand_is_computed(pad_on, capsys,
+                                                                           monkeypatch):  # fmt: skip
+    """With symbolic rows (batch x sequence), an unaligned product is padded where its operand
+    is computed in the graph anyway (the weight's cast under autocast), and left as it is where
+    the operand is the parameter itself (a copy at every call could cost what padding saves)."""
+    import ember
+
+    monkeypatch.setattr(config, "output_code", True)
+    torch.manual_seed(0)
+    codes = {}
+    for amp in (True, False):
+        layer = torch.nn.Linear(K, N)
+        compiled = ember.compile(layer, dynamic=True)
+        for rows in (40, 64, 77):
+            x = torch.randn(2, rows, K)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp), torch.no_grad():
+                got, want = compiled(x), layer(x)
+            torch.testing.assert_close(got, want, **TOL[want.dtype])
+        codes[amp] = capsys.readouterr().out
+    for code in codes.values():
+        assert code.count("def call(") == 1, "recompiled for a row count"
+    assert re.search(r"extern_addmm\(.*\), \(s\d+ \* s\d+, 1008\)", codes[True]), codes[True]
+    assert re.search(r"extern_addmm\(.*\), \(s\d+ \* s\d+, 1001\)", codes[False]), codes[False]

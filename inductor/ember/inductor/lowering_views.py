@@ -477,12 +477,21 @@ def _padded_columns(name, args) -> int:
     a, b = (args[p] for p in _MATRICES[name])
     if a.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not _pad_mm_on(a.device):
         return 0
-    sizes = (*a.sizes, b.sizes[1])
-    if not all(S(s).is_Integer for s in sizes):
+    m, k, n = a.sizes[0], a.sizes[1], b.sizes[1]
+    if not (S(k).is_Integer and S(n).is_Integer):
         return 0
-    m, k, n = (int(s) for s in sizes)
+    k, n = int(k), int(n)
     align = 16 // a.dtype.itemsize  # cuBLAS's fast kernels want 16-byte aligned rows
-    if n % align == 0 or m < 2 or m * n * k < PAD_MM_MIN_WORK:
+    if n % align == 0:
+        return 0
+    if not S(m).is_Integer:
+        # Rows that vary (batch x sequence): pad where the padded copy of b costs nothing, b being
+        # computed here anyway (a weight cast under autocast), for PAD_MM_MIN_ROWS rows' work.
+        if not isinstance(b, Lazy) or PAD_MM_MIN_ROWS * n * k < PAD_MM_MIN_WORK:
+            return 0
+        return -(-n // align) * align
+    m = int(m)
+    if m < 2 or m * n * k < PAD_MM_MIN_WORK:
         return 0  # a single row is a matrix-vector product, whose kernels need no alignment
     if m < PAD_MM_MIN_ROWS and not isinstance(b, Lazy):
         return 0
