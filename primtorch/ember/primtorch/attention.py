@@ -75,17 +75,9 @@ def efficient_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_cau
     except RuntimeError:
         return None
     q, k, v = (autocast_input(t, amp) for t in (q, k, v))
-    if attn_mask.dtype == torch.bool:
-        bias = torch.zeros(attn_mask.shape, dtype=dtype, device=q.device)
-        bias = bias.masked_fill(attn_mask.logical_not(), float("-inf"))
-    elif attn_mask.is_floating_point():
-        bias = attn_mask.to(dtype)
-    else:
+    bias = efficient_bias(attn_mask, q, dtype)
+    if bias is None:
         return None
-    pad = -source % 16  # the kernel reads the bias in rows of 16-element multiples
-    if pad:
-        bias = F.pad(bias, (0, pad))[..., :source]
-    bias = bias.expand(batch, heads, length, source)
     try:
         out = aten._scaled_dot_product_efficient_attention(
             q, k, v, bias, False, dropout_p, False, scale=scale
@@ -93,6 +85,29 @@ def efficient_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_cau
     except RuntimeError:
         return None  # the kernel refused these arguments: torch chooses
     return out[0]
+
+
+def efficient_bias(attn_mask, query, dtype):
+    """`attn_mask` (bool or additive, at most 4-d) as the memory-efficient kernel's additive bias
+    in `dtype`: rows padded to a multiple of 16 elements and viewed back (the kernel reads them
+    so), broadcast to query's (B, H, L) where its size is 1. Sizes may be ints or SymInts (a
+    mask's own length is then another symbol, equal at run time, which the kernel checks).
+    None for a mask the kernel does not take."""
+    if attn_mask.dim() > 4:
+        return None
+    if attn_mask.dtype == torch.bool:
+        bias = torch.zeros(attn_mask.shape, dtype=dtype, device=query.device)
+        bias = bias.masked_fill(attn_mask.logical_not(), float("-inf"))
+    elif attn_mask.is_floating_point():
+        bias = attn_mask.to(dtype)
+    else:
+        return None
+    source = bias.shape[-1]
+    padded = (source + 15) // 16 * 16
+    if not (isinstance(padded, int) and padded == source):
+        bias = F.pad(bias, (0, padded - source))[..., :source]
+    lead = [1] * (4 - bias.dim()) + list(bias.shape[:-1])
+    return bias.expand(*(q if n == 1 else n for q, n in zip(query.shape[:3], lead)), source)
 
 
 # --- a mask that is a constant of the program ----------------------------------------------------

@@ -17,10 +17,9 @@ import operator
 from functools import reduce
 
 import torch
-import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .attention import autocast_input
+from .attention import autocast_input, efficient_bias
 
 
 def _linear(input, weight, bias=None):
@@ -120,24 +119,10 @@ def _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale):
         return NotImplemented
     bias = None
     if attn_mask is not None:
-        if attn_mask.dim() > 4:
+        # (the lowering then lays the bias out in aligned rows too: ARG_STRIDES)
+        bias = efficient_bias(attn_mask, query, query.dtype)
+        if bias is None:
             return NotImplemented
-        if attn_mask.dtype == torch.bool:
-            bias = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device)
-            bias = bias.masked_fill(attn_mask.logical_not(), float("-inf"))
-        elif attn_mask.is_floating_point():
-            bias = attn_mask.to(query.dtype)
-        else:
-            return NotImplemented
-        # the kernel reads bias rows at 16-element alignment: a padded buffer, viewed back (the
-        # lowering then lays the bias out in such rows too: ARG_STRIDES)
-        source = bias.shape[-1]
-        padded = (source + 15) // 16 * 16
-        bias = F.pad(bias, (0, padded - source))[..., :source]
-        # broadcast only the dims of size 1 (a mask's own length is another symbol, equal at
-        # run time, which the kernel checks)
-        lead = [1] * (4 - bias.dim()) + list(bias.shape[:-1])
-        bias = bias.expand(*(q if n == 1 else n for q, n in zip(query.shape[:3], lead)), source)
     needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     try:
         return torch.ops.aten._scaled_dot_product_efficient_attention(
