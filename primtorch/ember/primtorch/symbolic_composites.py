@@ -143,11 +143,12 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
         return NotImplemented
     if enable_gqa:  # transformers asks for it whenever no mask is given, groups or not
-        if query.device.type != "cuda" or not all(isinstance(t.shape[1], int) for t in tensors):
+        if query.device.type != "cuda":
             return NotImplemented  # (torch's CPU kernels take symbolic sizes)
-        if query.shape[1] % key.shape[1]:
+        heads, groups = int(query.shape[1]), int(key.shape[1])  # head counts are specialised
+        if heads % groups:
             return NotImplemented
-        group = query.shape[1] // key.shape[1]
+        group = heads // groups
         if group > 1:
             key, value = (t.repeat_interleave(group, dim=1) for t in (key, value))
             tensors = (query, key, value)
