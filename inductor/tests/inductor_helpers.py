@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-from ember.ir import NODE_META_KEY, TensorMeta
+from ember.ir import NODE_META_KEY, SymbolSpec, TensorMeta, contiguous_strides
+from ember.ir.symbols import sym
 from ember.primtorch import prims
 from torch import fx
 
@@ -95,3 +96,15 @@ def check(fn, *args, kernels=None, atol=1e-5, rtol=1.3e-6, fallbacks=()):
     if kernels is not None:
         assert metrics.generated_kernel_count == kernels, compiled.source
     return compiled
+
+
+def dynamic_gm(module, example_inputs, dims, upper=None):
+    """fx.symbolic_trace(module) with input `i`'s dims `dims[i]` ({dim: symbol name}) symbolic."""
+    gm = fx.symbolic_trace(module)
+    names = {}
+    for p, t, d in zip(gm.graph.find_nodes(op="placeholder"), example_inputs, dims):
+        sizes = [sym(d[k]) if k in d else s for k, s in enumerate(t.shape)]
+        p.meta[NODE_META_KEY] = TensorMeta(t.dtype, sizes, contiguous_strides(sizes), device="cpu")
+        names.update(dict.fromkeys(d.values()))
+    gm.meta["ember_symbols"] = tuple(SymbolSpec(n, upper=upper) for n in names)
+    return gm

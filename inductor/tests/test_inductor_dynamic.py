@@ -14,22 +14,9 @@ import torch.nn.functional as F
 from ember.aot_autograd import aot_eager
 from ember.aot_autograd.dynamic import ShapeMismatch
 from ember.inductor import compile_fx, config, metrics
-from ember.ir import NODE_META_KEY, SymbolSpec, TensorMeta, contiguous_strides
-from ember.ir.symbols import sym
+from inductor_helpers import dynamic_gm
 
 SIZES = (2, 3, 5, 8, 13, 31)
-
-
-def dynamic_gm(module, example_inputs, dims, upper=None):
-    """fx.symbolic_trace(module) with input `i`'s dims `dims[i]` ({dim: symbol name}) symbolic."""
-    gm = fx.symbolic_trace(module)
-    names = {}
-    for p, t, d in zip(gm.graph.find_nodes(op="placeholder"), example_inputs, dims):
-        sizes = [sym(d[k]) if k in d else s for k, s in enumerate(t.shape)]
-        p.meta[NODE_META_KEY] = TensorMeta(t.dtype, sizes, contiguous_strides(sizes), device="cpu")
-        names.update(dict.fromkeys(d.values()))
-    gm.meta["ember_symbols"] = tuple(SymbolSpec(n, upper=upper) for n in names)
-    return gm
 
 
 class MLP(nn.Module):

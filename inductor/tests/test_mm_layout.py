@@ -164,26 +164,40 @@ def test_a_batched_transposed_operand_follows_its_source():
     check(fn, q, k)
 
 
-def test_rows_that_vary_multiply_padded_columns_when_the_operand_is_computed(pad_on, capsys,
+class _Head(torch.nn.Module):
+    """A linear layer whose weight is cast in the graph (as autocast casts it) or used as is."""
+
+    def __init__(self, cast):
+        super().__init__()
+        self.cast, self.linear = cast, torch.nn.Linear(K, N)
+
+    def forward(self, x):
+        w, b = self.linear.weight, self.linear.bias
+        if self.cast:
+            return F.linear(x, w.to(torch.bfloat16), b.to(torch.bfloat16))
+        return F.linear(x, w, b)
+
+
+@pytest.mark.parametrize("cast", [True, False], ids=["cast-weight", "plain-weight"])
+def test_rows_that_vary_multiply_padded_columns_when_the_operand_is_computed(pad_on, cast, capsys,
                                                                            monkeypatch):  # fmt: skip
     """With symbolic rows (batch x sequence), an unaligned product is padded where its operand
     is computed in the graph anyway (the weight's cast under autocast), and left as it is where
     the operand is the parameter itself (a copy at every call could cost what padding saves)."""
-    import ember
+    from ember.inductor import compile_fx
+    from inductor_helpers import dynamic_gm
 
     monkeypatch.setattr(config, "output_code", True)
     torch.manual_seed(0)
-    codes = {}
-    for amp in (True, False):
-        layer = torch.nn.Linear(K, N)
-        compiled = ember.compile(layer, dynamic=True)
+    model = _Head(cast).eval()
+    dtype = torch.bfloat16 if cast else torch.float32
+    make = lambda rows: (torch.randn(2, rows, K, dtype=dtype),)  # noqa: E731
+    example = make(40)
+    with torch.no_grad():
+        compiled = compile_fx(dynamic_gm(model, example, [{0: "s0", 1: "s1"}]), example)
         for rows in (40, 64, 77):
-            x = torch.randn(2, rows, K)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp), torch.no_grad():
-                got, want = compiled(x), layer(x)
-            torch.testing.assert_close(got, want, **TOL[want.dtype])
-        codes[amp] = capsys.readouterr().out
-    for code in codes.values():
-        assert code.count("def call(") == 1, "recompiled for a row count"
-    assert re.search(r"extern_addmm\(.*\), \(s\d+ \* s\d+, 1008\)", codes[True]), codes[True]
-    assert re.search(r"extern_addmm\(.*\), \(s\d+ \* s\d+, 1001\)", codes[False]), codes[False]
+            x = make(rows)
+            torch.testing.assert_close(compiled(*x), model(*x), **TOL[dtype])
+    code, columns = capsys.readouterr().out, 1008 if cast else 1001
+    assert code.count("def call(") == 1, code
+    assert re.search(rf"extern_addmm\(.*\), \(s\d+ \* s\d+, {columns}\)", code), code
