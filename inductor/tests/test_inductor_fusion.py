@@ -136,3 +136,35 @@ def test_a_value_two_externs_take_is_computed_once():
     low = lower_graph(gm, [x, y, w1, w2])
     assert sum(isinstance(b, ComputedBuffer) for b in low.buffers) == 1
     check(f, x, y, w1, w2, kernels=1)
+
+
+def test_a_computation_repeated_by_the_program_is_computed_once():
+    """Each layer of a transformer builds the same additive bias from the same mask: merged into
+    one computation (pipeline.merge_common_subexpressions), the values unchanged. Random draws
+    with their own seeds and offsets stay apart."""
+    from ember.inductor.pipeline import merge_common_subexpressions
+    from ember.primtorch import trace_to_prims
+
+    def bias(mask):
+        return torch.zeros(mask.shape).masked_fill(mask.logical_not(), float("-inf"))
+
+    def layers(x, mask):
+        for _ in range(3):
+            x = torch.softmax(x @ x.transpose(-1, -2) / 8 + bias(mask), -1) @ x
+        return x
+
+    x, mask = torch.randn(2, 6, 8), torch.rand(2, 6, 6) > 0.3
+    mask[..., 0] = True
+    gm = trace_to_prims(layers, x, mask)
+    merged = merge_common_subexpressions(gm)
+    calls = lambda g: sum(n.op == "call_function" for n in g.graph.nodes)  # noqa: E731
+    per_bias = calls(trace_to_prims(bias, mask))
+    assert per_bias >= 2 and calls(gm) - calls(merged) >= 2 * per_bias, merged.graph
+    check(layers, x, mask, atol=1e-5, rtol=1e-5)
+    twice = trace_to_prims(lambda x: (torch.rand(x.shape), torch.rand(x.shape)), x)
+    assert merge_common_subexpressions(twice) is twice  # two draws: different offsets
+    same = check(lambda m: (bias(m), bias(m)), mask)
+    a, b = same(mask)
+    assert a.data_ptr() != b.data_ptr()  # outputs stay distinct tensors
+    signed = trace_to_prims(lambda x: (x * 0.0 + 1, x * -0.0 + 1), x)
+    assert merge_common_subexpressions(signed) is signed  # 0.0 and -0.0 are different scalars

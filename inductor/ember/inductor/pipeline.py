@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import re
 
 import sympy
 import torch
@@ -121,6 +122,7 @@ def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
     program, constants = cache.load(key), {}
     if program is None:
         gm = _small_matmuls_as_reductions(gm)  # 0. matrix-vector products: generated kernels
+        gm = merge_common_subexpressions(gm)  # each layer's copy of a mask's bias, computed once
         lowered = lower_graph(gm, example_inputs)  # 1. prims -> loop-IR buffers
         verify([b for b in lowered.inputs if b is not None] + lowered.buffers,
                lowered.size_symbols)  # 2. loop-IR checks  # fmt: skip
@@ -161,6 +163,57 @@ def _small_matmuls_as_reductions(gm: fx.GraphModule) -> fx.GraphModule:
     if not any(candidate(n) for n in gm.graph.nodes):
         return gm
     return decompose_externs(gm, _SMALL_MM)
+
+
+# Ops whose equal calls need not give equal results (their own random draws): never merged.
+_UNMERGED = re.compile(r"sdpa|dropout|rand|bernoulli|normal|multinomial|poisson|exponential")
+
+
+def merge_common_subexpressions(gm: fx.GraphModule) -> fx.GraphModule:
+    """`gm` with each call that repeats an earlier one (same op, same arguments) replaced by the
+    earlier one's result; `gm` itself when none does. Prim graphs are functional, so equal calls
+    give equal values: an attention mask's additive bias, built again in every layer, becomes one
+    buffer instead of one per layer. Random prims take their seed and offset as arguments, so
+    they merge only when they draw the same numbers; ops with draws of their own never merge."""
+    from ember.ir import target_name
+
+    graph, env, first = fx.Graph(), {}, {}
+    for n in gm.graph.nodes:
+        key = None
+        if n.op == "call_function" and not _UNMERGED.search(target_name(n.target)):
+            try:
+                key = (n.target, _frozen((n.args, n.kwargs), env))
+                hash(key)
+            except TypeError:
+                key = None  # an argument that cannot be compared (a nan, an object)
+        if key is not None and key in first:
+            env[n] = first[key]
+            continue
+        env[n] = graph.node_copy(n, env.__getitem__)
+        if key is not None:
+            first[key] = env[n]
+    if len(graph.nodes) == len(gm.graph.nodes):
+        return gm
+    merged = fx.GraphModule(gm, graph)
+    merged.meta.update(gm.meta)
+    return merged
+
+
+def _frozen(value, env):
+    """A hashable form of a node's arguments, with nodes as their copies in the new graph."""
+    if isinstance(value, fx.Node):
+        return ("node", env[value])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_frozen(v, env) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _frozen(v, env)) for k, v in sorted(value.items())))
+    if isinstance(value, slice):
+        return ("slice", _frozen((value.start, value.stop, value.step), env))
+    if isinstance(value, float):
+        if value != value:
+            raise TypeError("nan")
+        return (float, value, str(value))  # 0.0 and -0.0 stay apart
+    return (type(value), value)  # 1, 1.0 and True stay apart
 
 
 def _device(lowered) -> str:
