@@ -29,8 +29,8 @@ from .codegen_common import (
     _paren,
     size_symbols_in,
 )
-from .config import config
 from .loop_ir import compute_dtype
+from .scheduler import whole_rows
 
 TL = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -251,9 +251,7 @@ class TritonRenderer(Renderer):
             any(int(self.buffers[n].layout.storage_size()) >= 2**31 for n in self.args)
             or xnumel * rnumel >= 2**31
         )
-        self.persistent = bool(rsizes) and rnumel.is_Integer and bool(
-            rnumel <= config.persistent_reduction_max
-        )
+        self.persistent = whole_rows(rsizes)  # the scheduler plans registers by the same rule
         self.locals, self.deferred, self.mask_stack = {}, {}, []
         reduction = bool(k.rsizes)
         pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"

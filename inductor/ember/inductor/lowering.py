@@ -573,9 +573,7 @@ def _padded_rows(sizes, strides):
     if sympy.simplify(row - last) == 0 or not known_le(last, row):
         return None
     shape = (*sizes[:-1], row)
-    if any(sympy.simplify(a - b) != 0 for a, b in zip(strides, contiguous_strides(shape))):
-        return None
-    return shape
+    return shape if _same_strides(sizes, strides, contiguous_strides(shape)) else None
 
 
 def _layout(meta: TensorMeta) -> Layout:

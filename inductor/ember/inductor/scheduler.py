@@ -321,15 +321,21 @@ def plan_phases(k: Kernel) -> None:
         placed_in[m.node.name] = (cur, "loop")
 
 
+def whole_rows(rsizes) -> bool:
+    """Whether a Triton reduction over `rsizes` is persistent: one block holds a whole row (a
+    static row of at most config.persistent_reduction_max elements)."""
+    rnumel = sympy.Mul(*rsizes)
+    return bool(rsizes) and rnumel.is_Integer and int(rnumel) <= config.persistent_reduction_max
+
+
 def persistent(k: Kernel) -> bool:
-    """Whether `k` renders as a persistent Triton reduction: one block holds a whole row, so the
-    values of every phase stay in registers (codegen_triton decides it by the same rule)."""
-    if not k.rsizes or not k.members:
+    """Whether `k` renders as a persistent Triton reduction, so the values of every phase stay
+    in registers."""
+    if not k.members:
         return False
     device = str(k.members[0].node.layout.device)
-    rnumel = sympy.Mul(*k.rsizes)
     triton = device.startswith("cuda") or config.cpu_backend == "triton"
-    return triton and rnumel.is_Integer and int(rnumel) <= config.persistent_reduction_max
+    return triton and whole_rows(k.rsizes)
 
 
 def plan_locals(k: Kernel, readers: dict, outputs: set) -> None:

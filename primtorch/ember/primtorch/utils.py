@@ -16,6 +16,7 @@ import sympy
 import torch
 
 from ember.ir import TensorMeta, as_expr, contiguous_strides
+from ember.ir.symbols import CeilDiv, FloorDiv
 
 # --- dtype categories --------------------------------------------------------------------------
 
@@ -263,8 +264,6 @@ def _as_remainders(expr: sympy.Expr) -> sympy.Expr:
     floor(p / c) = (p - Mod(p, c)) / c (and a ceiling as the floor of p + c - 1), so that
     `_decided` bounds it: a size rounded up to a multiple, 16*FloorDiv(s + 15, 16), is then known
     to be at least s. `expr` itself when it has none."""
-    from ember.ir.symbols import CeilDiv, FloorDiv
-
     subs = {}
     for f in expr.atoms(FloorDiv, CeilDiv, sympy.floor, sympy.ceiling):
         if isinstance(f, (FloorDiv, CeilDiv)):
