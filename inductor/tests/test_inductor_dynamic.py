@@ -4,6 +4,10 @@ The graph modules are built the way dynamo hands them over: torch-level fx graph
 `x.size(d)` nodes, with symbolic TensorMeta on the placeholders and the symbols in gm.meta.
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import sympy
 import torch
@@ -295,3 +299,39 @@ def test_triton_index_split_by_a_product_of_sizes(monkeypatch):
     monkeypatch.setattr(config, "cpu_backend", "triton")
     make = lambda n: (torch.randn(3, n + 1, n + 1),)  # noqa: E731
     _check(compile_fx, SquareMask(), make, [{1: "s0", 2: "s0"}], sizes=SIZES[:4])
+
+
+_TEAM_SCRIPT = """
+import os, torch
+from ember.inductor import compile_fx
+from inductor_helpers import dynamic_gm
+
+class Pointwise(torch.nn.Module):
+    def forward(self, x):
+        return (x * 2 + 1).relu()
+
+torch.set_num_threads(4)
+gm = dynamic_gm(Pointwise(), [torch.randn(8, 64)], [{0: "s0"}])
+compiled = compile_fx(gm, [torch.randn(8, 64)])
+big, small = torch.randn(2048, 64), torch.randn(300, 64)
+compiled(big)
+team = set(os.listdir("/proc/self/task"))
+for _ in range(6):
+    assert torch.equal(compiled(small), (small * 2 + 1).relu())
+    assert torch.equal(compiled(big), (big * 2 + 1).relu())
+print("new threads", len(set(os.listdir("/proc/self/task")) - team))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_a_symbolic_kernel_keeps_its_openmp_threads_across_sizes():
+    """A C++ kernel's parallel loop uses OpenMP's whole team, and one with a symbolic total under
+    PARALLEL_MIN elements runs serially through the `if` clause. A team sized by each call's work
+    (libgomp ends the surplus threads when a smaller team follows a larger one) started new
+    threads at every large call. Four OpenMP threads, so that the sizes 2048x64 and 300x64 would
+    ask for different teams."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, "-c", _TEAM_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-1] == "0", run.stdout

@@ -135,31 +135,3 @@ def test_vector_math_over_extreme_ranges():
         atol=1e-6,
         rtol=2e-6,
     )
-
-
-@pytest.mark.parametrize("openmp", [True, False], ids=["openmp", "serial"])
-def test_a_parallel_loop_takes_threads_by_its_work(openmp):
-    """ember::threads_for: one thread per 8192 elements, at least one, at most OpenMP's count
-    (a small kernel does not wake every core of a large host); 1 in a build without OpenMP."""
-    import ctypes
-
-    from ember.inductor.runtime import CSRC
-    from ember.ir import toolchain
-
-    code = "\n".join([
-        '#include "ember_cpu.h"',
-        "EMBER_EXPORT int threads(long long n) { return ember::threads_for(n); }",
-        "#ifdef _OPENMP",
-        "EMBER_EXPORT int most() { return omp_get_max_threads(); }",
-        "#else",
-        "EMBER_EXPORT int most() { return 1; }",
-        "#endif",
-    ])  # fmt: skip
-    lib = ctypes.CDLL(str(toolchain.compile_shared(
-        "threads_for_test", code=code, include_dirs=[str(CSRC)], openmp=openmp)))  # fmt: skip
-    lib.threads.argtypes = [ctypes.c_longlong]
-    most = lib.most()
-    assert most >= 1 and (openmp or most == 1)
-    assert lib.threads(0) == 1 and lib.threads(8191) == 1
-    assert lib.threads(3 * 8192) == min(3, most)
-    assert lib.threads(1 << 40) == most

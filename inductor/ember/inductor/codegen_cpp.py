@@ -27,9 +27,16 @@ PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread
 
 
 def _parallel_for(total) -> str:
-    """The OpenMP pragma of a kernel's outer loop over `total` elements of work: as many threads
-    as that work keeps busy (ember::threads_for), not always every one."""
-    return f"#pragma omp parallel for num_threads(ember::threads_for({code_text(total)}))"
+    """The OpenMP pragma of a kernel's outer loop over `total` elements of work. The team is always
+    OpenMP's whole one (as torch's own parallel loops use): libgomp ends the surplus threads when
+    a smaller team follows a larger one and creates them again for the next large one, so a team
+    sized by each kernel's work started threads at every call. A symbolic total below
+    PARALLEL_MIN runs on one thread through the `if` clause, which leaves the team alone."""
+    if total.is_Integer:
+        return "#pragma omp parallel for"
+    return f"#pragma omp parallel for if(({code_text(total)}) >= {PARALLEL_MIN})"
+
+
 CHUNK = 4096  # elements per OpenMP work item in one-dimensional loops
 
 SCALAR_UNARY = {

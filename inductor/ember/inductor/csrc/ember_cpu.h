@@ -12,9 +12,6 @@
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #ifndef EMBER_EXPORT  // ember.ir.toolchain defines it; standalone builds get the same
 #define EMBER_EXPORT extern "C" __attribute__((visibility("default")))
@@ -31,19 +28,6 @@
 #endif
 
 namespace ember {
-
-// --- threads -----------------------------------------------------------------------------------
-// The threads of a parallel loop over `work` elements: one per 8192 of them, at most all. A small
-// kernel then wakes a few threads, not every core of a large host for microseconds of work each.
-inline int threads_for(int64_t work) {
-#ifdef _OPENMP
-  int64_t most = omp_get_max_threads();
-  return (int)std::max<int64_t>(1, std::min<int64_t>(most, work / 8192));
-#else
-  (void)work;
-  return 1;
-#endif
-}
 
 // --- scalars -----------------------------------------------------------------------------------
 inline float bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
