@@ -136,3 +136,21 @@ def test_symbolic_lengths_call_the_kernels_in_one_graph(monkeypatch, capsys, fn,
     code = capsys.readouterr().out
     assert code.count("def call(") == 1, "recompiled for a length"
     assert f"extern.{kernel}'" in code and "extern.bmm" not in code, code[-3000:]
+
+
+def test_symbolic_lm_head_without_bias_under_autocast_is_one_graph(monkeypatch, capsys):
+    """A 3-d linear without a bias (GPT-2's LM head) with a symbolic length: torch's C++ linear
+    calls numel() on CUDA, so it runs as one mm over the flattened rows (symbolic_composites)."""
+    monkeypatch.setattr(config, "output_code", True)
+    weight = torch.randn(96, 64, device="cuda")
+
+    def head(x):
+        return F.linear(x, weight).float()
+
+    compiled = ember.compile(head, dynamic=True, fullgraph=True)
+    for length in (77, 100, 161):
+        x = torch.randn(2, length, 64, device="cuda")
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            got, want = compiled(x), head(x)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert capsys.readouterr().out.count("def call(") == 1, "recompiled for a length"

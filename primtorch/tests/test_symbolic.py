@@ -81,19 +81,23 @@ def _trace_symbolic(fn, hints=(4, 24)):
 
 
 def test_linear_arange_and_slices_of_symbolic_sizes():
-    """C++ composites that read sizes as ints (3-d linear with a bias) run as Python
-    decompositions; arange(t) and ones(t, t) keep t; slicing a static buffer to t guards t."""
+    """C++ composites that read sizes as ints (3-d linear, with a bias or without: on CUDA the
+    latter's checks call numel()) run as Python decompositions; arange(t) and ones(t, t) keep t;
+    slicing a static buffer to t guards t."""
     w, bias, buf = torch.randn(8, 32), torch.randn(8), torch.randn(16, 16)
 
     def fn(x):
         t = x.size(1)
         y = F.linear(x, w, bias) + torch.arange(t).view(1, t, 1)
         mask = torch.ones(t, t, dtype=torch.bool).tril() & (buf[:t, :t] > 0)
-        return y, mask, x.transpose(0, 1).reshape(t, -1)
+        return y, mask, x.transpose(0, 1).reshape(t, -1), F.linear(x, w)
 
-    gm, env, x, (y, mask, flat) = _trace_symbolic(fn, hints=(4, 6))
+    gm, env, x, (y, mask, flat, z) = _trace_symbolic(fn, hints=(4, 6))
     metas = [n.meta[NODE_META_KEY].sizes for n in gm.graph.output_node().args[0]]
-    assert metas == [(s0, s1, 8), (s1, s1), (s1, 32 * s0)]
+    assert metas == [(s0, s1, 8), (s1, s1), (s1, 32 * s0), (s0, s1, 8)]
+    targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert not any("linear" in t or "matmul" in t for t in targets), targets
+    torch.testing.assert_close(z.value, F.linear(x.value, w))
     assert env.guards == [sympy.Le(s1, 16)]  # the buffer is 16 long
     torch.testing.assert_close(y.value, F.linear(x.value, w, bias) + torch.arange(6).view(1, 6, 1))
     want = torch.ones(6, 6, dtype=torch.bool).tril() & (buf[:6, :6] > 0)

@@ -23,15 +23,17 @@ from .attention import autocast_input, efficient_bias
 
 
 def _linear(input, weight, bias=None):
-    """linear on an input of 3 or more dims with a bias: torch flattens it to 2-d for one addmm
-    and views the result back, reading the sizes as ints; here the flattened size is a SymInt."""
-    if bias is None or input.dim() < 3 or not isinstance(input, torch.Tensor):
+    """linear on an input of 3 or more dims: torch flattens it to 2-d for one mm (addmm with a
+    bias) and views the result back, reading the sizes as ints (on CUDA its checks call numel(),
+    which a tensor with symbolic sizes refuses); here the flattened size is a SymInt."""
+    if not isinstance(input, torch.Tensor) or input.dim() < 3:
         return NotImplemented
     sizes = input.shape
     if not input.is_contiguous():
-        return torch.matmul(input, weight.t()) + bias  # torch's own path for this layout
-    flat = reduce(operator.mul, sizes[:-1], 1)
-    out = torch.addmm(bias, input.reshape(flat, sizes[-1]), weight.t())
+        out = torch.matmul(input, weight.t())  # torch's own path for this layout
+        return out if bias is None else out + bias
+    flat = input.reshape(reduce(operator.mul, sizes[:-1], 1), sizes[-1])
+    out = torch.mm(flat, weight.t()) if bias is None else torch.addmm(bias, flat, weight.t())
     return out.view(*sizes[:-1], out.shape[-1])
 
 
@@ -123,10 +125,13 @@ def _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale):
         bias = efficient_bias(attn_mask, query, query.dtype)
         if bias is None:
             return NotImplemented
-    needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        # its backward, traced with symbolic sizes, failed the log-sum-exp alignment check on an
+        # H100: training takes the math path
+        return NotImplemented
     try:
         return torch.ops.aten._scaled_dot_product_efficient_attention(
-            query, key, value, bias, needs_lse, 0.0, is_causal, scale=scale
+            query, key, value, bias, False, 0.0, is_causal, scale=scale
         )[0]
     except RuntimeError:
         if backend == SDPBackend.MATH:
@@ -173,8 +178,10 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
             out = _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale)
         if out is not NotImplemented:
             return out
-    if not math_path:
+    if not math_path and device != "cuda":
         return NotImplemented  # the CPU flash kernel: torch's C++ handles symbolic sizes
+    # the math path (on CUDA also for what no kernel above took: torch's C++ attention there
+    # reads plain sizes)
     out_dtype = query.dtype
     # torch's math path on CUDA computes reduced-precision attention in float32
     compute = torch.float32 if device == "cuda" and out_dtype in (torch.float16,
