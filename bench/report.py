@@ -228,8 +228,8 @@ def _header(run):
             + (f"CPU threads {run['threads']}; " if run.get("threads") else "")
             + (
                 f"{run['jobs']} models at a time per device (compiles overlap; a timed phase runs "
-                "with the other workers stopped, and compile times leave out the time stopped, "
-                "though they include the shared CPU); "
+                "with the other workers stopped, as does a warm compile; cold compile times "
+                "leave out the time stopped, though they include the shared CPU); "
                 if run.get("jobs", 1) > 1
                 else ""
             )

@@ -311,3 +311,33 @@ def test_report_says_which_calls_replayed_cuda_graphs(tmp_path):
     text = (tmp_path / "results.md").read_text()
     assert "Calls replayed from CUDA graphs (warm-up and timed calls): resnet50 / ember 23." in text
     assert "resnet50 / ember: a CUDA graph was given up: capture failed: boom" in text
+
+
+def test_warm_compile_is_timed_in_the_workers_turn(tmp_path, monkeypatch):
+    """A backend's warm compile (a second or so) holds the timing turn, as its timed calls do:
+    other workers' compiles would otherwise share the CPU it is measured on."""
+    import contextlib
+
+    import harness
+    import turns
+
+    phases = []
+    real_time_call = harness._time_call
+
+    @contextlib.contextmanager
+    def turn():
+        phases.append("enter")
+        yield
+        phases.append("exit")
+
+    def time_call(step, device):
+        phases.append("warm" if phases and phases[-1] == "enter" else "outside")
+        return real_time_call(step, device)
+
+    monkeypatch.setattr(turns, "timing_turn", turn)
+    monkeypatch.setattr(harness, "_time_call", time_call)
+    result = run.run_suite("cpu-core", tmp_path, models=["small_vit"], isolate="none",
+                           backends=["ember_eager"], **QUIET)  # fmt: skip
+    rec = _records(result)[("small_vit", "ember_eager")]
+    assert rec["status"] == "ok" and rec["compile_warm_s"] is not None
+    assert "warm" in phases  # the warm compile's call ran inside a turn
