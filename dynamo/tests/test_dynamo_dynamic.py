@@ -114,6 +114,46 @@ def test_gather_result_has_the_index_sizes():
     assert len(convert.stats.graphs) == 1
 
 
+def _rotary(x, table, pos):
+    """Rotary embeddings as GPT-J and CodeGen index them: a table gathered by a position tensor,
+    interleaved, a trailing new dim."""
+    sincos = table[pos]  # (1, t, 8): an integer tensor index
+    sin = sincos[..., None, :4]
+    sin = sin.repeat_interleave(2, dim=3).view(sin.size(0), sin.size(1), 1, 8)
+    swapped = x[..., [1, 0, 3, 2, 5, 4, 7, 6]]  # a list index on the last dim
+    return (x * sin + swapped).view(sincos.size(0), swapped.size(1), -1)
+
+
+def _pairs(x):
+    """Advanced indices side by side (SqueezeBERT-like), an in-place add, and baddbmm with its
+    matrices as keywords (BLOOM's alibi scores)."""
+    b, t = x.shape[0], x.shape[1]
+    rows = torch.arange(b)[:, None].expand(b, t)
+    cols = torch.arange(t)[None, :].expand(b, t)
+    picked = x[rows, cols]  # (b, t, 8)
+    picked += 1
+    picked = picked.view(picked.size(0), picked.size(1), 8)
+    scores = torch.baddbmm(torch.zeros(b, 1, t), batch1=picked, batch2=picked.transpose(1, 2))
+    return scores.view(scores.size(0), scores.size(1), t).sum(1)[:, :, None] * picked
+
+
+@pytest.mark.parametrize("fn,make", [
+    (_rotary, lambda t: (torch.randn(1, t, 2, 8), torch.randn(64, 8), torch.arange(t)[None])),
+    (_pairs, lambda t: (torch.randn(2, t, 8),)),
+], ids=["rotary", "pairs"])  # fmt: skip
+def test_indexing_by_arrays_keeps_sizes_symbolic(fn, make):
+    """Integer tensor and list indices, x[..., None], repeat_interleave, in-place operators and
+    baddbmm's keyword matrices have symbolic sizes (a size read of an unknown one falls back to
+    static shapes, which warns)."""
+    compiled = ember.compile(fn, backend="eager", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for t in (4, 6, 9):
+            args = make(t)
+            torch.testing.assert_close(compiled(*args), fn(*args))
+    assert len(convert.stats.graphs) == 1
+
+
 def test_dynamic_true_one_compile_and_dynamic_false_each_size():
     def f(x):
         return torch.relu(x) + x.shape[0]

@@ -243,7 +243,8 @@ def _matmul(env, args, kwargs):
 
 
 def _addmm(env, args, kwargs):
-    a, b = sizes_of(args[1]), sizes_of(args[2])
+    names = ("batch1", "batch2") if "batch1" in kwargs or "batch2" in kwargs else ("mat1", "mat2")
+    a, b = (sizes_of(_arg(args, kwargs, i + 1, n)) for i, n in enumerate(names))
     _assume_equal(env, a[-1], b[-2])
     return (*a[:-1], b[-1])
 
@@ -381,14 +382,43 @@ def _sdpa(env, args, kwargs):
     return (*q[:-1], v[-1])
 
 
+def _advanced(i):
+    """The sizes of an advanced (integer array) index: a tensor of integers or a list of ints;
+    None for a basic one."""
+    if isinstance(i, V.TensorVT):
+        if i.example.dtype in (torch.bool, torch.uint8) or i.example.is_floating_point():
+            raise _NoRule  # a mask selects by value (the tracer refuses it); floats are errors
+        return sizes_of(i)
+    if isinstance(i, V.ListVT):
+        if not all(isinstance(v, V.ConstVT) and type(v.value) is int for v in i.items):
+            raise _NoRule
+        return (sympy.Integer(len(i.items)),)
+    return None
+
+
 def _getitem(env, args, kwargs):
+    """x[index]: basic indices (ints, slices, None, ...) and integer array indices, whose
+    broadcast sizes replace the dims they index where they are adjacent, or lead otherwise."""
     x = sizes_of(args[0])
-    index = args[1].items if isinstance(args[1], V.ListVT) else [args[1]]
-    if any(isinstance(i, (V.TensorVT, V.ListVT)) for i in index):
-        raise _NoRule
+    tuple_index = isinstance(args[1], V.ListVT) and args[1].is_tuple
+    index = args[1].items if tuple_index else [args[1]]  # x[[0, 2]]: one list index
+    if len(index) == 1 and isinstance(index[0], V.ConstVT) and isinstance(index[0].value, tuple):
+        index = [V.ConstVT(i) for i in index[0].value]  # x[..., None]: one constant tuple
+    arrays = [_advanced(i) for i in index]
+    if any(a is not None for a in arrays) and any(is_int_vt(i) for i in index):
+        raise _NoRule  # an int beside array indices is one of them (broadcast, placement)
     consumed = sum(1 for i in index if not (isinstance(i, V.ConstVT) and i.value in (None, ...)))
-    out, d = [], 0
-    for i in index:
+    out, d, spot, separated, last_basic = [], 0, None, False, False
+    for i, array in zip(index, arrays):
+        if array is not None:
+            if spot is None:
+                spot = len(out)
+            elif last_basic:
+                separated = True
+            last_basic = False
+            d += 1
+            continue
+        last_basic = spot is not None
         if isinstance(i, V.ConstVT) and i.value is None:
             out.append(sympy.S.One)
         elif isinstance(i, V.ConstVT) and i.value is ...:
@@ -402,7 +432,11 @@ def _getitem(env, args, kwargs):
             d += 1
         else:
             raise _NoRule
-    return (*out, *x[d:])
+    out.extend(x[d:])
+    if spot is None:
+        return tuple(out)
+    batch = list(_broadcast(env, [a for a in arrays if a is not None]))
+    return tuple(batch + out) if separated else tuple(out[:spot] + batch + out[spot:])
 
 
 def _slice_len(env, n, s) -> sympy.Expr:
@@ -477,6 +511,18 @@ def _topk(env, args, kwargs):
     return [tuple(x), tuple(x)]
 
 
+def _repeat_interleave(env, args, kwargs):
+    x = sizes_of(args[0])
+    reps = _arg(args, kwargs, 1, "repeats")
+    if not is_int_vt(reps):
+        raise _NoRule  # tensor repeats: sizes from data
+    d = _const(_arg(args, kwargs, 2, "dim"))
+    if d is None:
+        return (_prod(x) * _int(reps),)
+    d = _dim(d, len(x))
+    return (*x[:d], x[d] * _int(reps), *x[d + 1 :])
+
+
 def _sort(env, args, kwargs):
     x = sizes_of(args[0])
     return [x, x]
@@ -498,7 +544,8 @@ _SAME = ("relu gelu silu tanh sigmoid softmax log_softmax dropout batch_norm gro
          "normalize invert pos flip roll square exp2 expm1 log2 log10 sinh cosh tan asin acos "
          "atan selu celu logsigmoid softmin dropout1d dropout2d alpha_dropout "
          "feature_alpha_dropout type cpu cuda trunc frac sigmoid_ sgn local_response_norm "
-         "masked_fill_ index_fill").split()  # fmt: skip
+         "masked_fill_ index_fill iadd isub imul itruediv ifloordiv imod ipow iand ior ixor "
+         "ilshift irshift").split()  # fmt: skip
 _ELEMENTWISE = ("add sub mul div truediv floordiv true_divide floor_divide remainder fmod pow "
                 "maximum minimum where masked_fill eq ne lt le gt ge logical_and logical_or "
                 "logical_xor and_ or_ xor bitwise_and bitwise_or bitwise_xor atan2 lerp addcmul "
@@ -529,6 +576,7 @@ _RULES = {
     "__getitem__": _getitem, "select": _select, "narrow": _narrow,
     "index_select": _index_select, "pad": _pad, "repeat": _repeat, "topk": _topk,
     "sort": _sort, "one_hot": _one_hot, "gather": _gather,
+    "repeat_interleave": _repeat_interleave,
 }  # fmt: skip
 
 
