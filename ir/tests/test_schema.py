@@ -83,6 +83,16 @@ def test_integer_functions_fold_constants():
     assert ir.FloorDiv(ir.sym("s"), 1) == ir.sym("s")
 
 
+def test_exact_quotients_fold():
+    """A positive divisor of every coefficient divides exactly (a view's -1 of 128*s0 elements in
+    rows of 128 is s0, which a reshape must see); anything else stays a division."""
+    s, t = ir.sym("s"), ir.sym("t")
+    assert ir.FloorDiv(128 * s, 128) == s and ir.CeilDiv(6 * s * t + 3, 3) == 2 * s * t + 1
+    assert isinstance(ir.FloorDiv(s + 15, 16), ir.FloorDiv)
+    assert isinstance(ir.CeilDiv(3 * s, 2), ir.CeilDiv)
+    assert isinstance(ir.FloorDiv(s * t, t), ir.FloorDiv)  # symbolic divisors are left alone
+
+
 def test_unknown_field_rejected():
     data = ir.to_json(example_artifact())
     data["surprise"] = 1

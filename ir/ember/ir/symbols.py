@@ -29,7 +29,17 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(base) // int(divisor))
         if base == divisor:
             return sympy.S.One
+        return _exact_quotient(base, divisor)
+
+
+def _exact_quotient(base, divisor):
+    """base / divisor where a positive integer divisor divides every coefficient of base (for
+    integer symbols the quotient is then the same integer polynomial: 128*s0 / 128 is s0);
+    None otherwise."""
+    if not (divisor.is_Integer and divisor > 0) or base.is_Integer:
         return None
+    q = sympy.expand(base / divisor)
+    return q if q.is_integer else None
 
 
 class CeilDiv(sympy.Function):
@@ -44,7 +54,7 @@ class CeilDiv(sympy.Function):
             return base
         if base.is_Integer and divisor.is_Integer:
             return sympy.Integer(-(-int(base) // int(divisor)))
-        return None
+        return _exact_quotient(base, divisor)
 
 
 class ModularIndexing(sympy.Function):
