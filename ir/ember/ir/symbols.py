@@ -33,13 +33,16 @@ class FloorDiv(sympy.Function):
 
 
 def _exact_quotient(base, divisor):
-    """base / divisor where a positive integer divisor divides every coefficient of base (for
-    integer symbols the quotient is then the same integer polynomial: 128*s0 / 128 is s0);
-    None otherwise."""
+    """base / divisor where a positive integer divisor divides the coefficient of every integer
+    term of base (128*s0 / 128 is s0); None otherwise. Read off the coefficients, not expanded:
+    index expressions build many FloorDivs."""
     if not (divisor.is_Integer and divisor > 0) or base.is_Integer:
         return None
-    q = sympy.expand(base / divisor)
-    return q if q.is_integer else None
+    d = int(divisor)
+    terms = base.as_coefficients_dict()
+    if not all(c.is_Integer and int(c) % d == 0 and t.is_integer for t, c in terms.items()):
+        return None
+    return sympy.Add(*(t * (int(c) // d) for t, c in terms.items()))
 
 
 class CeilDiv(sympy.Function):
