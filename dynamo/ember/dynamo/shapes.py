@@ -408,17 +408,13 @@ def _getitem(env, args, kwargs):
     if any(a is not None for a in arrays) and any(is_int_vt(i) for i in index):
         raise _NoRule  # an int beside array indices is one of them (broadcast, placement)
     consumed = sum(1 for i in index if not (isinstance(i, V.ConstVT) and i.value in (None, ...)))
-    out, d, spot, separated, last_basic = [], 0, None, False, False
+    out, d, spot = [], 0, None
     for i, array in zip(index, arrays):
         if array is not None:
             if spot is None:
-                spot = len(out)
-            elif last_basic:
-                separated = True
-            last_basic = False
+                spot = len(out)  # where the broadcast sizes go
             d += 1
             continue
-        last_basic = spot is not None
         if isinstance(i, V.ConstVT) and i.value is None:
             out.append(sympy.S.One)
         elif isinstance(i, V.ConstVT) and i.value is ...:
@@ -435,8 +431,11 @@ def _getitem(env, args, kwargs):
     out.extend(x[d:])
     if spot is None:
         return tuple(out)
-    batch = list(_broadcast(env, [a for a in arrays if a is not None]))
-    return tuple(batch + out) if separated else tuple(out[:spot] + batch + out[spot:])
+    at = [k for k, a in enumerate(arrays) if a is not None]
+    batch = list(_broadcast(env, [arrays[k] for k in at]))
+    if at[-1] - at[0] + 1 != len(at):  # a basic index between array indices: they lead
+        return tuple(batch + out)
+    return tuple(out[:spot] + batch + out[spot:])
 
 
 def _slice_len(env, n, s) -> sympy.Expr:
