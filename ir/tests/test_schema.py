@@ -93,6 +93,17 @@ def test_exact_quotients_fold():
     assert isinstance(ir.FloorDiv(s * t, t), ir.FloorDiv)  # symbolic divisors are left alone
 
 
+def test_exact_quotient_of_polynomials():
+    """The one test of exact division that dynamo, primtorch and inductor share."""
+    from ember.ir.symbols import exact_quotient
+
+    s, t = ir.sym("s"), ir.sym("t")
+    assert exact_quotient(32 * s * t, t) == 32 * s
+    assert exact_quotient(2 * s + 4, 2) == s + 2
+    assert exact_quotient(s**2 - 1, s - 1) == s + 1
+    assert exact_quotient(s, 2) is None and exact_quotient(s * t + 1, t) is None
+
+
 def test_unknown_field_rejected():
     data = ir.to_json(example_artifact())
     data["surprise"] = 1

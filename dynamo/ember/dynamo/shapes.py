@@ -14,10 +14,10 @@ import operator
 import sympy
 import torch
 
-from ember.ir.symbols import CeilDiv, FloorDiv
+from ember.ir.symbols import CeilDiv, FloorDiv, exact_quotient
 
 from . import variables as V
-from .symbolic import SymbolicFallback, exact_div, SymIntVT, SymSliceVT, as_sym, is_int_vt
+from .symbolic import SymbolicFallback, SymIntVT, SymSliceVT, as_sym, is_int_vt
 
 UNKNOWN = "unknown"
 
@@ -131,7 +131,7 @@ def _view(env, args, kwargs):
     if any(s == -1 for s in shape):
         known = _prod([s for s in shape if s != -1])
         total = _prod(x)
-        q = exact_div(total, known)
+        q = exact_quotient(total, known)
         if q is None:
             env.assume(sympy.Eq(sympy.Mod(total, known), 0))
             q = FloorDiv(total, known)

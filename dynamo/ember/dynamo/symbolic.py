@@ -28,7 +28,7 @@ import sympy
 import torch
 
 from ember.ir import NODE_META_KEY, FloorDiv, SymbolSpec, TensorMeta, contiguous_strides, sym
-from ember.ir.symbols import CeilDiv
+from ember.ir.symbols import CeilDiv, exact_quotient
 
 from . import variables as V
 
@@ -274,7 +274,7 @@ class ShapeEnv:
             # rare and would need Python's floor semantics downstream: trace statically.
             ok = (ea.is_nonnegative or self.decide(ea >= 0)) and (
                 eb.is_positive or self.decide(eb > 0))
-            expr = (exact_div(ea, eb) or FloorDiv(ea, eb)) if op is operator.floordiv else (
+            expr = (exact_quotient(ea, eb) or FloorDiv(ea, eb)) if op is operator.floordiv else (
                 sympy.Mod(ea, eb))
             expr = expr if ok else None
         elif op is operator.pow:
@@ -325,13 +325,6 @@ def _solve_pinned(diff):
 
 def _symbol_order(s):
     return (len(s.name), s.name)
-
-
-def exact_div(a, b):
-    """a / b when it is an integer polynomial for every value of the symbols (2*s0 / 2), else
-    None."""
-    q = sympy.expand(a / b)
-    return q if q.is_integer else None
 
 
 def slot_symbol(k: int) -> sympy.Symbol:

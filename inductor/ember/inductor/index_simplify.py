@@ -13,6 +13,7 @@ from __future__ import annotations
 import sympy
 
 from ember.ir import FloorDiv, ModularIndexing
+from ember.ir.symbols import exact_quotient
 
 _MAX_PASSES = 8
 
@@ -58,13 +59,13 @@ class _Simplifier:
         if isinstance(x, FloorDiv):  # (x // a) // d = x // (a*d)
             return FloorDiv(x.args[0], x.args[1] * d)
         if isinstance(x, ModularIndexing):  # ((x // a) % (d*k)) // d = (x // (a*d)) % k
-            k = _exact_div(x.args[2], d)
+            k = exact_quotient(x.args[2], d)
             if k is not None:
                 return ModularIndexing(x.args[0], x.args[1] * d, k)
         split = self.common_factor(x, d)
         if split is not None:  # x = a*y + r, 0 <= r < a, a | d: x // d = y // (d/a)
             a, y = split
-            return FloorDiv(y, _exact_div(d, a))
+            return FloorDiv(y, exact_quotient(d, a))
         mult, rest = _split_multiples(x, d)
         if mult != 0 and _nonneg(interval(rest, self.ranges)[0]):  # (d*m + r) // d = m + r // d
             return mult + FloorDiv(rest, d)
@@ -80,7 +81,7 @@ class _Simplifier:
             return self.floordiv(x, d)
         if isinstance(x, FloorDiv):  # (x // a) // d % m = x // (a*d) % m
             return ModularIndexing(x.args[0], x.args[1] * d, m)
-        if isinstance(x, ModularIndexing) and _exact_div(x.args[2], d * m) is not None:
+        if isinstance(x, ModularIndexing) and exact_quotient(x.args[2], d * m) is not None:
             # ((x // a) % (d*m*k)) // d % m = x // (a*d) % m
             return ModularIndexing(x.args[0], x.args[1] * d, m)
         _, rest = _split_multiples(x, d * m)  # multiples of d*m never change the result
@@ -89,7 +90,7 @@ class _Simplifier:
         split = self.common_factor(x, d)
         if split is not None:  # x = a*y + r, 0 <= r < a, a | d: x // d = y // (d/a)
             a, y = split
-            return ModularIndexing(y, _exact_div(d, a), m)
+            return ModularIndexing(y, exact_quotient(d, a), m)
         return ModularIndexing(x, d, m)
 
     def common_factor(self, x, d):
@@ -106,7 +107,7 @@ class _Simplifier:
         for a in sorted(candidates, key=sympy.default_sort_key, reverse=True):
             y, r = sympy.S.Zero, sympy.S.Zero
             for t in terms:
-                q = _exact_div(t, a)
+                q = exact_quotient(t, a)
                 if q is None:
                     r += t
                 else:
@@ -239,20 +240,11 @@ def _lt(hi, bound) -> bool:
     return hi is not None and _nonneg(bound - 1 - hi)
 
 
-def _exact_div(t, a):
-    """t / a when that is a polynomial with integer coefficients, else None."""
-    q = sympy.cancel(sympy.sympify(t) / a)
-    if sympy.fraction(q)[1] != 1:
-        return None
-    coeffs = [term.as_coeff_Mul()[0] for term in sympy.Add.make_args(sympy.expand(q))]
-    return q if all(k.is_Integer for k in coeffs) else None
-
-
 def _split_multiples(x, d):
     """(sum of the terms of x that d divides exactly, divided by d; the other terms)."""
     mult, rest = sympy.S.Zero, sympy.S.Zero
     for t in sympy.Add.make_args(sympy.expand(x)):
-        q = _exact_div(t, d)
+        q = exact_quotient(t, d)
         if q is None:
             rest += t
         else:

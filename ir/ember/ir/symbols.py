@@ -29,13 +29,14 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(base) // int(divisor))
         if base == divisor:
             return sympy.S.One
-        return _exact_quotient(base, divisor)
+        return _fold_integer_divisor(base, divisor)
 
 
-def _exact_quotient(base, divisor):
-    """base / divisor where a positive integer divisor divides the coefficient of every integer
-    term of base (128*s0 / 128 is s0); None otherwise. Read off the coefficients, not expanded:
-    index expressions build many FloorDivs."""
+def _fold_integer_divisor(base, divisor):
+    """FloorDiv's and CeilDiv's fold: base / divisor where a positive integer divisor divides the
+    coefficient of every integer term of base (128*s0 / 128 is s0); None otherwise. Read off the
+    coefficients, not expanded: index expressions build many divisions (exact_quotient is the
+    general test)."""
     if not (divisor.is_Integer and divisor > 0) or base.is_Integer:
         return None
     d = int(divisor)
@@ -43,6 +44,17 @@ def _exact_quotient(base, divisor):
     if not all(c.is_Integer and int(c) % d == 0 and t.is_integer for t, c in terms.items()):
         return None
     return sympy.Add(*(t * (int(c) // d) for t, c in terms.items()))
+
+
+def exact_quotient(a, b):
+    """a / b when that is a polynomial with integer coefficients, so that a floor or ceiling
+    division of the two is exact, else None: (32*s0*s1) / s1 is 32*s0 (torch's inferred -1 in a
+    reshape), (2*s0 + 4) / 2 is s0 + 2."""
+    num, den = sympy.fraction(sympy.cancel(sympy.sympify(a) / b))
+    if den != 1:
+        return None
+    coeffs = [term.as_coeff_Mul()[0] for term in sympy.Add.make_args(sympy.expand(num))]
+    return num if all(k.is_Integer for k in coeffs) else None
 
 
 class CeilDiv(sympy.Function):
@@ -57,7 +69,7 @@ class CeilDiv(sympy.Function):
             return base
         if base.is_Integer and divisor.is_Integer:
             return sympy.Integer(-(-int(base) // int(divisor)))
-        return _exact_quotient(base, divisor)
+        return _fold_integer_divisor(base, divisor)
 
 
 class ModularIndexing(sympy.Function):

@@ -19,12 +19,11 @@ import operator
 from typing import Iterable, Optional
 
 import sympy
-from sympy.polys.polyerrors import BasePolynomialError
 import torch
 from torch.utils import _pytree as pytree
 
 from ember.ir import FloorDiv, SymbolSpec, TensorMeta
-from ember.ir.symbols import as_expr, sym
+from ember.ir.symbols import as_expr, exact_quotient, sym
 
 
 class ShapeEnv:
@@ -410,25 +409,9 @@ def _node_expr(x):
 def _floordiv(a, b):
     if b.is_Integer and b < 0 or a.is_number and a < 0:
         return sympy.floor(a / b)
-    exact = _exact_quotient(a, b)
+    # a symbolic divisor (an integer one FloorDiv folds itself)
+    exact = exact_quotient(a, b) if a.free_symbols and b.free_symbols else None
     return exact if exact is not None else FloorDiv(a, b)
-
-
-def _exact_quotient(a, b):
-    """a / b when it is a polynomial with integer coefficients (so the floor is exact), else None:
-    `(32*s0*s1) // s1` (torch's inferred -1 in a reshape) is 32*s0, not a FloorDiv."""
-    if not (a.free_symbols and b.free_symbols):
-        return None
-    num, den = sympy.fraction(sympy.cancel(a / b))
-    if den != 1:
-        return None
-    if not num.free_symbols:
-        return num if num.is_Integer else None
-    try:
-        poly = sympy.Poly(num, *sorted(num.free_symbols, key=str))
-    except BasePolynomialError:
-        return None
-    return num if all(c.is_Integer for c in poly.coeffs()) else None
 
 
 # --- tensors with symbolic sizes -----------------------------------------------------------------
