@@ -29,6 +29,22 @@ def test_second_compile_hits_and_runs(cache_on):
     torch.testing.assert_close(second(x), _fn(x))
 
 
+def _unsigned(x, seed):
+    return (x * 2).to(torch.uint64), seed[:1], (x > 0).to(torch.uint32)
+
+
+def test_unsigned_values_are_cached(cache_on):
+    # Flash attention's forward returns its philox seed and offset as uint64 tensors, which a
+    # training graph saves for the backward: a program with them must store and load.
+    x, seed = torch.rand(8) * 10, torch.tensor([3, 5], dtype=torch.uint64)
+    compile_prims(trace_to_prims(_unsigned, x, seed), [x, seed])
+    again = compile_prims(trace_to_prims(_unsigned, x, seed), [x, seed])
+    assert metrics.cache_hits == 1
+    for got, want in zip(again(x, seed), _unsigned(x, seed)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+
+
 def read_entry_file(path):
     """(header, payload) of an entry file: a JSON header line, then the payload's JSON."""
     head, _, body = path.read_text().partition("\n")

@@ -312,7 +312,8 @@ class Renderer:
 POINTER_TYPES = {
     torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
     torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.int16: "i16",
-    torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1",
+    torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1", torch.uint16: "u16",
+    torch.uint32: "u32", torch.uint64: "u64",
 }  # fmt: skip
 
 

@@ -22,6 +22,7 @@ CTYPE = {
     torch.float32: "float", torch.float64: "double", torch.float16: "uint16_t",
     torch.bfloat16: "uint16_t", torch.int64: "int64_t", torch.int32: "int32_t",
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+    torch.uint16: "uint16_t", torch.uint32: "uint32_t", torch.uint64: "uint64_t",
 }  # fmt: skip
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread
 

@@ -18,7 +18,8 @@ _DTYPES = {
     str(d).removeprefix("torch."): d
     for d in (
         torch.float64, torch.float32, torch.float16, torch.bfloat16,
-        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+        torch.int64, torch.int32, torch.int16, torch.int8, torch.bool,
+        torch.uint64, torch.uint32, torch.uint16, torch.uint8,
         torch.complex64, torch.complex128,
         torch.float8_e4m3fn, torch.float8_e5m2,
     )

@@ -149,6 +149,9 @@ inline const char* dtype_str(uint8_t code, uint8_t bits) {
     case kDLInt * 256 + 16: return "int16";
     case kDLInt * 256 + 8: return "int8";
     case kDLUInt * 256 + 8: return "uint8";
+    case kDLUInt * 256 + 16: return "uint16";
+    case kDLUInt * 256 + 32: return "uint32";
+    case kDLUInt * 256 + 64: return "uint64";
     case kDLBool * 256 + 8: return "bool";
     case kDLComplex * 256 + 64: return "complex64";
     case kDLComplex * 256 + 128: return "complex128";

@@ -14,6 +14,7 @@ constexpr DtypeName kDtypes[] = {
     {"float32", kDLFloat, 32},   {"float64", kDLFloat, 64},  {"float16", kDLFloat, 16},
     {"bfloat16", kDLBfloat, 16}, {"int64", kDLInt, 64},      {"int32", kDLInt, 32},
     {"int16", kDLInt, 16},       {"int8", kDLInt, 8},        {"uint8", kDLUInt, 8},
+    {"uint16", kDLUInt, 16},     {"uint32", kDLUInt, 32},    {"uint64", kDLUInt, 64},
     {"bool", kDLBool, 8},        {"complex64", kDLComplex, 64},
     {"complex128", kDLComplex, 128},
     {"float8_e4m3fn", kDLFloat8_e4m3fn, 8}, {"float8_e5m2", kDLFloat8_e5m2, 8},
