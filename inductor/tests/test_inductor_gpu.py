@@ -107,3 +107,46 @@ def test_training_graphs_are_not_graphed():
         out = compiled(x)
         out.sum().backward()
     assert metrics.cudagraph_replays == 0
+
+
+def test_a_cpu_scalar_read_by_cuda_kernels():
+    # Eager lets a CUDA op read a 0-dim CPU tensor; a Triton kernel reads a copy on the GPU, and
+    # work whose result is on the CPU runs there.
+    check(lambda x, s: (x * s + 1, (s * 2).exp()), cuda(64, 33), torch.tensor(1.5))
+
+
+class DrawsOnTheCpu(nn.Module):
+    """BART's LayerDrop: `torch.rand([])` on the CPU in the middle of a CUDA model."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = deep_mlp(32, 6)
+
+    def forward(self, x):
+        p = torch.rand([])
+        return self.mlp(x) * (p >= 0).to(x.dtype), p
+
+
+def test_cpu_random_draws_in_a_cuda_training_step():
+    torch.manual_seed(0)
+    model = DrawsOnTheCpu().train()
+    x = cuda(8, 64)
+    compiled = compile_fx(model, [x])
+    out, p = compiled(x)
+    assert p.device.type == "cpu" and 0 <= float(p) < 1
+    ref, _ = model(x)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    grads = torch.autograd.grad(out.square().mean(), list(model.parameters()))
+    refs = torch.autograd.grad(ref.square().mean(), list(model.parameters()))
+    for g, r in zip(grads, refs):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
+
+
+def test_a_program_with_cpu_work_is_not_graphed():
+    model = DrawsOnTheCpu().eval()
+    x = cuda(8, 64)
+    compiled = compile_fx(model, [x])
+    metrics.reset()
+    with torch.no_grad():
+        draws = {float(compiled(x)[1]) for _ in range(6)}
+    assert metrics.cudagraph_replays == 0 and len(draws) > 1  # each call draws afresh

@@ -205,6 +205,11 @@ class Lowerer(fx.Interpreter):
         # through the view of its first columns): a graph output or as_strided of one is copied
         # into eager's strides.
         self.relaid: set[str] = set()
+        # The device the generated kernels run on: a GPU when any value of the graph is on one.
+        # Work on another device inside such a graph (a CPU scalar that a model draws with
+        # torch.rand([]), an extern's CPU outputs) runs eagerly, and a CPU value a kernel reads
+        # is copied over first: a kernel can only address its own device's memory.
+        self.device = graph_device(gm)
         # Dynamic sizes: symbol -> (input index, dim) of the first input dimension of that size.
         self.size_symbols: dict = {}
         for i, p in enumerate(gm.graph.find_nodes(op="placeholder")):
@@ -289,6 +294,12 @@ class Lowerer(fx.Interpreter):
             return args[0][args[1]]
         name = target_name(target)
         args, kwonly = normalize_args(name, args, kwargs)
+        if self.device != "cpu" and name != "prims.device_put":
+            out = _first_meta(self.meta())
+            if out is not None and str(out.device) != self.device:
+                return self.extern(name, getattr(target, "ref", None) or target, args, kwonly)
+            args = self._on_device(args)
+            kwonly = {k: self._on_device(v) for k, v in kwonly.items()}
         fn = LOWERINGS.get(name)
         if fn is not None:
             try:
@@ -434,6 +445,16 @@ class Lowerer(fx.Interpreter):
         self.buffers.append(buf)
         self._reductions[key] = View.of(buf)
         return self._reductions[key]
+
+    def _on_device(self, a):
+        """`a` with each tensor on another device than the kernels' copied to theirs (eager
+        lets a CUDA op read a CPU scalar tensor; a Triton kernel cannot)."""
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._on_device(x) for x in a)
+        if not is_tensor(a) or str(a.device) == self.device:
+            return a
+        meta = TensorMeta(a.dtype, tuple(a.sizes), contiguous_strides(a.sizes), 0, self.device)
+        return self.extern("prims.device_put", None, (a, self.device), meta=meta)
 
     def fallback(self, name, target, args, kwargs, reason):
         """Run the prim's reference implementation as an extern call (logged once per prim)."""
@@ -606,6 +627,19 @@ def normalize_args(name: str, args, kwargs) -> tuple[list, dict]:
         else:
             pos.append(value)
     return pos, kwonly
+
+
+def _first_meta(meta) -> TensorMeta | None:
+    return next((m for m in pytree.tree_leaves(meta) if isinstance(m, TensorMeta)), None)
+
+
+def graph_device(gm: fx.GraphModule) -> str:
+    """The device of a graph's kernels: the first GPU any of its values is on, else the CPU."""
+    for n in gm.graph.nodes:
+        for m in pytree.tree_leaves(n.meta.get(NODE_META_KEY)):
+            if isinstance(m, TensorMeta) and str(m.device) != "cpu":
+                return str(m.device)
+    return "cpu"
 
 
 def lower_graph(gm: fx.GraphModule, example_inputs) -> Lowerer:

@@ -130,7 +130,7 @@ def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
         steps = schedule(lowered.buffers, out_names)  # 3. dead code, fusion, phases, locals
         buffers = {b.name: b for b in [*lowered.inputs, *lowered.buffers] if b is not None}
         hints = {s: example_inputs[i].shape[d] for s, (i, d) in lowered.size_symbols.items()}
-        kernels = render_kernels(steps, buffers, _device(lowered), hints)  # 4. kernel source
+        kernels = render_kernels(steps, buffers, lowered.device, hints)  # 4. kernel source
         program = generate(lowered, steps, kernels)  # 5. wrapper + artifact, memory plan
         constants = lowered.constants
         # Tensors held by the graph are not part of the cache entry; nor (yet) are dynamic sizes.
@@ -216,13 +216,6 @@ def _frozen(value, env):
     return (type(value), value)  # 1, 1.0 and True stay apart
 
 
-def _device(lowered) -> str:
-    for b in [*lowered.inputs, *lowered.buffers]:
-        if b is not None:
-            return b.layout.device
-    return "cpu"
-
-
 def render_kernels(steps, buffers: dict, device: str, hints=None) -> dict:
     """One KernelSource per scheduled Kernel, by the renderer the device calls for; `hints` give
     dynamic sizes' example values (Triton block sizes are chosen for them)."""
@@ -295,6 +288,8 @@ class CompiledGraph:
         art = self.artifact
         if not str(art.device).startswith("cuda"):
             return
+        if any(str(b.meta.device) != str(art.device) for b in art.buffers):
+            return  # work on the CPU (a scalar the model draws there) is not in a CUDA graph
         if sum(s.kind in ("kernel", "extern") for s in art.steps) < MIN_GRAPHED_STEPS:
             return  # a replay, the input copies and the output copies cost more than they save
         self._graphed = GraphsBySize(self._run) if art.symbols else GraphedCall(self._run)
