@@ -294,7 +294,9 @@ class Lowerer(fx.Interpreter):
             return args[0][args[1]]
         name = target_name(target)
         args, kwonly = normalize_args(name, args, kwargs)
-        if self.device != "cpu" and name != "prims.device_put":
+        if name == "prims.device_put":  # a copy between devices: torch's own
+            return self.extern(name, target.ref, args, kwonly)
+        if self.device != "cpu":
             out = _first_meta(self.meta())
             if out is not None and str(out.device) != self.device:
                 return self.extern(name, getattr(target, "ref", None) or target, args, kwonly)

@@ -79,6 +79,8 @@ def operand(x, shape_, dtype: torch.dtype, device):
     """A tensor as exactly `shape_` and `dtype`; a number coerced to `dtype` (prims accept numbers
     in place of tensor operands of binary and ternary elementwise prims)."""
     if is_tensor(x):
+        if x.device != torch.device(device):  # a CPU scalar tensor beside GPU operands
+            x = prims.device_put(x, torch.device(device))
         return utils.broadcast_to(convert(x, dtype), tuple(shape_))
     return scalar_value(x, dtype)
 
@@ -89,10 +91,13 @@ def c(value, t: Tensor):
 
 
 def device_of(*args):
-    for a in args:
-        if is_tensor(a):
+    """The device of an elementwise result, by torch's rule: a 0-dim CPU tensor may join operands
+    on another device, whose device the result then has."""
+    tensors = [a for a in args if is_tensor(a)]
+    for a in tensors:
+        if a.device.type != "cpu" or a.dim() > 0:
             return a.device
-    return torch.device("cpu")
+    return tensors[0].device if tensors else torch.device("cpu")
 
 
 def broadcast_shape(*args) -> tuple:
