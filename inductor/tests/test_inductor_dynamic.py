@@ -114,6 +114,55 @@ CASES = {
 }
 
 
+@fx.wrap
+def _size_mask(kind, x):
+    """An attention mask built from x's sizes alone, as transformers builds one when none is given."""
+    b, t = x.size(0), x.size(1)
+    pos = torch.arange(t, device=x.device)
+    if kind == "padding":  # the bias of a padding mask of ones: all zeros
+        keep = torch.ones(b, t, device=x.device)
+        return (1.0 - keep[:, None, None, :]) * torch.finfo(x.dtype).min
+    if kind == "causal":  # causal, and within one packed sequence (the ids are all 0 here)
+        ids = pos.expand(b, t)
+        seq = (torch.diff(ids, prepend=ids[:, :1] - 1) != 1).cumsum(-1)
+        rows, cols = torch.arange(b)[:, None, None], pos[None, :, None]
+        same = seq[rows, cols] == seq[rows, pos[None, None, :]]
+        return ((pos[None, :] <= pos[:, None])[None] & same)[:, None]
+    if kind == "values":  # read from x's values: never proved, whatever they are
+        return (x.sum(-1) > -1e30)[:, None, None, :]
+    # the first five keys: every key for the example's 3 positions, not for longer ones
+    return (pos < 5)[None, None, None, :]
+
+
+class MaskedAttention(nn.Module):
+    def __init__(self, kind, dim=32, heads=4):
+        super().__init__()
+        self.kind, self.heads, self.qkv = kind, heads, nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        b, t, c = x.size(0), x.size(1), x.size(2)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=_size_mask(self.kind, x))
+        return out.transpose(1, 2).reshape(b, t, c)
+
+
+@pytest.mark.parametrize("kind, proof", [("padding", "none"), ("causal", "causal"),
+                                         ("first_five", None), ("values", None)])  # fmt: skip
+def test_a_mask_made_from_sizes_is_proved_for_every_size(kind, proof, monkeypatch):
+    """A mask proved to allow everything, or to be causal, for every size becomes flash attention
+    without a bias; one that only looks so at the example's size (the first five keys of three)
+    stays a mask, and every size still matches eager."""
+    from ember.primtorch import mask_proof
+
+    verdicts, prove = [], mask_proof.proven_mask_kind
+    monkeypatch.setattr(mask_proof, "proven_mask_kind",
+                        lambda *a: verdicts.append(prove(*a)) or verdicts[-1])  # fmt: skip
+    _check(compile_fx, MaskedAttention(kind).eval(), lambda n: (torch.randn(2, n + 1, 32),),
+           [{1: "s0"}])  # fmt: skip
+    assert verdicts and set(verdicts) == {proof}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_inductor_cpp_matches_eager_for_every_size(name):
     model, make, dims = CASES[name]

@@ -139,6 +139,23 @@ def _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale):
         raise
 
 
+def _proven_mask_kind(mask, query, key):
+    """mask_proof's verdict on a mask of the program the active tracer records (None outside)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from .mask_proof import proven_mask_kind
+    from .trace import Tracer
+
+    tracer = next((m for m in reversed(_get_current_dispatch_mode_stack())
+                   if isinstance(m, Tracer)), None)  # fmt: skip
+    if tracer is None or tracer.shape_env is None or not isinstance(mask, torch.Tensor):
+        return None
+    if torch._is_functional_tensor(mask):  # under functionalize: the value the tracer knows
+        torch._sync(mask)
+        mask = torch._from_functional_tensor(mask)
+    return proven_mask_kind(tracer, mask, query, key)
+
+
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False):  # fmt: skip
     """scaled_dot_product_attention with symbolic sizes. Where torch would take its math path,
@@ -147,6 +164,15 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     tensors = (query, key, value)
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
         return NotImplemented
+    if attn_mask is not None and dropout_p == 0.0 and not is_causal:
+        kind = _proven_mask_kind(attn_mask, query, key)
+        if kind is not None:  # the mask is a function of the sizes: none at all, or causal
+            causal = kind == "causal"
+            out = _sdpa(query, key, value, None, 0.0, causal, scale, enable_gqa)
+            if out is NotImplemented:  # torch's kernel takes it as it is
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    query, key, value, None, 0.0, causal, scale=scale, enable_gqa=enable_gqa)
+            return out
     if enable_gqa:  # transformers asks for it whenever no mask is given, groups or not
         if query.device.type != "cuda":
             return NotImplemented  # (torch's CPU kernels take symbolic sizes)
