@@ -342,3 +342,18 @@ def test_autocast_state_is_guarded():
         assert cf(x, w).dtype == torch.bfloat16
     assert cnt.frame_count == 2
 
+
+
+def test_an_expanded_input_is_traced_on_a_copy_of_its_layout():
+    """An input that repeats one element over a dim (stride 0, as `expand` makes, which BART's
+    decoder frames receive after a break) is copied for tracing as a slice expanded the same way:
+    a copy into its overlapping layout is refused by torch."""
+    cnt = CompileCounter()
+    fn = ember.compile(lambda x, y: (x * 2 + y).sum(0), backend=cnt, fullgraph=True)
+    w = torch.randn(5, requires_grad=True)
+    y = torch.randn(3, 5)
+    out = fn(w[None].expand(3, 5), y)
+    torch.testing.assert_close(out, (w * 2 + y).sum(0))
+    out.sum().backward()
+    torch.testing.assert_close(w.grad, torch.full((5,), 6.0))
+    assert cnt.frame_count == 1

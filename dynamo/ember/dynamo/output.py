@@ -26,8 +26,13 @@ _GRAPH_CONSTS = (int, float, bool, str, type(None), complex, torch.dtype, torch.
 def _example_clone(t: torch.Tensor) -> torch.Tensor:
     """A private copy to run ops on while tracing, so tracing never mutates the user's tensors."""
     with torch.no_grad():
-        ex = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-        ex.copy_(t)
+        spread = [d for d, (n, st) in enumerate(zip(t.shape, t.stride())) if st == 0 and n > 1]
+        if spread:  # an expanded tensor (one element for many places): copy a slice, expand it
+            one = tuple(slice(0, 1) if d in spread else slice(None) for d in range(t.dim()))
+            ex = _example_clone(t[one].detach()).expand(t.shape)
+        else:
+            ex = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+            ex.copy_(t)
     return ex.requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex() else ex
 
 
