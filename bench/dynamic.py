@@ -20,10 +20,13 @@ largest difference from eager at the real positions. Each variant runs in this o
 after another (bfloat16 autocast on CUDA, float32 on the CPU). Writes dynamic.md and dynamic.json.
 Models can run in separate processes on one device (`--models gpt2` and `--models
 bert-base-uncased`, each with its own --out): with EMBER_BENCH_TIMING_LOCK set to one file, their
-timed calls take turns while their compiles overlap; `--merge DIR...` then writes one report.
+timed calls take turns while their compiles overlap; started with `setsid`, each is also stopped
+during the others' timed calls (as `run.py`'s workers are); `--merge DIR...` then writes one
+report.
 """
 
 import argparse
+import atexit
 import copy
 import json
 import os
@@ -233,6 +236,13 @@ def _f(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def _with_int_lengths(result):
+    """A result read back from JSON, whose per-length keys came back as strings."""
+    for rec in result["variants"].values():
+        rec["lengths"] = {int(n): v for n, v in rec["lengths"].items()}
+    return result
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -252,12 +262,18 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.merge:
         runs = [json.loads((Path(d) / "dynamic.json").read_text()) for d in args.merge]
-        results = [r for run in runs for r in run["results"]]
+        results = [_with_int_lengths(r) for run in runs for r in run["results"]]
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "dynamic.md").write_text(report(results, runs[0]["env"]))
         print(report(results, runs[0]["env"]))
         return
+    import turns
+
+    # Started as its own process group (setsid) beside other benchmark workers, it is stopped
+    # during their timed phases as they are during its own.
+    turns.register()
+    atexit.register(turns.unregister, os.environ.get(turns.LOCK_ENV), os.getpid())
     rng = random.Random(args.seed)
     lengths = sorted(rng.sample(range(args.min_len, args.max_len + 1), args.lengths))
     out = Path(args.out)

@@ -341,3 +341,25 @@ def test_warm_compile_is_timed_in_the_workers_turn(tmp_path, monkeypatch):
     rec = _records(result)[("small_vit", "ember_eager")]
     assert rec["status"] == "ok" and rec["compile_warm_s"] is not None
     assert "warm" in phases  # the warm compile's call ran inside a turn
+
+
+def test_dynamic_merge_keeps_the_per_length_table(tmp_path):
+    """Merged dynamic runs (one process per model) come back from JSON with string length keys;
+    the per-length table still shows every measured cell."""
+    import dynamic
+
+    def result(model):
+        lengths = {36: {"ms": 1.5, "max_abs_diff": 0.0}, 148: {"ms": 2.25, "max_abs_diff": 0.0}}
+        rec = {"lengths": lengths, "error": None, "graphs": 1, "first_pass_s": 1.0}
+        return {"model": model, "small": True, "batch": 2, "lengths": [36, 148],
+                "per_length_subset": [36], "variants": {"eager": rec}}  # fmt: skip
+
+    dirs = []
+    for model in ("gpt2", "bert-base-uncased"):
+        d = tmp_path / model
+        d.mkdir()
+        (d / "dynamic.json").write_text(json.dumps({"env": "cpu", "results": [result(model)]}))
+        dirs.append(str(d))
+    dynamic.main(["--merge", *dirs, "--out", str(tmp_path / "all")])
+    text = (tmp_path / "all" / "dynamic.md").read_text()
+    assert text.count("| 148 | 2.250 |") == 2, text
