@@ -15,8 +15,9 @@ variants are:
   padded, with an attention mask where the model is not causal; outputs sliced back).
 
 Per variant: the number of graphs compiled, the wall time of the first pass over all lengths
-(compiles included), and per length the median latency of `--iters` calls after warm-up and the
-largest difference from eager at the real positions. Each variant runs in this one process, one
+(compiles included), Ember's CUDA-graph replays among the timed and warm-up calls, and per length
+the median latency of `--iters` calls after warm-up and the largest difference from eager at the
+real positions. Each variant runs in this one process, one
 after another (bfloat16 autocast on CUDA, float32 on the CPU). Writes dynamic.md and dynamic.json.
 Models can run in separate processes on one device (`--models gpt2` and `--models
 bert-base-uncased`, each with its own --out): with EMBER_BENCH_TIMING_LOCK set to one file, their
@@ -100,6 +101,7 @@ def _next_pow2(n, least=1):
 def run_model(name, args, lengths):
     import ember
     import ember.dynamo
+    from ember.inductor import metrics
 
     device = args.device
     model, spec = _build(name, args.small, device)
@@ -127,6 +129,7 @@ def run_model(name, args, lengths):
                 logits(fn_for(n), x, mask)
             _sync(device)
             rec["first_pass_s"] = time.perf_counter() - start
+            replays = metrics.cudagraph_replays
             for n in lens:
                 x, mask = _padded(ids[n], pad, causal)
                 fn = fn_for(n)
@@ -136,6 +139,8 @@ def run_model(name, args, lengths):
                     "max_abs_diff": (out - ref[n]).abs().max().item(),
                 }
             rec["graphs"] = count()
+            # Ember's CUDA-graph replays among the calls timed (and warmed up) per length
+            rec["replays"] = f"{metrics.cudagraph_replays - replays}/{len(lens) * (2 + args.iters)}"
         except Exception as e:  # noqa: BLE001 - recorded, the other variants still run
             # the table gets the message's last line (a Triton CompilationError's reason comes
             # after the source it quotes); the JSON keeps all of it and the traceback
@@ -205,8 +210,9 @@ def report(results, env) -> str:
     for res in results:
         lines += [f"## {res['model']} (batch {res['batch']}{', small config' if res['small'] else ''})",
                   "", "| variant | graphs compiled | first pass s | median ms (mean over lengths) "
-                  "| vs ember per-length (same lengths) | max abs diff vs eager | error |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| vs ember per-length (same lengths) | max abs diff vs eager | CUDA graph "
+                  "replays / calls | error |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         per = res["variants"].get("ember per-length", {}).get("lengths", {})
         for label, rec in res["variants"].items():
             lens = rec["lengths"]
@@ -219,7 +225,7 @@ def report(results, env) -> str:
             lines.append(
                 f"| {label} | {rec.get('graphs', '-')} | {_f(rec.get('first_pass_s'), '.1f')} | "
                 f"{_f(mean, '.3f')} | {_f(ratio, '.3f')} | {_f(diff, '.2e')} | "
-                f"{rec['error'] or ''} |"
+                f"{rec.get('replays', '-')} | {rec['error'] or ''} |"
             )
         lines += ["", "Per length (ms):", "",
                   "| length | " + " | ".join(res["variants"]) + " |",
