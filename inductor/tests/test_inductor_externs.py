@@ -3,8 +3,10 @@
 import operator
 
 import torch
+from ember.inductor.cudagraphs import host_work
 from ember.inductor.lowering import lower_graph
 from ember.inductor.loop_ir import ExternBuffer
+from ember.ir import NODE_META_KEY, TensorMeta
 from ember.primtorch import prims
 from inductor_helpers import PrimGraph
 
@@ -77,3 +79,54 @@ def test_padded_rows_are_whole_rows(monkeypatch):
     assert tuple(int(s) for s in arg.layout.strides) == (16, 1)
     held = arg.source if isinstance(arg, AliasBuffer) else arg
     assert int(held.layout.storage_size()) == 5 * 16
+
+
+def _on(device, t):
+    return TensorMeta(t.dtype, tuple(t.shape), tuple(t.stride()), 0, device)
+
+
+def _artifact(g):
+    """The artifact of a prim graph, lowered, scheduled and rendered (nothing built or run)."""
+    from ember.inductor.pipeline import render_kernels
+    from ember.inductor.scheduler import schedule
+    from ember.inductor.wrapper import generate
+
+    low = lower_graph(g.module(), g.inputs)
+    steps = schedule(low.buffers, [o.name for o in low.outputs if hasattr(o, "name")])
+    buffers = {b.name: b for b in [*low.inputs, *low.buffers] if b is not None}
+    return low, generate(low, steps, render_kernels(steps, buffers, low.device)).artifact
+
+
+def test_cpu_work_in_a_gpu_graph_runs_eagerly_and_is_not_graphed():
+    # A CUDA program that draws a scalar on the CPU (BART's LayerDrop) and reads it in a kernel:
+    # the CPU op runs eagerly, the copy to the GPU is torch's, the kernel is Triton, and a CUDA
+    # graph would replay neither of the first two.
+    g = PrimGraph()
+    x, s = g.input(torch.randn(8, 4)), g.input(torch.tensor(0.5))
+    x.meta[NODE_META_KEY] = _on("cuda:0", g.inputs[0])
+    e = g(prims.exp, s)
+    on_gpu = g(prims.device_put, e, torch.device("cuda:0"))
+    y = g(prims.mul, x, g(prims.broadcast_in_dim, on_gpu, (8, 4), ()))
+    g.output(y, e)
+    low, art = _artifact(g)
+    assert low.device == "cuda:0" and art.device == "cuda:0"
+    assert {b.op for b in low.buffers if isinstance(b, ExternBuffer)} == {"prims.exp",
+                                                                          "prims.device_put"}
+    assert [k.language for k in art.kernels] == ["triton"]
+    assert host_work(art)
+
+
+def test_flash_attentions_host_seed_keeps_a_program_graphed():
+    # The memory-efficient kernel returns its philox seed and offset on the host, but it runs on
+    # the GPU: its program is still replayed from a CUDA graph.
+    g = PrimGraph()
+    q, k, v = (g.input(_blhe(2, 3, 16, 8)) for _ in range(3))
+    for node, t in zip((q, k, v), g.inputs):
+        node.meta[NODE_META_KEY] = _on("cuda:0", t)
+    res = g(prims.extern.sdpa_efficient, q, k, v, None, False, 0.0, False, scale=0.125)
+    out, seed = (g.graph.call_function(operator.getitem, (res, i)) for i in (0, 2))
+    out.meta[NODE_META_KEY], seed.meta[NODE_META_KEY] = res.meta[NODE_META_KEY][0::2]
+    g.output(g(prims.mul, out, 2.0), seed)  # (a training graph saves the seed for its backward)
+    low, art = _artifact(g)
+    assert any(str(b.meta.device) == "cpu" for b in art.buffers)  # the seed and offset
+    assert not host_work(art)

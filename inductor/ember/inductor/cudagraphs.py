@@ -167,6 +167,23 @@ class GraphedCall:
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outs]
 
 
+def host_work(art) -> bool:
+    """Whether a GPU program has steps that run on the CPU, which a CUDA graph's replay would
+    skip: an op whose results are all on the host (a scalar a model draws with torch.rand([])), or
+    a copy between devices (a CPU scalar a kernel reads). A GPU op with a host result besides
+    (flash attention's philox seed and offset) runs on the GPU and is replayed."""
+    devices = {b.name: str(b.meta.device) for b in art.buffers}
+    for step in art.steps:
+        if step.kind != "extern":
+            continue
+        if step.target == "prims.device_put":
+            return True
+        outs = {devices[o] for o in step.outputs if o in devices}
+        if outs and str(art.device) not in outs:
+            return True
+    return False
+
+
 class GraphsBySize:
     """`call(args: list) -> outputs` of a compiled wrapper with symbolic sizes: a `GraphedCall`
     per set of argument sizes, strides and integer arguments, all in one memory pool."""

@@ -29,7 +29,7 @@ from . import (
 from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs
 from .config import config
-from .cudagraphs import MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize
+from .cudagraphs import MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize, host_work
 from .loop_ir import verify
 from .lowering import lower_graph
 from .scheduler import Kernel, schedule
@@ -288,8 +288,8 @@ class CompiledGraph:
         art = self.artifact
         if not str(art.device).startswith("cuda"):
             return
-        if any(str(b.meta.device) != str(art.device) for b in art.buffers):
-            return  # work on the CPU (a scalar the model draws there) is not in a CUDA graph
+        if host_work(art):
+            return  # a replay would not run it
         if sum(s.kind in ("kernel", "extern") for s in art.steps) < MIN_GRAPHED_STEPS:
             return  # a replay, the input copies and the output copies cost more than they save
         self._graphed = GraphsBySize(self._run) if art.symbols else GraphedCall(self._run)
