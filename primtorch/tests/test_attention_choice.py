@@ -51,3 +51,41 @@ def test_the_efficient_kernels_bias_is_padded_to_16_and_broadcast_where_size_1()
     assert row.shape == (2, 4, 77, 80) and row.stride() == (80, 0, 0, 1)
     assert efficient_bias(torch.ones(1, 1, 1, 1, 77, dtype=torch.bool), query, torch.float32) is None
     assert efficient_bias(torch.ones(2, 1, 77, 77, dtype=torch.int64), query, torch.float32) is None
+
+
+def test_boolean_constant_mask_kinds():
+    n = 5
+    tril = torch.ones(n, n, dtype=torch.bool).tril()
+    assert _constant_mask_kind(torch.ones(1, 1, n, n, dtype=torch.bool), n, n) == "none"
+    assert _constant_mask_kind(tril[None, None], n, n) == "causal"
+    assert _constant_mask_kind(tril.T.contiguous(), n, n) is None
+
+
+def _cpu_attention_trace(mask_of):
+    from ember.primtorch.trace import trace_to_prims
+
+    def fn(x, w):
+        b, t, _ = x.shape
+        q = (x @ w).view(b, t, 2, 8).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask_of(x, t))
+
+    x, w = torch.randn(2, 7, 16), torch.randn(16, 16)
+    gm = trace_to_prims(fn, x, w)
+    (call,) = [n for n in gm.graph.nodes if "sdpa_flash_cpu" in str(n.target)]
+    out = gm(x, w)
+    torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, fn(x, w))
+    return call
+
+
+def test_a_constant_mask_on_the_cpu_becomes_the_flash_kernels_own():
+    # transformers builds a causal or an all-allowing mask from the sizes when none is given; the
+    # CPU flash kernel then runs causally (skipping the blocks above the diagonal), without a mask
+    causal = _cpu_attention_trace(lambda x, t: torch.ones(t, t, dtype=torch.bool).tril())
+    assert causal.kwargs.get("attn_mask") is None and causal.args[4] is True
+    ones = _cpu_attention_trace(lambda x, t: torch.zeros(x.shape[0], 1, t, t))
+    assert ones.kwargs.get("attn_mask") is None and ones.args[4] is False
+    # a mask read from the input, or one with another pattern, stays
+    read = _cpu_attention_trace(lambda x, t: (x.sum(-1) > -1e30)[:, None, None, :])
+    assert read.kwargs.get("attn_mask") is not None
+    banded = _cpu_attention_trace(lambda x, t: torch.ones(t, t, dtype=torch.bool).triu(-1).tril(1))
+    assert banded.kwargs.get("attn_mask") is not None

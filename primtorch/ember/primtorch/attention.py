@@ -131,14 +131,31 @@ def _depends_on_inputs(node) -> bool:
 
 
 def _constant_mask_kind(bias, length, source):
-    """"none" when the bias adds nothing, "causal" when it is the causal mask, else None."""
-    allowed = bias == 0
+    """"none" when the bias (additive, or a boolean mask) adds nothing, "causal" when it is the
+    causal mask, else None."""
+    if bias.dtype == torch.bool:
+        allowed, blocked = bias, ~bias
+    else:
+        allowed, blocked = bias == 0, bias <= _BLOCKED
     if bool(allowed.all()):
         return "none"
-    if length != source or not bool((allowed | (bias <= _BLOCKED)).all()):
+    if length != source or not bool((allowed | blocked).all()):
         return None
     causal = torch.ones(length, source, dtype=torch.bool, device=bias.device).tril()
     return "causal" if bool((allowed == causal).all()) else None
+
+
+def constant_cpu_mask_kind(tracer, args, kwargs):
+    """As `constant_mask_kind`, for the CPU flash kernel
+    (`_scaled_dot_product_flash_attention_for_cpu`), which takes the mask as `attn_mask`."""
+    q, k = args[0], args[1]
+    dropout, causal = (list(args[3:5]) + [0.0, False][len(args[3:5]):])
+    mask = kwargs.get("attn_mask")
+    if mask is None or causal or dropout != 0.0 or tracer.shape_env is not None:
+        return None
+    if mask.dim() < 2 or not tracer.is_traced(mask) or _depends_on_inputs(tracer.node_of(mask)):
+        return None
+    return _constant_mask_kind(mask, q.shape[2], k.shape[2])
 
 
 def constant_mask_kind(tracer, args, kwargs):
