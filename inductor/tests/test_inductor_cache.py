@@ -162,3 +162,30 @@ def test_wrapper_code_without_the_cache_compiles(cache_on, monkeypatch):
     for _ in range(2):
         torch.testing.assert_close(compile_prims(trace_to_prims(_fn, x), [x])(x), _fn(x))
     assert len(compiled) == 2 and not (cache_on / "wrappers").exists()
+
+
+def test_a_dynamic_program_is_cached_for_every_size(cache_on):
+    """A program with symbolic sizes is stored once and loaded for any first size: its view and
+    kernel steps keep their size expressions through the entry."""
+    from ember.inductor import compile_fx
+    from inductor_helpers import dynamic_gm
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16))
+    first, other = torch.randn(3, 5, 8), torch.randn(2, 11, 8)
+    with torch.no_grad():
+        compiled = compile_fx(dynamic_gm(model, [first], [{0: "s0", 1: "s1"}]), [first])
+        compiled(first)
+        assert metrics.cache_misses >= 1 and metrics.cache_hits == 0
+        metrics.reset()
+        again = compile_fx(dynamic_gm(model, [other], [{0: "s0", 1: "s1"}]), [other])
+        assert metrics.cache_hits >= 1 and metrics.cache_misses == 0
+        for x in (first, other, torch.randn(7, 2, 8)):
+            torch.testing.assert_close(again(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_program_that_cannot_be_written_is_still_compiled(cache_on, monkeypatch):
+    monkeypatch.setattr(cache, "program_to_json", lambda program: {"bad": object()})
+    x = torch.randn(4, 10)
+    compiled = compile_prims(trace_to_prims(_fn, x), [x])
+    torch.testing.assert_close(compiled(x), _fn(x))
+    assert not list(cache_on.glob("graphs/*.json"))

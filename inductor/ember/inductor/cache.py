@@ -16,10 +16,12 @@ import marshal
 import sys
 import types
 
+import sympy
 import torch
 from torch import fx
 
-from ember.ir import NODE_META_KEY, CompiledArtifact, from_json, target_name, to_json
+from ember.ir import NODE_META_KEY, CompiledArtifact, TensorMeta, from_json, target_name, to_json
+from ember.ir.symbols import expr_from_json, expr_to_json
 
 from . import metrics
 from .codegen_common import KernelSource
@@ -58,10 +60,20 @@ def graph_text(gm: fx.GraphModule) -> str:
 
 def graph_key(gm: fx.GraphModule, example_inputs) -> str:
     """The cache key of compiling `gm` for these inputs with this configuration."""
-    inputs = [(tuple(t.shape), t.stride(), t.dtype, str(t.device)) if isinstance(t, torch.Tensor)
-              else repr(t) for t in example_inputs]  # fmt: skip
+    metas = [p.meta.get(NODE_META_KEY) for p in gm.graph.find_nodes(op="placeholder")]
+    metas += [None] * (len(example_inputs) - len(metas))
+    inputs = [_input_key(t, m) for t, m in zip(example_inputs, metas)]
     text = "\n".join([graph_text(gm), repr(inputs), fingerprint(), _versions(), f"format={FORMAT}"])
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _input_key(t, meta):
+    if not isinstance(t, torch.Tensor):
+        return repr(t)
+    if isinstance(meta, TensorMeta) and not meta.is_static():
+        # symbolic sizes (in the graph text): one program for every size, whatever the example's
+        return (t.dim(), t.dtype, str(t.device))
+    return (tuple(t.shape), t.stride(), t.dtype, str(t.device))
 
 
 def _path(key: str):
@@ -85,8 +97,33 @@ def program_to_json(program: Program) -> dict:
             )
             for k in program.kernels
         ],  # fmt: skip
-        "artifact": to_json(program.artifact),
+        "artifact": _sizes_as_json(to_json(program.artifact), _encode_sizes),
     }
+
+
+# "view" and "kernel" steps carry sizes as they are (ints, or sympy expressions with dynamic
+# shapes), where the other steps' arguments are JSON already: their expressions are written as
+# {"expr": ...} and read back as expressions.
+_RAW_STEPS = ("view", "kernel")
+
+
+def _encode_sizes(v):
+    if isinstance(v, sympy.Basic):
+        return {"expr": expr_to_json(v)}
+    return [_encode_sizes(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def _decode_sizes(v):
+    if isinstance(v, dict) and set(v) == {"expr"}:
+        return expr_from_json(v["expr"])
+    return [_decode_sizes(x) for x in v] if isinstance(v, list) else v
+
+
+def _sizes_as_json(artifact: dict, convert) -> dict:
+    for step in artifact.get("steps", ()):
+        if step.get("kind") in _RAW_STEPS:
+            step["args"] = convert(step["args"])
+    return artifact
 
 
 def program_from_json(payload: dict) -> Program:
@@ -94,8 +131,9 @@ def program_from_json(payload: dict) -> Program:
     kernels = [KernelSource(k["name"], k["language"], k["source"], tuple(k["args"]),
                             tuple(k["arg_types"]), meta=tuple(tuple(m) for m in k["meta"]))
                for k in payload["kernels"]]  # fmt: skip
-    return Program(payload["source"], kernels, from_json(CompiledArtifact, payload["artifact"]),
-                   payload["num_outputs"], payload["out_spec"])  # fmt: skip
+    artifact = from_json(CompiledArtifact, _sizes_as_json(payload["artifact"], _decode_sizes))
+    return Program(payload["source"], kernels, artifact, payload["num_outputs"],
+                   payload["out_spec"])  # fmt: skip
 
 
 def write_entry(path, key: str, payload: dict) -> None:
@@ -126,7 +164,10 @@ def read_entry(path, key: str) -> dict:
 def store(key: str, program: Program) -> None:
     """Write `program` under `key` (atomically)."""
     if config.cache:
-        write_entry(_path(key), key, program_to_json(program))
+        try:
+            write_entry(_path(key), key, program_to_json(program))
+        except (TypeError, ValueError) as e:  # what cannot be written is compiled again
+            log.warning("ember.inductor: a program is not cached: %s", e)
 
 
 def load(key: str) -> Program | None:

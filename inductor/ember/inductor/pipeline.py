@@ -133,8 +133,8 @@ def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
         kernels = render_kernels(steps, buffers, lowered.device, hints)  # 4. kernel source
         program = generate(lowered, steps, kernels)  # 5. wrapper + artifact, memory plan
         constants = lowered.constants
-        # Tensors held by the graph are not part of the cache entry; nor (yet) are dynamic sizes.
-        if not constants and not lowered.size_symbols:
+        # Tensors held by the graph are not part of the cache entry.
+        if not constants:
             cache.store(key, program)
     return CompiledGraph(program, constants)  # 6. build kernels, load the wrapper
 
