@@ -128,6 +128,9 @@ def _size_mask(kind, x):
         rows, cols = torch.arange(b)[:, None, None], pos[None, :, None]
         same = seq[rows, cols] == seq[rows, pos[None, None, :]]
         return ((pos[None, :] <= pos[:, None])[None] & same)[:, None]
+    if kind == "wrapped":  # causal but for row 0, which reads row -1: torch's last row
+        wide = pos[None, :] <= pos[:, None] + 1
+        return wide[pos - 1][None, None]
     if kind == "values":  # read from x's values: never proved, whatever they are
         return (x.sum(-1) > -1e30)[:, None, None, :]
     # the first five keys: every key for the example's 3 positions, not for longer ones
@@ -148,7 +151,8 @@ class MaskedAttention(nn.Module):
 
 
 @pytest.mark.parametrize("kind, proof", [("padding", "none"), ("causal", "causal"),
-                                         ("first_five", None), ("values", None)])  # fmt: skip
+                                         ("first_five", None), ("wrapped", None),
+                                         ("values", None)])  # fmt: skip
 def test_a_mask_made_from_sizes_is_proved_for_every_size(kind, proof, monkeypatch):
     """A mask proved to allow everything, or to be causal, for every size becomes flash attention
     without a bias; one that only looks so at the example's size (the first five keys of three)

@@ -80,6 +80,14 @@ def _scalar(v):
     raise _NoProof(f"scalar {v!r}")
 
 
+def _position(e):
+    """An index tensor's value used as a position: one that may be negative counts from the end
+    in torch, which an expression of the position does not follow."""
+    if _is_bool(e) or e.is_nonnegative is not True:
+        raise _NoProof(f"an index that may be negative: {e}")
+    return e
+
+
 class _Elements:
     """Each node's element as a function of its index (a list of sympy expressions)."""
 
@@ -94,6 +102,11 @@ class _Elements:
             return self.memo[a]
         value = _scalar(a)
         return lambda idx: value
+
+    @staticmethod
+    def dtype(n: fx.Node):
+        meta = n.meta.get(NODE_META_KEY)
+        return meta.dtype if isinstance(meta, TensorMeta) else None
 
     @staticmethod
     def sizes(n: fx.Node) -> tuple:
@@ -119,6 +132,8 @@ class _Elements:
             x, y, op = self.of(a[0]), self.of(a[1]), _LOGICAL[name]
             return lambda idx: op(_as_bool(x(idx)), _as_bool(y(idx)))
         if name in _ARITH:
+            if self.dtype(n) == torch.bool:
+                raise _NoProof("arithmetic on booleans")  # (True + True is True in torch)
             x, y, op = self.of(a[0]), self.of(a[1]), _ARITH[name]
             return lambda idx: op(_as_number(x(idx)), _as_number(y(idx)))
         if rule is None:
@@ -146,8 +161,7 @@ class _Elements:
         return lambda idx: sympy.Not(_as_bool(x(idx)))
 
     def _prims_bitwise_not(self, n, a):
-        meta = n.meta.get(NODE_META_KEY)
-        if not (isinstance(meta, TensorMeta) and meta.dtype == torch.bool):
+        if self.dtype(n) != torch.bool:
             raise _NoProof("bitwise_not of integers")
         return self._prims_logical_not(n, a)
 
@@ -173,6 +187,9 @@ class _Elements:
         if dtype.is_floating_point:
             return lambda idx: _as_number(x(idx))  # rounding keeps 0 at 0 and -1e4 far below 0
 
+        if dtype not in (torch.int64, torch.int32):
+            raise _NoProof(f"a cast to {dtype}, which may wrap")
+
         def integer(idx):
             v = _as_number(x(idx))
             if v.is_integer is not True:
@@ -187,8 +204,7 @@ class _Elements:
         x, src = self.of(a), self.sizes(a)
 
         def at(idx):
-            return x([0 if src[d] == 1 and sympy.sympify(shape[k]) != 1 else idx[k]
-                      for d, k in enumerate(broadcast_dimensions)])  # fmt: skip
+            return x([0 if src[d] == 1 else idx[k] for d, k in enumerate(broadcast_dimensions)])
 
         return at
 
@@ -289,7 +305,7 @@ class _Elements:
 
         def at(idx):
             full = list(idx)
-            full[dim] = ix(idx)
+            full[dim] = _position(ix(idx))
             return x(full)
 
         return at
@@ -314,7 +330,7 @@ class _Elements:
             return lambda idx: f([0 if sh[k] == 1 else idx[lead + k] for k in range(len(sh))])
 
         fns = [reader(t, sh) for t, sh in zip(tensors, shapes)]
-        return lambda idx: x([f(idx[:rank]) for f in fns] + list(idx[rank:]))
+        return lambda idx: x([_position(f(idx[:rank])) for f in fns] + list(idx[rank:]))
 
     def _extern_cumsum(self, n, a, dim, dtype=None):
         """A cumsum of a value that does not vary along `dim`: the value times the count."""
