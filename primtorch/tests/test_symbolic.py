@@ -155,3 +155,18 @@ def test_an_attention_bias_in_rows_rounded_up_to_16_keeps_its_layout():
     assert relaid[-1] == 1 and all(relaid[-2].subs(s, n) == row.subs(s, n) for n in (2, 16, 17, 77))
     assert _aligned_bias((2, 12, 77, 77), (77 * 80, 0, 80, 1)) == (77 * 80, 0, 80, 1)
     assert _aligned_bias((2, 12, 77, 77), (77 * 77, 0, 77, 1))[-2] == 80
+
+
+def test_requires_grad_is_read_through_functionalize():
+    """Attention picks its kernel by whether it is training: functionalize's wrapper of a tensor
+    that requires grad reads requires_grad=False, so the check looks at the wrapped tensor."""
+    from ember.primtorch.symbolic_composites import requires_grad
+
+    seen = []
+
+    def fn(x, y):
+        seen.append((requires_grad(x), requires_grad(y)))
+        return x * y
+
+    torch.func.functionalize(fn)(torch.randn(3, requires_grad=True), torch.randn(3))
+    assert seen == [(True, False)]

@@ -101,6 +101,14 @@ def _fused_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
     return torch.nn.attention.SDPBackend(choice)
 
 
+def requires_grad(t: torch.Tensor) -> bool:
+    """Whether `t` requires grad, looking through functionalize's wrapper (which reads False
+    while the tensor it wraps, the one autograd records, requires grad)."""
+    if torch._is_functional_tensor(t):
+        t = torch._from_functional_tensor(t)
+    return t.requires_grad
+
+
 def _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale):
     """The flash or memory-efficient CUDA kernel called directly, as torch's C++ attention would
     call it, so that the tracer never hands a SymbolicTensor to that C++ (whose checks read plain
@@ -125,7 +133,7 @@ def _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale):
         bias = efficient_bias(attn_mask, query, query.dtype)
         if bias is None:
             return NotImplemented
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+    if torch.is_grad_enabled() and any(requires_grad(t) for t in (query, key, value)):
         # its backward, traced with symbolic sizes, failed the log-sum-exp alignment check on an
         # H100: training takes the math path
         return NotImplemented
