@@ -99,6 +99,16 @@ def test_constant_mask_runs_flash(monkeypatch, capsys, fn):
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
 
+def causal_from_sizes_again(q, k, v):
+    """The same attention in a frame of its own (test_constant_mask_runs_flash compiled the
+    other one statically)."""
+    return causal_from_sizes(q, k, v)
+
+
+def ones_from_sizes_again(q, k, v):
+    return ones_from_sizes(q, k, v)
+
+
 def causal_attention(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -118,6 +128,8 @@ def grouped_attention(q, k, v):
     (causal_attention, None, "sdpa_flash"),
     (gqa_flag_attention, None, "sdpa_flash"),
     (grouped_attention, None, "sdpa_flash"),
+    (causal_from_sizes_again, None, "sdpa_flash"),  # the mask is proved causal for every length
+    (ones_from_sizes_again, None, "sdpa_flash"),  # ... and to allow everything
 ])  # fmt: skip
 def test_symbolic_lengths_call_the_kernels_in_one_graph(monkeypatch, capsys, fn, mask_kind,
                                                         kernel):  # fmt: skip
