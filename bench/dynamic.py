@@ -62,11 +62,14 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+WARMUP = 2  # calls before the timed ones, per length
+
+
 def _time(fn, device, iters):
     from turns import timing_turn  # several of these processes may share one device
 
     with timing_turn():
-        for _ in range(2):
+        for _ in range(WARMUP):
             fn()
         _sync(device)
         samples = []
@@ -140,7 +143,7 @@ def run_model(name, args, lengths):
                 }
             rec["graphs"] = count()
             # Ember's CUDA-graph replays among the calls timed (and warmed up) per length
-            rec["replays"] = f"{metrics.cudagraph_replays - replays}/{len(lens) * (2 + args.iters)}"
+            rec["replays"] = f"{metrics.cudagraph_replays - replays}/{len(lens) * (WARMUP + args.iters)}"
         except Exception as e:  # noqa: BLE001 - recorded, the other variants still run
             # the table gets the message's last line (a Triton CompilationError's reason comes
             # after the source it quotes); the JSON keeps all of it and the traceback

@@ -130,3 +130,16 @@ def test_flash_attentions_host_seed_keeps_a_program_graphed():
     low, art = _artifact(g)
     assert any(str(b.meta.device) == "cpu" for b in art.buffers)  # the seed and offset
     assert not host_work(art)
+
+
+def test_a_cpu_index_read_by_a_gpu_kernel_is_copied_to_the_gpu_first():
+    # eager indexes a CUDA tensor with CPU indices; the generated kernel reads a GPU copy of them
+    g = PrimGraph()
+    a, idx = g.input(torch.randn(6, 4)), g.input(torch.tensor([0, 5, 2]))
+    a.meta[NODE_META_KEY] = _on("cuda:0", g.inputs[0])
+    g.output(g(prims.index, a, [idx]))
+    low, art = _artifact(g)
+    (copy,) = [b for b in low.buffers if isinstance(b, ExternBuffer)]
+    assert copy.op == "prims.device_put" and copy.layout.device == "cuda:0"
+    assert torch.equal(copy.fn(g.inputs[1], "cpu"), g.inputs[1])  # torch's copy, runnable
+    assert [k.language for k in art.kernels] == ["triton"] and host_work(art)

@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides, lookup, target_name
 from ember.primtorch.prims.extern import ARG_STRIDES
+from ember.primtorch.prims.movement import device_put
 from ember.primtorch.utils import (
     is_non_overlapping_and_dense,
     known_le,
@@ -456,7 +457,7 @@ class Lowerer(fx.Interpreter):
         if not is_tensor(a) or str(a.device) == self.device:
             return a
         meta = TensorMeta(a.dtype, tuple(a.sizes), contiguous_strides(a.sizes), 0, self.device)
-        return self.extern("prims.device_put", None, (a, self.device), meta=meta)
+        return self.extern("prims.device_put", device_put.ref, (a, self.device), meta=meta)
 
     def fallback(self, name, target, args, kwargs, reason):
         """Run the prim's reference implementation as an extern call (logged once per prim)."""

@@ -331,8 +331,7 @@ class WrapperBuilder:
         out += ["", "", "def call(args):", *("    " + line for line in self.lines if line)]
         kernels = [KernelIR(k.name, k.language, _standalone(k), k.name, k.arg_types,
                             grid=k.grid, num_warps=k.num_warps) for k in ks]  # fmt: skip
-        device = getattr(self.lowered, "device", None) or next(
-            (b.meta.device for b in self.art_buffers.values()), "cpu")
+        device = self.lowered.device
         symbols = tuple(SymbolSpec(s.name) for s in sorted(self.lowered.size_symbols, key=str))
         art = new_artifact(
             device=device, symbols=symbols, guards=(),

@@ -145,15 +145,26 @@ def _constant_mask_kind(bias, length, source):
     return "causal" if bool((allowed == causal).all()) else None
 
 
-def constant_cpu_mask_kind(tracer, args, kwargs):
-    """As `constant_mask_kind`, for the CPU flash kernel
-    (`_scaled_dot_product_flash_attention_for_cpu`), which takes the mask as `attn_mask`."""
-    q, k = args[0], args[1]
-    dropout, causal = (list(args[3:5]) + [0.0, False][len(args[3:5]):])
-    mask = kwargs.get("attn_mask")
-    if mask is None or causal or dropout != 0.0 or tracer.shape_env is not None:
+def _a_constant(tracer, t) -> bool:
+    """Whether `t` is a value the traced program computes from no input (sizes alone)."""
+    return tracer.is_traced(t) and not _depends_on_inputs(tracer.node_of(t))
+
+
+_CPU_FLASH_ARGS = ("query", "key", "value", "dropout_p", "is_causal")
+
+
+def cpu_flash_arguments(args, kwargs) -> dict:
+    """The arguments of `_scaled_dot_product_flash_attention_for_cpu`, by name."""
+    return dict(zip(_CPU_FLASH_ARGS, args), **kwargs)
+
+
+def constant_cpu_mask_kind(tracer, bound: dict):
+    """As `constant_mask_kind`, for the CPU flash kernel's `attn_mask` (its arguments `bound`
+    by name)."""
+    q, k, mask = bound["query"], bound["key"], bound.get("attn_mask")
+    if mask is None or bound.get("is_causal") or bound.get("dropout_p", 0.0) != 0.0:
         return None
-    if mask.dim() < 2 or not tracer.is_traced(mask) or _depends_on_inputs(tracer.node_of(mask)):
+    if tracer.shape_env is not None or mask.dim() < 2 or not _a_constant(tracer, mask):
         return None
     return _constant_mask_kind(mask, q.shape[2], k.shape[2])
 
@@ -172,8 +183,6 @@ def constant_mask_kind(tracer, args, kwargs):
         return None
     if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] > 256 or q.shape[-1] % 8:
         return None
-    if v.shape[-1] != q.shape[-1] or not tracer.is_traced(bias):
-        return None
-    if _depends_on_inputs(tracer.node_of(bias)):
+    if v.shape[-1] != q.shape[-1] or not _a_constant(tracer, bias):
         return None
     return _constant_mask_kind(bias, q.shape[2], k.shape[2])

@@ -101,12 +101,18 @@ def _fused_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
     return torch.nn.attention.SDPBackend(choice)
 
 
-def requires_grad(t: torch.Tensor) -> bool:
-    """Whether `t` requires grad, looking through functionalize's wrapper (which reads False
-    while the tensor it wraps, the one autograd records, requires grad)."""
+def _recorded(t: torch.Tensor) -> torch.Tensor:
+    """The tensor the tracer and autograd see under functionalize's wrapper (the wrapper itself
+    reads requires_grad=False, and the tracer does not know it)."""
     if torch._is_functional_tensor(t):
-        t = torch._from_functional_tensor(t)
-    return t.requires_grad
+        torch._sync(t)
+        return torch._from_functional_tensor(t)
+    return t
+
+
+def requires_grad(t: torch.Tensor) -> bool:
+    """Whether `t` requires grad, looking through functionalize's wrapper."""
+    return _recorded(t).requires_grad
 
 
 def _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale):
@@ -158,10 +164,7 @@ def _proven_mask_kind(mask, query, key):
                    if isinstance(m, Tracer)), None)  # fmt: skip
     if tracer is None or tracer.shape_env is None or not isinstance(mask, torch.Tensor):
         return None
-    if torch._is_functional_tensor(mask):  # under functionalize: the value the tracer knows
-        torch._sync(mask)
-        mask = torch._from_functional_tensor(mask)
-    return proven_mask_kind(tracer, mask, query, key)
+    return proven_mask_kind(tracer, _recorded(mask), query, key)
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -35,7 +35,12 @@ from ember.ir import NODE_META_KEY, TensorMeta
 from ember.ir.symbols import as_expr
 
 from . import utils
-from .attention import AttentionChoice, constant_cpu_mask_kind, constant_mask_kind
+from .attention import (
+    AttentionChoice,
+    constant_cpu_mask_kind,
+    constant_mask_kind,
+    cpu_flash_arguments,
+)
 from .errors import DataDependentError, NotDecomposableError, TraceError
 from .prims import core
 from .prims.extern import ATEN_TO_EXTERN
@@ -255,10 +260,12 @@ class Tracer(TorchDispatchMode):
             if flash is not None:
                 return flash
         if func is aten._scaled_dot_product_flash_attention_for_cpu.default and self.allow_extern:
-            kind = constant_cpu_mask_kind(self, args, kwargs)
+            bound = cpu_flash_arguments(args, kwargs)
+            kind = constant_cpu_mask_kind(self, bound)
             if kind is not None:  # the mask is a constant that allows all, or the causal one
-                kwargs = {k: v for k, v in kwargs.items() if k != "attn_mask"}
-                return self.dispatch(func, (*args[:3], 0.0, kind == "causal"), kwargs)
+                q, k, v = bound["query"], bound["key"], bound["value"]
+                return self.dispatch(func, (q, k, v, 0.0, kind == "causal"),
+                                     {"scale": bound.get("scale")})
         if self.allow_extern and func in ATEN_TO_EXTERN and func not in self.no_extern:
             p, adapt = ATEN_TO_EXTERN[func]
             if adapt is not None:
