@@ -167,6 +167,38 @@ def test_a_mask_made_from_sizes_is_proved_for_every_size(kind, proof, monkeypatc
     assert verdicts and set(verdicts) == {proof}
 
 
+class _CausalOfQuery(nn.Module):
+    """A causal mask from the query's length, for keys that are another input."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=_query_causal(q))
+
+
+@fx.wrap
+def _query_causal(q):
+    pos = torch.arange(q.size(2), device=q.device)
+    return (pos[None, :] <= pos[:, None])[None, None].expand(q.size(0), 1, -1, -1)
+
+
+def test_a_causal_mask_of_the_query_length_guards_the_key_length_equal(monkeypatch):
+    """The query's and the keys' lengths are distinct symbols: the mask is proved causal under
+    the guard that they are equal (as the mask's columns require), and keys of another length
+    are refused."""
+    from ember.primtorch import mask_proof
+
+    verdicts, prove = [], mask_proof.proven_mask_kind
+    monkeypatch.setattr(mask_proof, "proven_mask_kind",
+                        lambda *a: verdicts.append(prove(*a)) or verdicts[-1])  # fmt: skip
+    make = lambda n: tuple(torch.randn(2, 3, n + 1, 8) for _ in range(3))  # noqa: E731
+    compiled = _check(compile_fx, _CausalOfQuery(), make, [{2: "s0"}, {2: "s1"}, {2: "s1"}])
+    assert verdicts == ["causal"]
+    equal = {tuple(sorted(map(str, g.args))) for g in compiled.ember_guards if isinstance(g, sympy.Eq)}
+    assert ("s0", "s1") in equal
+    q, k = torch.randn(2, 3, 7, 8), torch.randn(2, 3, 9, 8)
+    with torch.no_grad(), pytest.raises(ShapeMismatch):
+        compiled(q, k, k)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_inductor_cpp_matches_eager_for_every_size(name):
     model, make, dims = CASES[name]

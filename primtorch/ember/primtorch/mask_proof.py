@@ -18,7 +18,8 @@ padding mask) is never proved anything. With the mask's element as an expression
 query row i and the key column j:
 
 - "none": e is True (a boolean mask) or 0 (an additive one), for every index;
-- "causal": rows and columns are the same size, and for every d >= 0, e at column j = i - d is
+- "causal": rows and columns number the query's length (the keys' length, another symbol
+  when keys are another input, is guarded equal), and for every d >= 0, e at column j = i - d is
   True / 0 while e at column j = i + 1 + d is False / an additive value at or below -1e4 (-inf,
   finfo.min: masked out, as the flash kernel's causal mask is).
 
@@ -38,6 +39,7 @@ from torch import fx
 from ember.ir import NODE_META_KEY, TensorMeta, target_name
 
 from .symbolic import to_expr
+from .utils import guard_equal
 
 _BLOCKED = -1e4  # an additive bias at or below this masks a position out
 
@@ -387,11 +389,14 @@ def proven_mask_kind(tracer, mask: torch.Tensor, query: torch.Tensor, key: torch
         if _allows(e, boolean):
             return "none"
         length, source = to_expr(query.shape[-2]), to_expr(key.shape[-2])
-        if sympy.simplify(length - source) != 0 or tuple(sizes[-2:]) != (length, source):
+        if tuple(sizes[-2:]) != (length, length):
             return None
         i, j, d = idx[-2], idx[-1], sympy.Symbol("d", integer=True, nonnegative=True)
-        if _allows(e.subs(j, i - d), boolean) and _blocks(e.subs(j, i + 1 + d), boolean):
-            return "causal"
+        if not (_allows(e.subs(j, i - d), boolean) and _blocks(e.subs(j, i + 1 + d), boolean)):
+            return None
+        # The mask has `length` columns, so attention needs as many keys; two inputs' lengths
+        # are distinct symbols, equal here under a guard (a call where they differ recompiles).
+        return "causal" if guard_equal(length, source) else None
     except (_NoProof, TypeError, ValueError, AttributeError, IndexError):
         return None
     return None
