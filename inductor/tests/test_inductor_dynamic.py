@@ -199,6 +199,50 @@ def test_a_causal_mask_of_the_query_length_guards_the_key_length_equal(monkeypat
         compiled(q, k, k)
 
 
+def test_a_slice_of_rows_views_into_heads_with_symbolic_sizes():
+    """GPT-2's query: a column slice of the fused q/k/v projection (rows of 3*768), viewed as
+    heads. It is a strided view for every size (the flash kernel reads it in place); with the
+    symbolic sizes only a contiguous tensor used to view, and each layer copied q, k and v."""
+    from ember.inductor.lowering_views import view_strides
+
+    b, t = sympy.symbols("s0 s1", integer=True, positive=True)
+    assert view_strides([b, t, 768], [2304 * t, 2304, 1], [b, t, 12, 64]) == [
+        2304 * t, 2304, 64, 1]  # fmt: skip
+    assert view_strides([b, t, 768], [2304 * t, 2304, 1], [b * t, 768]) == [2304, 1]
+    # heads transposed back: the length and the heads cannot merge without a copy
+    assert view_strides([b, 12, t, 64], [768 * t, 64, 768, 1], [b, 12, t * 64]) is None
+
+
+def test_symbolic_views_agree_with_the_static_rule():
+    """On plain numbers the symbolic view rule decides as the static one, view by view."""
+    import random
+
+    from ember.inductor.lowering_views import _symbolic_view_strides, view_strides
+
+    rng = random.Random(0)
+    for _ in range(500):
+        sizes = [rng.choice([1, 2, 3, 4, 6]) for _ in range(rng.randint(1, 4))]
+        base = torch.empty(*[n * rng.choice([1, 2]) for n in sizes])
+        v = base[tuple(slice(0, n) for n in sizes)]
+        if rng.random() < 0.5:
+            v = v.permute(rng.sample(range(v.dim()), v.dim()))
+        factors, rest = [], v.numel()
+        for p in (2, 3, 2, 3, 2):
+            if rest % p == 0 and rng.random() < 0.6:
+                factors.append(p)
+                rest //= p
+        factors.append(rest)
+        rng.shuffle(factors)
+        want = view_strides(list(v.shape), list(v.stride()), factors)
+        got = _symbolic_view_strides(list(v.shape), list(v.stride()), factors)
+        assert (got is None) == (want is None), (v.shape, v.stride(), factors)
+        if want is not None:
+            assert [int(g) for g in got] == [int(w) for w in want], (v.shape, v.stride(), factors)
+        if want is not None and v.numel():
+            # (and the static rule is right: torch views it with the same strides)
+            assert list(v.view(factors).stride()) == [int(w) for w in want]
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_inductor_cpp_matches_eager_for_every_size(name):
     model, make, dims = CASES[name]
