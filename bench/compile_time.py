@@ -7,7 +7,8 @@ Per model, with its own empty EMBER_CACHE_DIR: `cold` is the first call of a fre
 the empty cache; `warm` the first call of a second process on the filled cache (imports excluded);
 `reset` the first call after ember.dynamo.reset() in that second process (the bench harness's
 warm compile). Each line also shows which cache levels hit (fx: the torch-level cache that skips
-tracing and lowering; graph: the prim-graph cache).
+tracing and lowering; graph: the prim-graph cache; cubins: Triton kernels launched from their
+stored binaries, without Triton's JIT).
 """
 
 import argparse
@@ -57,7 +58,8 @@ def _one(name: str, device: str, mode: str) -> dict:
         metrics.reset()
         ember.dynamo.reset()
         result[phase] = call(ember.compile(model))
-        result[f"{phase}_hits"] = f"fx {metrics.fx_cache_hits} graph {metrics.cache_hits}"
+        result[f"{phase}_hits"] = (f"fx {metrics.fx_cache_hits} graph {metrics.cache_hits} "
+                                   f"cubins {metrics.triton_binaries_loaded}")
     return result
 
 

@@ -1,5 +1,10 @@
 """The Triton path on a real GPU (skipped without CUDA): kernels compiled by Triton and autotuned."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
@@ -150,3 +155,46 @@ def test_a_program_with_cpu_work_is_not_graphed():
     with torch.no_grad():
         draws = {float(compiled(x)[1]) for _ in range(6)}
     assert metrics.cudagraph_replays == 0 and len(draws) > 1  # each call draws afresh
+
+
+_NEW_PROCESS = r"""
+import json, torch, torch.nn as nn, triton.runtime.jit as jit
+from ember.inductor import compile_fx, metrics
+jitted = []
+do_compile = jit.JITFunction._do_compile
+def counting(self, *args, **kwargs):
+    jitted.append(1)
+    return do_compile(self, *args, **kwargs)
+jit.JITFunction._do_compile = counting
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.LayerNorm(96), nn.Softmax(-1)).cuda().eval()
+x = torch.randn(40, 64, device="cuda")
+with torch.no_grad():
+    compiled = compile_fx(torch.fx.symbolic_trace(model), [x])
+    torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+print(json.dumps({"loaded": metrics.triton_binaries_loaded, "jit": len(jitted)}))
+"""
+
+
+def _in_new_process(cache) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), EMBER_CACHE_DIR=str(cache))
+    run = subprocess.run([sys.executable, "-c", _NEW_PROCESS], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_process_launches_the_stored_triton_binaries(tmp_path):
+    """A warm start loads each kernel's cubin from Ember's cache: no call of Triton's JIT (whose
+    cache lookup alone hashes Triton's installation). A damaged cubin is not trusted: the JIT
+    compiles the kernels again, and the results still match."""
+    cold = _in_new_process(tmp_path)
+    assert cold["jit"] > 0 and cold["loaded"] == 0, cold
+    warm = _in_new_process(tmp_path)
+    assert warm["loaded"] > 0 and warm["jit"] == 0, warm
+    cubins = list((tmp_path / "triton_bin").rglob("*.cubin"))
+    assert cubins
+    for cubin in cubins:
+        cubin.write_bytes(b"not a cubin")
+    damaged = _in_new_process(tmp_path)
+    assert damaged["loaded"] == 0 and damaged["jit"] > 0, damaged

@@ -141,7 +141,7 @@ class _WarmupLog:
 
 def _triton_launcher(fn, configs):
     launcher = runtime.TritonLauncher.__new__(runtime.TritonLauncher)
-    launcher.fn, launcher.key, launcher.configs = fn, "k" * 20, configs
+    launcher._fn, launcher.key, launcher.configs = fn, "k" * 20, configs
     launcher.sizes, launcher.cfg, launcher.fast = (1000, 64), None, None
     return launcher
 

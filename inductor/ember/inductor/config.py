@@ -6,6 +6,7 @@ Overrides (read once at import):
   EMBER_INDUCTOR_CPU_BACKEND=...  "cpp" (default) or "triton" (render CPU graphs as Triton, for
                                   testing the Triton renderer with TRITON_INTERPRET=1)
   EMBER_INDUCTOR_AUTOTUNE=0       disable Triton block-size autotuning (`autotune`)
+  EMBER_TRITON_BINARIES=0         always go through Triton's JIT (`triton_binaries`)
   EMBER_ISA=avx2|avx512|generic   force the C++ vector ISA instead of ember.ir.toolchain.cpu_isa()
   EMBER_LOGS=output_code          print each generated wrapper and its kernels
   EMBER_CONV_CHANNELS_LAST=0|1|auto  `conv_channels_last`
@@ -68,6 +69,9 @@ class Config:
     # a bfloat16 softmax over 4096 columns then moved 48% of the copy bandwidth (H100).
     persistent_reduction_max: int = 4096
     autotune: bool = True
+    # a Triton kernel's binary is kept in the cache after its first launch, and a later process
+    # launches it from there without Triton's JIT (triton_binaries.py)
+    triton_binaries: bool = True
     # compile cache: prim-graph entries, and torch-level ones that skip tracing too
     cache: bool = True
     fx_cache: bool = True
@@ -84,6 +88,8 @@ def _from_env(cfg: Config) -> Config:
         cfg.cpu_backend = env["EMBER_INDUCTOR_CPU_BACKEND"]
     if env.get("EMBER_INDUCTOR_AUTOTUNE") == "0":
         cfg.autotune = False
+    if env.get("EMBER_TRITON_BINARIES") == "0":
+        cfg.triton_binaries = False
     if env.get("EMBER_PERSISTENT_MAX"):
         cfg.persistent_reduction_max = int(env["EMBER_PERSISTENT_MAX"])
     if env.get("EMBER_ISA"):
@@ -111,4 +117,5 @@ def fingerprint() -> str:
     fields.pop("output_code")
     fields.pop("cudagraphs")  # how a program is run, not what it is
     fields.pop("fx_cache")  # which cache levels are on does not change what a compile makes
+    fields.pop("triton_binaries")
     return repr(sorted(fields.items()))

@@ -7,14 +7,15 @@ fx_cache_hits = 0  # the torch-level cache (fx_cache.py): a hit skips tracing an
 fx_cache_misses = 0
 fallbacks: list = []
 cudagraph_replays = 0  # calls of compiled graphs replayed from a CUDA graph (cudagraphs.py)
+triton_binaries_loaded = 0  # Triton kernels launched from a stored binary (triton_binaries.py)
 cudagraph_skips: list = []  # why a program's CUDA graph was given up, one line each
 
 
 def reset() -> None:
     """Zero every counter."""
     global generated_kernel_count, cache_hits, cache_misses, fx_cache_hits, fx_cache_misses
-    global cudagraph_replays
+    global cudagraph_replays, triton_binaries_loaded
     generated_kernel_count = cache_hits = cache_misses = fx_cache_hits = fx_cache_misses = 0
-    cudagraph_replays = 0
+    cudagraph_replays = triton_binaries_loaded = 0
     cudagraph_skips.clear()
     fallbacks.clear()

@@ -31,6 +31,7 @@ import torch
 
 from ember.ir import resolve
 
+from . import triton_binaries
 from .codegen_common import POINTER_TYPES
 from .config import config
 
@@ -314,11 +315,17 @@ class TritonLauncher:
     """Launches a Triton kernel with a fixed grid; picks block sizes on first call."""
 
     def __init__(self, name, source, configs, xnumel, rnumel):
-        fn, source = _named_by_content(name, source, "def {}(")
-        self.fn = getattr(_load_module(source), fn)
-        self.key = hashlib.sha256(source.encode()).hexdigest()[:20]
+        self.fn_name, self.source = _named_by_content(name, source, "def {}(")
+        self._fn = None  # the JITFunction, loaded when first needed (a stored binary needs none)
+        self.key = hashlib.sha256(self.source.encode()).hexdigest()[:20]
         self.configs, self.sizes = configs, (xnumel,) + ((rnumel,) if rnumel is not None else ())
         self.cfg, self.fast = None, None
+
+    @property
+    def fn(self):
+        if self._fn is None:
+            self._fn = getattr(_load_module(self.source), self.fn_name)
+        return self._fn
 
     def _grid_and_constants(self, cfg) -> tuple:
         grid = (-(-self.sizes[0] // cfg["XBLOCK"]),)
@@ -337,6 +344,8 @@ class TritonLauncher:
         else:
             planned = self.configs if _autotunes(self) else self.configs[:1]
         for cfg in planned:
+            if triton_binaries.stored(self.key, cfg):
+                continue  # the first call most likely launches the stored binary
             grid, consts = self._grid_and_constants(cfg)
             self.fn.warmup(*dtypes, *self.sizes, grid=grid, **consts, num_warps=cfg["num_warps"])
 
@@ -345,8 +354,17 @@ class TritonLauncher:
             return self.fast(*args)
         if self.cfg is None:
             self.cfg = autotune(self, args)
+        full = (*args, *self.sizes)
+        stored = triton_binaries.load(self.key, self.cfg, full)
+        if stored is not None:
+            self.fast = _direct_launcher(stored, self.cfg, self.sizes)
+            if self.fast is not None:
+                return self.fast(*args)
         compiled = self._launch(self.cfg, args)
+        compiled = compiled.result() if hasattr(compiled, "result") else compiled
         self.fast = _direct_launcher(compiled, self.cfg, self.sizes)
+        if self.fast is not None:
+            triton_binaries.save(self.key, self.cfg, full, compiled)
 
 
 def _direct_launcher(compiled, cfg, sizes):
