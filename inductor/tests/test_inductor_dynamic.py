@@ -199,6 +199,31 @@ def test_a_causal_mask_of_the_query_length_guards_the_key_length_equal(monkeypat
         compiled(q, k, k)
 
 
+def test_cuda_graphs_by_size_key_on_the_inputs_with_symbolic_sizes():
+    """A symbolic program's graphs are told apart by its symbolic inputs only (a parameter's
+    sizes are the program's); integer arguments, which shift the positions, key on all."""
+    from types import SimpleNamespace
+
+    from ember.inductor.cudagraphs import GraphsBySize, varying_inputs
+    from ember.ir import TensorMeta
+    from ember.ir.artifact import BufferIR
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    metas = {"w": TensorMeta(torch.float32, (4, 8), (8, 1)),
+             "x": TensorMeta(torch.float32, (s0, 8), (8, 1)),
+             "b": TensorMeta(torch.float32, (4,), (1,))}  # fmt: skip
+    art = SimpleNamespace(inputs=("w", "x", "b"),
+                          buffers=[BufferIR(n, "input", m) for n, m in metas.items()])  # fmt: skip
+    assert varying_inputs(art) == ((1,), 3)
+    graphs = GraphsBySize(lambda args: None, varying_inputs(art))
+    w, b = torch.randn(4, 8), torch.randn(4)
+    x5, x7 = torch.randn(5, 8), torch.randn(7, 8)
+    assert graphs.key([w, x5, b]) == graphs.key([torch.randn(4, 8), torch.randn(5, 8), b])
+    assert graphs.key([w, x5, b]) != graphs.key([w, x7, b])
+    assert graphs.key([w, x5, b]) != graphs.key([w, x5.t().contiguous().t(), b])  # strides
+    assert len(graphs.key([w, x5, 5, b])) == 4
+
+
 def test_a_slice_of_rows_views_into_heads_with_symbolic_sizes():
     """GPT-2's query: a column slice of the fused q/k/v projection (rows of 3*768), viewed as
     heads. It is a strided view for every size (the flash kernel reads it in place); with the

@@ -20,8 +20,8 @@ graph records the launches of one call and replays them with one driver call.
   copies: threads or streams sharing a compiled model share the graph's tensors.
 
 `GraphsBySize` does the same for a program with symbolic sizes: one `GraphedCall` per set of
-argument sizes (and of the integer arguments that carry sizes), up to `MAX_SIZES` of them; calls
-with other sizes run the wrapper. The graphs share one memory pool, one lock and one ordering
+sizes and strides of the arguments with symbolic sizes (and of the integer arguments), up to
+`MAX_SIZES` of them; calls with other sizes run the wrapper. The graphs share one memory pool, one lock and one ordering
 event: a replay only leaves its outputs in the pool, and they are copied out before the next
 replay, of any size, may run.
 """
@@ -32,6 +32,8 @@ import logging
 import threading
 
 import torch
+
+from ember.ir import TensorMeta
 
 from . import metrics
 
@@ -167,6 +169,16 @@ class GraphedCall:
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outs]
 
 
+def varying_inputs(art) -> tuple:
+    """(positions, count): of the program's `count` tensor inputs, those whose sizes are
+    symbolic, which alone tell one call's sizes from another's."""
+    metas = {b.name: b.meta for b in art.buffers}
+    static = [isinstance(metas.get(name), TensorMeta) and metas[name].is_static()
+              for name in art.inputs]  # fmt: skip
+    varying = [i for i, fixed in enumerate(static) if not fixed]
+    return tuple(varying), len(art.inputs)
+
+
 def host_work(art) -> bool:
     """Whether a GPU program has steps that run on the CPU, which a CUDA graph's replay would
     skip: an op whose results are all on the host (a scalar a model draws with torch.rand([])), or
@@ -188,20 +200,33 @@ class GraphsBySize:
     """`call(args: list) -> outputs` of a compiled wrapper with symbolic sizes: a `GraphedCall`
     per set of argument sizes, strides and integer arguments, all in one memory pool."""
 
-    def __init__(self, run):
+    def __init__(self, run, varying=None):
         self.run = run
+        # (positions, count): the arguments whose sizes can change, of `count` tensors (the
+        # others' sizes are fixed by the program: GPT-2's 150 parameters made each call's key
+        # cost ~0.2 ms). A call with another number of arguments (integer ones) keys on all.
+        self.varying = varying
         self.shared = _Shared()
         self.graphs: dict = {}
         self.full = False
         self.off = False  # a size's graph was given up: the reason holds for every size
 
+    def key(self, args: list) -> tuple:
+        """What tells this call's graph: the sizes and strides of the arguments that vary."""
+        varying = self.varying
+        if varying is None or len(args) != varying[1]:
+            picked = args
+        else:
+            picked = [args[i] for i in varying[0]]
+        return tuple(
+            (tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else (type(a), a)
+            for a in picked
+        )
+
     def __call__(self, args: list):
         if self.off:
             return self.run(args)
-        key = tuple(
-            (tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else (type(a), a)
-            for a in args
-        )
+        key = self.key(args)
         graphed = self.graphs.get(key)
         if graphed is None:
             if len(self.graphs) >= MAX_SIZES:

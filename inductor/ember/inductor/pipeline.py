@@ -29,7 +29,7 @@ from . import (
 from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs
 from .config import config
-from .cudagraphs import MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize, host_work
+from .cudagraphs import MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize, host_work, varying_inputs
 from .loop_ir import verify
 from .lowering import lower_graph
 from .scheduler import Kernel, schedule
@@ -292,7 +292,10 @@ class CompiledGraph:
             return  # a replay would not run it
         if sum(s.kind in ("kernel", "extern") for s in art.steps) < MIN_GRAPHED_STEPS:
             return  # a replay, the input copies and the output copies cost more than they save
-        self._graphed = GraphsBySize(self._run) if art.symbols else GraphedCall(self._run)
+        if art.symbols:
+            self._graphed = GraphsBySize(self._run, varying_inputs(art))
+        else:
+            self._graphed = GraphedCall(self._run)
         if self._call is self._run:
             self._call = self._graphed
 
