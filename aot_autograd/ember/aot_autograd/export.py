@@ -14,6 +14,10 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.fx as fx
 
+from ember.ir import NODE_META_KEY, TensorMeta
+from ember.primtorch.symbolic import ShapeEnv, bind_symbols
+
+from .dynamic import SYMBOLS_META
 from .joint import trace
 
 
@@ -39,18 +43,51 @@ def export_inference_graph(
     tensors = [*inputs, *constants.values()]
     copy_at: set[int] = set()
     with torch.no_grad():
-        traced = trace(_flat(gm, copy_at), tensors)
+        symbolic = _symbolic(gm, tensors)
+        traced = trace(_flat(gm, copy_at), tensors, symbolic)
         fresh = _positions_to_copy(traced.plan)
         if fresh:  # trace again, copying the outputs that alias something
             copy_at.update(fresh)
-            traced = trace(_flat(gm, copy_at), tensors)
+            symbolic = _symbolic(gm, tensors)
+            traced = trace(_flat(gm, copy_at), tensors, symbolic)
     _check_plan(traced.plan)
     prim_gm = traced.gm
+    if symbolic is not None:
+        specs = tuple(gm.meta[SYMBOLS_META])
+        _check_guards(symbolic[1], specs)
+        prim_gm.meta[SYMBOLS_META] = specs
     lifted = [t.detach() for t in traced.plan.constants]
     wanted = [*names, *constants, *(f"lifted_{k}" for k in range(len(lifted)))]
     final = _rename_placeholders(prim_gm, [_identifier(n) for n in wanted])
     values = [*(t.detach() for t in constants.values()), *lifted]
     return prim_gm, dict(zip(final[len(inputs) :], values))
+
+
+def _symbolic(gm, tensors):
+    """(metas, ShapeEnv) to trace `gm` with the symbolic sizes its placeholders declare (the
+    dims ember.export's Dims made dynamic), or None for a static graph."""
+    specs = gm.meta.get(SYMBOLS_META) if hasattr(gm, "meta") else None
+    if not specs:
+        return None
+    metas = [n.meta.get(NODE_META_KEY) for n in gm.graph.find_nodes(op="placeholder")]
+    metas = [m if isinstance(m, TensorMeta) and not m.is_static() else None for m in metas]
+    metas += [None] * (len(tensors) - len(metas))
+    return metas, ShapeEnv(tuple(specs), bind_symbols(metas, tensors))
+
+
+def _check_guards(env, specs) -> None:
+    """An exported program runs every size in its declared ranges: a guard that lowering needed
+    (a branch on a size inside an op's decomposition, say) would make it wrong for the sizes
+    that fail it, so it is an error here, naming the guard."""
+    names = ", ".join(f"{s.name} in [{s.lower}, {s.upper if s.upper is not None else 'inf'}]"
+                      for s in specs)  # fmt: skip
+    unproved = [g for g in env.guards if env.statically_known(g) is not True]
+    if unproved:
+        raise NotImplementedError(
+            f"ember.export: lowering the program to prims assumed {unproved} about the dynamic "
+            f"sizes ({names}), which their ranges do not imply; export with narrower Dims or "
+            "static sizes"
+        )
 
 
 def _flat(gm, copy_at: set[int]):
@@ -112,3 +149,7 @@ def _rename_placeholders(gm: fx.GraphModule, names: list[str]) -> list[str]:
     gm.graph.lint()
     gm.recompile()
     return [n.name for n in placeholders]
+
+
+# ember.export hands graphs with symbolic sizes (gm.meta["ember_symbols"]) to this lowering.
+export_inference_graph.ember_supports_dynamic = True

@@ -16,6 +16,7 @@ An exported program is read by duck typing (`graph_module`, `inputs`, `constants
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -88,6 +89,10 @@ def compile_exported(exported, device: str = "cpu") -> tuple[CompiledArtifact, d
     if not isinstance(artifact, CompiledArtifact):
         raise UnsupportedArtifactError(f"the compiler returned {type(artifact).__name__}, "
                                        "not a CompiledArtifact")  # fmt: skip
+    declared = {s.name: s for s in getattr(exported, "symbols", ())}
+    if declared:  # the compiler names the sizes; the export's Dims give their ranges
+        artifact = dataclasses.replace(
+            artifact, symbols=tuple(declared.get(s.name, s) for s in artifact.symbols))
     n_in, consts = len(exported.inputs), list(exported.constants.values())
     if len(artifact.inputs) != n_in + len(consts):
         raise UnsupportedArtifactError(

@@ -19,6 +19,8 @@ _LAZY: dict[str, str] = {
 # the module is the point; ember.primtorch defines the op vocabulary that saved graphs name).
 _ENTRIES: dict[str, str] = {
     "export_lowering": "ember.aot_autograd:export_inference_graph",
+    # a prim graph with symbolic sizes as runnable fx (its sizes computed from the inputs')
+    "runnable_graph": "ember.aot_autograd.dynamic:runnable_graph",
     "op_vocabulary": "ember.primtorch",
 }
 _RESOLVED: dict[str, object] = {}

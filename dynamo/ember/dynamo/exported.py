@@ -57,6 +57,7 @@ class ExportedProgram:
         self.graph_module = graph_module
         # Dynamic sizes: the inputs' sizes are expressions over these symbols (ember.ir).
         self.symbols: tuple[SymbolSpec, ...] = tuple(symbols)
+        self._runnable = None  # what __call__ runs (see there)
         self.constants: dict[str, torch.Tensor] = dict(constants)  # in placeholder order
         self.constant_fqns: dict[str, str] = dict(fqns)  # placeholder name -> "conv.weight"
         # Flat leaves of (args, kwargs): None for a tensor input, ("const", value) for a value
@@ -78,8 +79,11 @@ class ExportedProgram:
     def __call__(self, *args, **kwargs):
         """Run the graph (prim reference implementations) on the user's arguments."""
         tensors = self.flat_inputs(args, kwargs)
+        if self._runnable is None:  # with dynamic sizes, a copy computing them from the inputs'
+            self._runnable = (resolve_entry("runnable_graph")(self.graph_module) if self.symbols
+                              else self.graph_module)  # fmt: skip
         with torch.no_grad():
-            outs = self.graph_module(*tensors, *self.constants.values())
+            outs = self._runnable(*tensors, *self.constants.values())
         return self.unflatten_outputs(list(outs))
 
     def flat_inputs(self, args, kwargs=None) -> list[torch.Tensor]:

@@ -313,9 +313,10 @@ class CppRenderer(Renderer):
         body = self._pointwise_body() if not k.rsizes else self._reduction_body()
         params = [f"    auto* {p} = static_cast<{'const ' if p.startswith('in') else ''}"
                   f"{CTYPE[self.dtype_of(n)]}*>(args[{i}]);" for i, (n, p) in enumerate(self.args.items())]  # fmt: skip
-        # Dynamic sizes come after the buffers, as integers in the pointer slots.
+        # Dynamic sizes come after the buffers, each as a pointer to an int64 (the artifact's
+        # packed convention, which the C++ wrapper follows too).
         syms = size_symbols_in(body)
-        params += [f"    const int64_t {name} = reinterpret_cast<intptr_t>(args[{len(self.args) + j}]);"
+        params += [f"    const int64_t {name} = *static_cast<const int64_t*>(args[{len(self.args) + j}]);"
                    for j, name in enumerate(syms)]  # fmt: skip
         src = "\n".join(['#include "ember_cpu.h"', "", f"EMBER_EXPORT void {self.name}(void** args) {{",
                          *params, *body, "}", ""])  # fmt: skip

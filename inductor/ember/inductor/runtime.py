@@ -86,12 +86,23 @@ class CppLauncher:
 
 
 class CppSizesLauncher(CppLauncher):
-    """A CppLauncher whose trailing arguments are dynamic sizes (ints), passed in pointer slots."""
+    """A CppLauncher whose trailing arguments are dynamic sizes (ints), each passed as a pointer
+    to an int64 it holds (the packed convention of the artifact's C++ kernels)."""
+
+    def __init__(self, nargs: int):
+        super().__init__(nargs)
+        self.ints = (ctypes.c_int64 * nargs)()
+        base = ctypes.addressof(self.ints)
+        self.int_slots = [base + 8 * i for i in range(nargs)]
 
     def __call__(self, *args):
-        argv = self.argv
+        argv, ints, slots = self.argv, self.ints, self.int_slots
         for i, a in enumerate(args):
-            argv[i] = a if type(a) is int else a.data_ptr()
+            if type(a) is int:
+                ints[i] = a
+                argv[i] = slots[i]
+            else:
+                argv[i] = a.data_ptr()
         self.fn(argv)
 
 

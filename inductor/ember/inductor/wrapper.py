@@ -268,7 +268,11 @@ class WrapperBuilder:
                     continue
                 self._alloc(b, self._inplace_donor(s, b, i, last))
             self.lines.append(f"{s.name}({', '.join(src.args)})")
-            args = launch_args(src, list(src.args)) if src.language == "triton" else list(src.args)
+            if src.language == "triton":
+                args = launch_args(src, list(src.args))
+            else:  # the buffers, then the size symbols (expressions, not buffer names)
+                n_ptr = sum(1 for t in src.arg_types if t.startswith("*"))
+                args = [*src.args[:n_ptr], *({"expr": {"sym": str(a)}} for a in src.args[n_ptr:])]
             self.art_steps.append(StepIR("kernel", s.name, args, {}, ()))
         elif isinstance(s, AliasBuffer):
             lay = s.layout

@@ -102,10 +102,22 @@ def _encode(tp, v):
         return expr_to_json(v)
     if tp is torch.dtype:
         return dtype_name(v)
-    if tp is Any:  # already in JSON form (node arguments are encoded by their owner)
-        return v
+    if tp is Any:  # JSON form (node arguments are encoded by their owner), but for the sizes
+        return _sizes_encoded(v)  # a view or kernel step holds as expressions
     if dataclasses.is_dataclass(tp):
         return to_json(v)
+    return v
+
+
+def _sizes_encoded(v):
+    """`v` with each sympy expression in it as {"expr": ...}: a "view" or "kernel" step keeps
+    its symbolic sizes as expressions in memory (StepIR), which JSON cannot hold as they are."""
+    if isinstance(v, sympy.Basic):
+        return {"expr": expr_to_json(v)}
+    if isinstance(v, (list, tuple)):
+        return [_sizes_encoded(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _sizes_encoded(x) for k, x in v.items()}
     return v
 
 
