@@ -7,7 +7,8 @@ import torch
 
 from ember.ir import NODE_META_KEY, FloorDiv, ModularIndexing, TensorMeta, contiguous_strides
 from ember.primtorch.prims.extern import ARG_STRIDES
-from ember.primtorch.utils import broadcast_shapes, known, make_channels_last_strides_for
+from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known,
+                                  make_channels_last_strides_for)  # fmt: skip
 
 from .config import config
 from .loop_ir import compute_dtype, ops
@@ -81,33 +82,13 @@ def view_strides(old_sizes, old_strides, new_sizes):
     return new_strides if view_d == -1 else None
 
 
-def _same(a, b) -> bool:
-    return sympy.expand(S(a) - S(b)) == 0
-
-
 def _symbolic_view_strides(old_sizes, old_strides, new_sizes):
-    """view_strides for symbolic sizes: the old dims fall into runs that are contiguous among
-    themselves (as a slice of GPT-2's fused q/k/v projection is, row by row), and the new dims
-    must split each run's extent exactly, which is decided by provable equality of products (an
-    unproved one is a boundary or a mismatch: None, never a wrong view)."""
-    old_sizes, old_strides = [S(x) for x in old_sizes], [S(x) for x in old_strides]
-    new_sizes = [S(x) for x in new_sizes]
-    new_strides, view_d = [sympy.S.Zero] * len(new_sizes), len(new_sizes) - 1
-    base, run_numel = old_strides[-1], sympy.S.One
-    for d in reversed(range(len(old_sizes))):
-        run_numel = run_numel * old_sizes[d]
-        if d > 0 and (old_sizes[d - 1] == 1 or _same(old_strides[d - 1], run_numel * base)):
-            continue  # dim d-1 continues the run
-        view_numel = sympy.S.One
-        while view_d >= 0 and (not _same(view_numel, run_numel) or new_sizes[view_d] == 1):
-            new_strides[view_d] = view_numel * base
-            view_numel = view_numel * new_sizes[view_d]
-            view_d -= 1
-        if not _same(view_numel, run_numel):
-            return None
-        if d > 0:
-            base, run_numel = old_strides[d - 1], sympy.S.One
-    return [sympy.expand(st) for st in new_strides] if view_d == -1 else None
+    """view_strides for symbolic sizes: torch's rule as primtorch's meta applies it, where each
+    contiguous run of old dims (a column slice of GPT-2's fused q/k/v projection is one per row)
+    must be split exactly by new dims, decided by provable equality of products (an unproved one
+    is None, never a wrong view)."""
+    strides = compute_view_strides(old_sizes, old_strides, new_sizes)
+    return None if strides is None else list(strides)
 
 
 def reshape(a, new_sizes):
