@@ -79,9 +79,9 @@ class ExportedProgram:
     def __call__(self, *args, **kwargs):
         """Run the graph (prim reference implementations) on the user's arguments."""
         tensors = self.flat_inputs(args, kwargs)
-        if self._runnable is None:  # with dynamic sizes, a copy computing them from the inputs'
-            self._runnable = (resolve_entry("runnable_graph")(self.graph_module) if self.symbols
-                              else self.graph_module)  # fmt: skip
+        if self._runnable is None:  # a graph with sizes as expressions: a copy computing them
+            self._runnable = (resolve_entry("runnable_graph")(self.graph_module)
+                              if _sizes_as_expressions(self.graph_module) else self.graph_module)
         with torch.no_grad():
             outs = self._runnable(*tensors, *self.constants.values())
         return self.unflatten_outputs(list(outs))
@@ -211,6 +211,16 @@ def _check_input(spec: TensorSpec, t: Any, values: dict) -> None:
                          f"for {meta.describe()}")  # fmt: skip
     if t.device != torch.device(meta.device):
         raise ValueError(f"ember.export: input {spec.name} is on {t.device}, not {meta.device}")
+
+
+def _sizes_as_expressions(gm: fx.GraphModule) -> bool:
+    """Whether a node of `gm` takes a symbolic size as a sympy expression (a prim graph traced with
+    dynamic sizes), which fx cannot run until the sizes are computed from the inputs'."""
+    for node in gm.graph.nodes:
+        for leaf in pytree.tree_leaves((node.args, node.kwargs)):
+            if isinstance(leaf, sympy.Basic) and leaf.free_symbols:
+                return True
+    return False
 
 
 def _check_ranges(symbols, values: dict) -> None:
