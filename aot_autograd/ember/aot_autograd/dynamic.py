@@ -98,17 +98,21 @@ def _significant(sizes, strides):
     return tuple(st for s, st in zip(sizes, strides) if s > 1)
 
 
+def symbolic_metas(gm: fx.GraphModule) -> list:
+    """Per placeholder of `gm`: its TensorMeta where a size is symbolic, else None (traced as it
+    is)."""
+    metas = [n.meta.get(NODE_META_KEY) for n in gm.graph.find_nodes(op="placeholder")]
+    return [m if isinstance(m, TensorMeta) and not m.is_static() else None for m in metas]
+
+
 def dynamic_module_call(gm: fx.GraphModule, example_inputs: list, compiled) -> Callable:
     """`run(*args)` for a graph module with symbolic sizes: traced now, once per mode state."""
     specs = tuple(gm.meta[SYMBOLS_META])
     read_state = _state_reader(gm)
     state = read_state() if read_state is not None else ()
-    placeholder_metas = [n.meta.get(NODE_META_KEY) for n in gm.graph.find_nodes(op="placeholder")]
     if not all(isinstance(t, torch.Tensor) for t in example_inputs):
         raise NotImplementedError("aot_autograd: dynamic shapes with non-tensor graph inputs")
-    metas = [None] * len(state) + [
-        m if isinstance(m, TensorMeta) and not m.is_static() else None for m in placeholder_metas
-    ]
+    metas = [None] * len(state) + symbolic_metas(gm)
     params, buffers = module_state(gm)
     in_spec = pytree.tree_flatten(((params, buffers, *example_inputs), {}))[1]
     runtimes: dict = {}  # mode state -> (runtime, InputCheck)

@@ -14,10 +14,9 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.fx as fx
 
-from ember.ir import NODE_META_KEY, TensorMeta
 from ember.primtorch.symbolic import ShapeEnv, bind_symbols
 
-from .dynamic import SYMBOLS_META
+from .dynamic import SYMBOLS_META, symbolic_metas
 from .joint import trace
 
 
@@ -69,8 +68,7 @@ def _symbolic(gm, tensors):
     specs = gm.meta.get(SYMBOLS_META) if hasattr(gm, "meta") else None
     if not specs:
         return None
-    metas = [n.meta.get(NODE_META_KEY) for n in gm.graph.find_nodes(op="placeholder")]
-    metas = [m if isinstance(m, TensorMeta) and not m.is_static() else None for m in metas]
+    metas = symbolic_metas(gm)
     metas += [None] * (len(tensors) - len(metas))
     return metas, ShapeEnv(tuple(specs), bind_symbols(metas, tensors))
 

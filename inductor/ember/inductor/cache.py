@@ -16,12 +16,11 @@ import marshal
 import sys
 import types
 
-import sympy
 import torch
 from torch import fx
 
 from ember.ir import NODE_META_KEY, CompiledArtifact, TensorMeta, from_json, target_name, to_json
-from ember.ir.symbols import expr_from_json, expr_to_json
+from ember.ir.symbols import expr_from_json
 
 from . import metrics
 from .codegen_common import KernelSource
@@ -97,20 +96,14 @@ def program_to_json(program: Program) -> dict:
             )
             for k in program.kernels
         ],  # fmt: skip
-        "artifact": _sizes_as_json(to_json(program.artifact), _encode_sizes),
+        "artifact": to_json(program.artifact),  # (step sizes as {"expr": ...}: ir's codec)
     }
 
 
 # "view" and "kernel" steps carry sizes as they are (ints, or sympy expressions with dynamic
-# shapes), where the other steps' arguments are JSON already: their expressions are written as
-# {"expr": ...} and read back as expressions.
+# shapes), where the other steps' arguments are JSON already: ir's codec writes their
+# expressions as {"expr": ...}, read back here as expressions.
 _RAW_STEPS = ("view", "kernel")
-
-
-def _encode_sizes(v):
-    if isinstance(v, sympy.Basic):
-        return {"expr": expr_to_json(v)}
-    return [_encode_sizes(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
 def _decode_sizes(v):

@@ -381,7 +381,6 @@ class TritonLauncher:
 def _direct_launcher(compiled, cfg, sizes):
     """A launch that skips Triton's Python binder (argument specialisation, cache lookup): the
     compiled kernel's own launcher, as Triton's `JITFunction.run` calls it. None if unavailable."""
-    compiled = compiled.result() if hasattr(compiled, "result") else compiled
     if os.environ.get("TRITON_INTERPRET") == "1" or not hasattr(compiled, "packed_metadata"):
         return None
     from triton.runtime.driver import driver

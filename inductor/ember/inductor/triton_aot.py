@@ -118,9 +118,14 @@ def launch_args(k, step_args: list) -> list:
         numels = [{"expr": n} if isinstance(n, (dict, list)) else n for n in numels]
     else:
         numels = [int(meta["xnumel"])] + ([int(meta["rnumel"])] if meta["reduction"] else [])
+    buffers, syms = split_size_args(k, step_args)
+    return [*buffers, *numels, *syms]
+
+
+def split_size_args(k, step_args: list) -> tuple:
+    """(the buffer arguments, the trailing size symbols as {"expr": ...}) of a kernel step."""
     n_ptr = sum(1 for t in k.arg_types if t.startswith("*"))
-    syms = [{"expr": {"sym": str(a)}} for a in step_args[n_ptr:]]
-    return [*step_args[:n_ptr], *numels, *syms]
+    return step_args[:n_ptr], [{"expr": {"sym": str(a)}} for a in step_args[n_ptr:]]
 
 
 def attach_cubins(program, arch: Optional[int] = None) -> CompiledArtifact:
@@ -189,4 +194,4 @@ if __name__ == "__main__":
     _check_main(sys.argv[1])
 
 
-__all__ = ["Cubin", "attach_cubins", "check_kernels", "compile_kernel", "launch_args"]
+__all__ = ["Cubin", "attach_cubins", "check_kernels", "compile_kernel", "launch_args", "split_size_args"]

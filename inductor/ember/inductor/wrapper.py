@@ -21,7 +21,7 @@ from .codegen_common import PY_MINMAX, print_index
 from .config import config
 from .loop_ir import AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput
 from .scheduler import Kernel, _step_reads
-from .triton_aot import launch_args
+from .triton_aot import launch_args, split_size_args
 
 
 @dataclasses.dataclass
@@ -271,8 +271,8 @@ class WrapperBuilder:
             if src.language == "triton":
                 args = launch_args(src, list(src.args))
             else:  # the buffers, then the size symbols (expressions, not buffer names)
-                n_ptr = sum(1 for t in src.arg_types if t.startswith("*"))
-                args = [*src.args[:n_ptr], *({"expr": {"sym": str(a)}} for a in src.args[n_ptr:])]
+                buffers, syms = split_size_args(src, list(src.args))
+                args = [*buffers, *syms]
             self.art_steps.append(StepIR("kernel", s.name, args, {}, ()))
         elif isinstance(s, AliasBuffer):
             lay = s.layout
