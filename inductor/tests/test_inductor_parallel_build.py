@@ -172,3 +172,23 @@ def test_a_failed_triton_precompile_only_warns(monkeypatch, tmp_path, caplog):
         runtime.precompile_triton("k7", launcher, ("*fp32", "i64"))
     builds.finish()  # the launch compiles again and reports its own error
     assert "kernel k7 ahead of launch failed: RuntimeError: no GPU" in caplog.text
+
+
+def test_one_kernel_source_loaded_from_two_threads_is_whole_in_both(monkeypatch, tmp_path):
+    # Two launchers of one source, one precompiling on the build pool and one launching, load
+    # the same module at once; the second must not get the first's half-executed module.
+    monkeypatch.setattr(runtime, "cache_dir", lambda: tmp_path)
+    source = f"import time\ntime.sleep(0.3)\n\ndef kernel_{time.time_ns()}():\n    return 7\n"
+    name = source.split("def ")[1].split("(")[0]
+    start, got = threading.Barrier(2), []
+
+    def load():
+        start.wait()
+        got.append(getattr(runtime._load_module(source), name, None))
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [f() if f else None for f in got] == [7, 7]

@@ -307,19 +307,26 @@ def cpp_kernel(name: str, source: str, nargs: int, sizes: int = 0) -> CppLaunche
 # --- Triton ------------------------------------------------------------------------------------
 
 
+# Kernels are loaded from the build pool's threads (ahead-of-launch compiles) and the caller's;
+# two launchers of one source must not see each other's half-executed module.
+_LOAD_LOCK = threading.Lock()
+
+
 def _load_module(source: str, suffix: str = ""):
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    path = cache_dir() / "triton" / f"k_{digest}.py"
-    if not path.exists():
-        atomic_write(path, source)
     modname = f"ember_inductor_triton_{digest}{suffix}"
-    if modname in sys.modules:
-        return sys.modules[modname]
-    spec = importlib.util.spec_from_file_location(modname, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[modname] = module
-    spec.loader.exec_module(module)
-    return module
+    with _LOAD_LOCK:
+        module = sys.modules.get(modname)
+        if module is not None:
+            return module
+        path = cache_dir() / "triton" / f"k_{digest}.py"
+        if not path.exists():
+            atomic_write(path, source)
+        spec = importlib.util.spec_from_file_location(modname, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[modname] = module  # only once it is whole
+        return module
 
 
 class TritonLauncher:
