@@ -10,9 +10,9 @@ Triton's metadata for it, and the signature its C launcher is generated from. Th
 the launcher's key (its source), the block sizes, the device's architecture, Triton's version and
 the specialisation of the arguments: Triton compiles a kernel for its arguments' dtypes, for
 pointers aligned to 16 bytes or not, and for integers equal to 1, multiples of 16 or wider than 32
-bits, so a binary is only reused for arguments that agree on all of these. `load` rebuilds Triton's
-CompiledKernel from the entry, which loads the cubin and Triton's C launcher (cached by Triton by
-its source) and nothing else. An entry that fails its checksum or does not load is ignored and the
+bits, so a binary is only reused for arguments that agree on all of these. `load` loads the cubin
+and takes Triton's C launcher for its signature (`_kernel_handles`; Triton's own CompiledKernel
+on releases other than the one that follows), and nothing else. An entry that fails its checksum or does not load is ignored and the
 JIT compiles the kernel again.
 """
 
@@ -116,37 +116,131 @@ def save(kernel_key: str, cfg: dict, args, compiled) -> None:
         log.debug("ember.inductor: Triton binary of %s not kept: %s", kernel_key, e)
 
 
+# (entry, device) -> the loaded kernel: a program compiled again in this process (after a reset,
+# or another graph with the same kernel) launches the module already loaded
+_LOADED: dict = {}
+
+
 def load(kernel_key: str, cfg: dict, args):
-    """Triton's CompiledKernel for these arguments from a stored entry, loaded on the current
-    device; None when there is none or it does not check out."""
+    """The kernel for these arguments from a stored entry, loaded on the current device (what
+    launching it takes: `run`, `function`, `packed_metadata`, as on Triton's CompiledKernel); None
+    when there is none or it does not check out."""
     spec = specialization(args)
     if spec is None or not enabled():
         return None
     try:
         base = _folder(kernel_key, cfg) / _digest(spec)
+        device = torch.cuda.current_device()
+        loaded = _LOADED.get((base, device))
+        if loaded is not None:  # this process loaded it already (a program compiled again)
+            metrics.triton_binaries_loaded += 1
+            return loaded
         launch_path = base.with_suffix(".launch")
         if not launch_path.exists():
             return None
         launch = json.loads(launch_path.read_text())
         cubin = base.with_suffix(".cubin")
-        if hashlib.sha256(cubin.read_bytes()).hexdigest() != launch["cubin_sha256"]:
+        cubin_bytes = cubin.read_bytes()
+        if hashlib.sha256(cubin_bytes).hexdigest() != launch["cubin_sha256"]:
             raise ValueError("the cubin does not match its checksum")
-        from triton.compiler.compiler import CompiledKernel
-
         src = SimpleNamespace(
             fn=SimpleNamespace(arg_names=launch["arg_names"]),
             signature=dict((k, v) for k, v in launch["signature"]),
             constants={tuple(k) if isinstance(k, list) else k: v for k, v in launch["constants"]},
         )
         name = launch["name"]
-        group = {f"{name}.json": str(base.with_suffix(".json")), f"{name}.cubin": str(cubin)}
-        compiled = CompiledKernel(src, group, base.name)
-        compiled.run  # noqa: B018 - loads the cubin and the launcher now, so a failure falls back
+        if _handles_supported():
+            compiled = _kernel_handles(src, launch, base.with_suffix(".json"), cubin_bytes, name)
+        else:
+            from triton.compiler.compiler import CompiledKernel
+
+            group = {f"{name}.json": str(base.with_suffix(".json")), f"{name}.cubin": str(cubin)}
+            compiled = CompiledKernel(src, group, base.name)
+            compiled.run  # noqa: B018 - loads the cubin and the launcher now: a failure falls back
     except Exception as e:  # noqa: BLE001 - a damaged or foreign entry: the JIT compiles instead
         log.info("ember.inductor: stored Triton binary of %s not used: %s", kernel_key, e)
         return None
     metrics.triton_binaries_loaded += 1
+    _LOADED[(base, device)] = compiled
     return compiled
+
+
+# The Triton releases whose CompiledKernel and CUDA launcher `_kernel_handles` follows. For them a
+# stored binary is loaded without CompiledKernel, whose constructor defines a namedtuple class per
+# kernel, whose launcher generates, hashes and imports its C module per kernel, and which asks the
+# driver for all of the device's properties per kernel: ~1.5 ms a kernel on an H200, 0.4 s of
+# regnety_016's 1.0 s warm start (284 kernels). Kernels of one signature share one launcher here.
+# Other releases, and profilers' load hooks, take CompiledKernel's way.
+_HANDLES_FOR = ("3.6.",)
+# What Triton 3.6's CudaLauncher reads from a kernel's metadata besides its signature and constants
+_LAUNCHER_FIELDS = ("num_ctas", "global_scratch_size", "global_scratch_align",
+                    "profile_scratch_size", "profile_scratch_align", "launch_cooperative_grid",
+                    "launch_pdl", "tensordesc_meta")  # fmt: skip
+_LAUNCHERS: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _handles_for_version() -> bool:
+    import triton
+
+    return triton.__version__.startswith(_HANDLES_FOR)
+
+
+def _handles_supported() -> bool:
+    from triton import knobs
+
+    hooks = (knobs.runtime.kernel_load_start_hook, knobs.runtime.kernel_load_end_hook)
+    return _handles_for_version() and not any(h is not None and getattr(h, "calls", True)
+                                              for h in hooks)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=None)
+def _backend(backend: str, arch, warp_size: int):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    return make_backend(GPUTarget(backend, arch, warp_size))
+
+
+@functools.lru_cache(maxsize=None)
+def _max_shared_mem(device: int) -> int:
+    # Triton asks the driver for all of a device's properties at each kernel's load: ~1 ms a
+    # call on an H200 (284 calls in regnety_016's warm start, twice the cubin loads themselves)
+    from triton.runtime.driver import driver
+
+    return driver.active.utils.get_device_properties(device)["max_shared_mem"]
+
+
+def _kernel_handles(src, launch: dict, metadata_path: Path, cubin: bytes, name: str):
+    """What a launch takes (`run`, `function`, `packed_metadata`), as CompiledKernel would have
+    them after loading: the cubin loaded on the current device, and Triton's launcher for the
+    kernel's signature (one per signature and launch options, shared)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    meta = json.loads(metadata_path.read_text())
+    target = meta["target"]
+    meta["target"] = GPUTarget(target["backend"], target["arch"], target["warp_size"])
+    metadata = SimpleNamespace(**meta)
+    packed = _backend(target["backend"], target["arch"], target["warp_size"]).pack_metadata(metadata)
+    options = [meta.get(f) for f in _LAUNCHER_FIELDS]
+    key = json.dumps([launch["signature"], launch["constants"], options], default=repr)
+    run = _LAUNCHERS.get(key)
+    if run is None:
+        run = _LAUNCHERS[key] = driver.active.launcher_cls(src, metadata)
+    device = driver.active.get_current_device()
+    limit = _max_shared_mem(device)
+    if metadata.shared > limit:
+        raise ValueError(f"needs {metadata.shared} bytes of shared memory; the device has {limit}")
+    if (getattr(metadata, "tmem_size", None) or 0) > 512:
+        raise ValueError(f"needs {metadata.tmem_size} columns of tensor memory")
+    module, function, _, _, max_threads = driver.active.utils.load_binary(
+        name, cubin, metadata.shared, device
+    )
+    if metadata.num_warps * meta["target"].warp_size > max_threads:
+        raise ValueError(f"{metadata.num_warps} warps exceed the kernel's {max_threads} threads")
+    return SimpleNamespace(run=run, function=function, packed_metadata=packed, module=module,
+                           metadata=metadata, name=name, kernel=cubin)  # fmt: skip
 
 
 __all__ = ["enabled", "load", "save", "specialization", "stored"]
