@@ -193,12 +193,14 @@ def test_reshaped_layer_norm_reads_plain_indices(backend):
         return F.layer_norm(x, (H,), w, b).view(B * S, H) @ W
 
     args = (torch.randn(B, S, H), torch.randn(H), torch.randn(H), torch.randn(H, 8))
-    compiled = check(fn, *args, atol=1e-4, rtol=1e-4)
+    # one kernel: the normalisation, laid out as the matmul's (B*S, H) operand, joins the
+    # statistics' loop over (B, S), so the statistics are never written or read back
+    compiled = check(fn, *args, kernels=1, atol=1e-4, rtol=1e-4)
     lines = _loads(compiled, backend)
     div = "//" if backend == "triton" else "/"
     assert lines and not any(div in line or "%" in line for line in lines), lines
-    if backend == "triton":  # the row statistics are read by row: `in_ptrN + (x0)`
-        assert sum("+ (x0), xmask)" in line for line in lines) >= 2, lines
+    if backend == "triton":  # x, the weight and the bias in; the normalised rows out
+        assert sum("tl.load(" in line for line in lines) == 3, lines
 
 
 @pytest.mark.parametrize("backend", ["triton", "cpp"])

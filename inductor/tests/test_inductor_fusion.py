@@ -57,6 +57,19 @@ def test_reduction_with_epilogue_is_one_kernel():
     )
 
 
+def test_an_epilogue_over_a_reshape_of_the_reduction_loop_joins_it():
+    # Attention's softmax runs over (b, h, s, s), and its normalisation is laid out as the
+    # (b*h, s, s) operand of the next batched matmul: one kernel, not a reduction kernel plus a
+    # kernel that reads the exps back. So does a layer norm whose output feeds a matmul over
+    # (b*s, d) after statistics over (b, s).
+    q, k, v = torch.randn(2, 3, 16, 8), torch.randn(2, 3, 16, 8), torch.randn(2, 3, 16, 8)
+    check(lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v, q, k, v,
+          kernels=1, atol=1e-5, rtol=1e-5)  # fmt: skip
+    x, w, b, m = torch.randn(2, 16, 24), torch.randn(24), torch.randn(24), torch.randn(24, 5)
+    check(lambda x, w, b, m: F.layer_norm(x, (24,), w, b).reshape(32, 24) @ m, x, w, b, m,
+          kernels=1, atol=1e-5, rtol=1e-4)  # fmt: skip
+
+
 def test_reduction_copied_by_its_epilogue_is_stored():
     # GQA's value gradient: a sum over the head group, then a plain copy into [B, S, KV, D]
     # order. The kernel-local sum is the copy's value as is, and the copy must still be stored.

@@ -92,7 +92,9 @@ def remove_dead(buffers, output_names) -> list:
 class Member:
     node: ComputedBuffer
     role: str  # "red", "x" or "xr"
-    perm: tuple  # kernel dimension k feeds the node's dimension perm[k]
+    # kernel dimension k feeds the node's dimension perm[k]; consecutive kernel dimensions that
+    # feed one node dimension make it up row-major (a node over (16, 64) in a (4, 4, 64) loop)
+    perm: tuple
 
 
 @dataclasses.dataclass(eq=False)
@@ -120,10 +122,11 @@ class Kernel:
         if m.role == "red":
             return list(xs), list(rs)
         kvars = list(xs) + (list(rs) if m.role == "xr" else [])
+        sizes = list(self.xsizes) + (list(self.rsizes) if m.role == "xr" else [])
         idx = [sympy.S.Zero] * len(m.node.ranges)
         for k, d in enumerate(m.perm):
-            if d is not None:
-                idx[d] = kvars[k]
+            if d is not None:  # several kernel dims feeding one node dim: row-major, in order
+                idx[d] = idx[d] * sizes[k] + kvars[k]
         return idx, []
 
     def record(self, m: Member) -> _Recorder:
@@ -147,6 +150,30 @@ def _perms(sizes, target) -> list:
                 perm[k] = d
             out.append(tuple(perm))
     return out
+
+
+def _merges(sizes, target) -> tuple | None:
+    """A way to read `sizes` as `target` when each of its dimensions (size-1 ones aside) is the
+    product of consecutive dimensions of `target`, in order: a consumer computed over a reshaped
+    view of its producer's loop (a softmax's normalisation laid out as the (b*h, s, s) operand of
+    the next batched matmul, after a max and a sum over (b, h, s, s)). For each target
+    dimension, the node dimension it feeds, as in `_perms`; None if there is no such way."""
+    if not all(sympy.sympify(n).is_Integer for n in (*sizes, *target)):
+        return None
+    sizes, target = [int(n) for n in sizes], [int(n) for n in target]
+    perm, k = [None] * len(target), 0
+    for d in (d for d, n in enumerate(sizes) if n != 1):
+        product = 1
+        while k < len(target) and product < sizes[d]:
+            product *= target[k]
+            perm[k] = d
+            k += 1
+        if product != sizes[d]:
+            return None
+    fed = [d for d in perm if d is not None]
+    if any(n != 1 for n in target[k:]) or len(set(fed)) == len(fed):
+        return None  # target dims left over; or nothing merged (`_perms` covers that)
+    return tuple(perm)
 
 
 def _stride_order(node: ComputedBuffer) -> tuple:
@@ -180,6 +207,10 @@ def _candidates(kernel: Kernel, node: ComputedBuffer) -> list:
             ),
         )
         out += [(role, p, kernel.xsizes, kernel.rsizes) for p in perms]
+        if not perms:
+            merged = _merges(node.ranges, target)
+            if merged is not None:
+                out.append((role, merged, kernel.xsizes, kernel.rsizes))
     return out
 
 
