@@ -310,3 +310,25 @@ def test_small_powers_are_products_roots_and_reciprocals():
         torch.testing.assert_close(out, x**exponent, equal_nan=True)
     gm = trace_to_prims(lambda a: a**2.5, x)
     assert "prims.pow" in {str(n.target) for n in gm.graph.nodes}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [0, 2])  # torch's kernel takes the first or the last dim
+def test_weight_norm_and_its_backward(dim, dtype):
+    # torch.nn.utils.weight_norm's kernel (wav2vec2's positional convolution) and its gradient
+    v = torch.randn(6, 4, 5, dtype=dtype)
+    g = torch.randn([n if d == dim else 1 for d, n in enumerate(v.shape)], dtype=dtype)
+    tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    gm = check(lambda v, g: aten._weight_norm_interface(v, g, dim), v, g, **tol)
+    assert gm(v, g)[1].dtype == torch.float32  # the norm, as torch's kernel returns it
+    w, norm = aten._weight_norm_interface(v, g, dim)
+    grad_w = torch.randn_like(w)
+    check(lambda *a: aten._weight_norm_interface_backward(*a, dim), grad_w, v, g, norm, **tol)
+    # against autograd of the formula w = g * v / ||v||
+    vf, gf = v.float().requires_grad_(), g.float().requires_grad_()
+    others = [d for d in range(3) if d != dim]
+    (gf * vf / vf.norm(dim=others, keepdim=True)).backward(grad_w.float())
+    grad_v, grad_g = aten._weight_norm_interface_backward(grad_w, v, g, norm, dim)
+    exact = tol or {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(grad_v.float(), vf.grad, **exact)
+    torch.testing.assert_close(grad_g.float(), gf.grad, **exact)

@@ -259,6 +259,12 @@ def finish(tx, output, code, backend, reason):
             compiled = backend(gm, example_inputs)
         except Exception as e:  # noqa: BLE001  (a backend that cannot take these symbols)
             if not gm.meta.get("ember_symbols"):
+                if isinstance(e, NotImplementedError):  # a construct the backend does not cover
+                    log.debug("the backend cannot compile the graph", exc_info=True)
+                    first = str(e).splitlines()[0] if str(e) else ""
+                    raise Unsupported(f"the backend cannot compile this graph: "
+                                      f"{type(e).__name__}: {first}{_raised_at(e)}",
+                                      tx.where()) from e  # fmt: skip
                 raise
             log.debug("the backend failed on symbolic sizes", exc_info=True)
             raise SymbolicFallback(f"the backend failed on symbolic sizes: {type(e).__name__}: "

@@ -284,6 +284,38 @@ def renorm(self, p, dim, maxnorm):
     return convert(aten.mul(convert(self, compute), factor), self.dtype)
 
 
+# --- weight normalization (torch.nn.utils.weight_norm: w = g * v / ||v||) ------------------------
+
+
+def _other_dims(v, dim):
+    dim = utils.canonicalize_dim(v.ndim, dim)
+    return [d for d in range(v.ndim) if d != dim]
+
+
+@register_decomposition(aten._weight_norm_interface)
+def weight_norm_interface(v, g, dim=0):
+    """(w, norm): the norm of v over every dim but `dim` (kept, in the compute dtype: float32 for
+    half types, as torch's kernel returns it) and w = v * (g / norm) in v's dtype."""
+    compute = utils.opmath_dtype(v.dtype)
+    norm = aten.linalg_vector_norm(v, 2, _other_dims(v, dim), True, dtype=compute)
+    w = aten.mul(convert(v, compute), aten.div(convert(g, compute), norm))
+    return convert(w, v.dtype), norm
+
+
+@register_decomposition(aten._weight_norm_interface_backward)
+def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """d/dg = sum(grad_w * v) / norm; d/dv = (g / norm) * (grad_w - v * sum(grad_w * v) / norm^2),
+    the sums over every dim but `dim`."""
+    compute = utils.opmath_dtype(saved_v.dtype)
+    gw, v = convert(grad_w, compute), convert(saved_v, compute)
+    g, norm = convert(saved_g, compute), convert(saved_norms, compute)
+    dot = aten.sum(aten.mul(gw, v), _other_dims(saved_v, dim), True)
+    grad_g = aten.div(dot, norm)
+    scale = aten.div(dot, aten.mul(norm, norm))
+    grad_v = aten.mul(aten.div(g, norm), aten.sub(gw, aten.mul(v, scale)))
+    return convert(grad_v, saved_v.dtype), convert(grad_g, saved_g.dtype)
+
+
 # --- shuffles ------------------------------------------------------------------------------------
 
 
