@@ -111,6 +111,27 @@ def test_fullgraph_error_names_construct_and_line():
     assert "print" in msg and f"test_dynamo_api.py:{f.__code__.co_firstlineno + 2}" in msg
 
 
+def test_a_graph_the_backend_cannot_compile_runs_eagerly():
+    # A backend raising NotImplementedError (an op it has no way to compile) is an unsupported
+    # construct: the frame runs eagerly with a warning naming the reason; fullgraph raises.
+    def refuses(gm, example_inputs):
+        raise NotImplementedError("aten.frobnicate.default has no decomposition")
+
+    def f(x):
+        return x.sin() * 2
+
+    cf = ember.compile(f, backend=refuses)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert torch.equal(cf(torch.ones(3)), torch.ones(3).sin() * 2)
+    assert any("runs eagerly" in str(x.message) and "frobnicate" in str(x.message) for x in w)
+    def g(x):
+        return x.cos() + 1
+
+    with pytest.raises(GraphBreakError, match="cannot compile this graph"):
+        ember.compile(g, backend=refuses, fullgraph=True)(torch.ones(4))
+
+
 def test_unsupported_frame_runs_eagerly_once_warned():
     def f(x):
         class Local:  # class definitions are not interpreted
