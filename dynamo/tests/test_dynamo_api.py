@@ -378,3 +378,60 @@ def test_an_expanded_input_is_traced_on_a_copy_of_its_layout():
     out.sum().backward()
     torch.testing.assert_close(w.grad, torch.full((5,), 6.0))
     assert cnt.frame_count == 1
+
+
+class _RoundStraightThrough(torch.autograd.Function):
+    """Rounds forward; passes the gradient through unchanged (not the derivative of round)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x)
+        ctx.mark_non_differentiable()
+        ctx.scale = scale
+        return torch.round(x * scale) / scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _ScaledGelu(torch.autograd.Function):
+    """The forward / setup_context form (forward takes no ctx)."""
+
+    @staticmethod
+    def forward(x):
+        return torch.nn.functional.gelu(x) * 2
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise AssertionError("not called here")
+
+
+def test_custom_autograd_function_without_gradients_is_inlined():
+    # BLOOM's GeLUFunction, quantizers' straight-through estimators: with no input that needs a
+    # gradient, apply is the forward, traced into the graph
+    def f(x):
+        return _ScaledGelu.apply(_RoundStraightThrough.apply(x.sin(), 4.0) + 1) * 3
+
+    x = torch.randn(5, 6)
+    cnt = CompileCounter()
+    with torch.no_grad():
+        assert torch.equal(ember.compile(f, backend=cnt, fullgraph=True)(x), f(x))
+    assert cnt.frame_count == 1
+
+
+def test_custom_autograd_function_with_gradients_keeps_its_backward():
+    # its own backward (identity here), never the derivative of the traced forward (zero)
+    def f(x):
+        return _RoundStraightThrough.apply(x * 2, 4.0).sum()
+
+    x = torch.randn(7, requires_grad=True)
+    ember.compile(f, backend="eager")(x).backward()
+    torch.testing.assert_close(x.grad, torch.full((7,), 2.0))
+    with pytest.raises(GraphBreakError, match="RoundStraightThrough with inputs that need"):
+        ember.compile(lambda t: _RoundStraightThrough.apply(t, 2.0), backend="eager",
+                      fullgraph=True)(x)  # fmt: skip

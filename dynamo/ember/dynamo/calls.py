@@ -495,10 +495,61 @@ def call_method(tx, obj, name, args, kwargs):
     return call(tx, getattr_vt(tx, obj, name), args, kwargs)
 
 
+# -- custom autograd.Functions -------------------------------------------------------------------
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+_BASE_SETUP_CONTEXT = torch.autograd.Function.setup_context
+
+
+class _ForwardOnlyCtx:
+    """The `ctx` of a custom autograd.Function's forward where no input needs a gradient: what
+    it saves for the backward is never read, so saving and marking do nothing."""
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def mark_dirty(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+def _needs_grad(args: list, kwargs: dict) -> bool:
+    items = [*args, *kwargs.values()]
+    while items:
+        a = items.pop()
+        if isinstance(a, V.TensorVT) and a.example.requires_grad:
+            return True
+        if isinstance(a, V.ListVT):
+            items.extend(a.items)
+    return False
+
+
+def call_autograd_function(tx, cls: type, args: list, kwargs: dict):
+    """`cls.apply(*args)` for a torch.autograd.Function subclass. With no input that needs a
+    gradient (inference, or grad mode off: both known while tracing, and guarded), apply is its
+    forward, which is inlined with a context that keeps nothing. An input that needs a gradient
+    would need the class's own backward, which is not traced: the graph breaks there."""
+    if torch.is_grad_enabled() and _needs_grad(args, kwargs):
+        raise Unsupported(f"custom autograd.Function {cls.__qualname__} with inputs that need "
+                          "gradients (its backward is not traced)")  # fmt: skip
+    forward = tx.builder.wrap(cls.forward, None)
+    if getattr(cls, "setup_context", _BASE_SETUP_CONTEXT) is not _BASE_SETUP_CONTEXT:
+        return call(tx, forward, list(args), kwargs)  # forward(*args); setup_context saves only
+    flags = V.TupleVT([V.ConstVT(False) for _ in args])
+    ctx = V.NewObjectVT(_ForwardOnlyCtx, {"needs_input_grad": flags})
+    return call(tx, forward, [ctx, *args], kwargs)
+
+
 # -- calls ----------------------------------------------------------------------------------------
 def call(tx, fn, args: list, kwargs: dict):
     """fn(*args, **kwargs) for symbolic values."""
     if isinstance(fn, V.FunctionVT):
+        if fn.fn is _FUNCTION_APPLY and args and isinstance(args[0], V.ClassVT):
+            return call_autograd_function(tx, args[0].cls, args[1:], kwargs)
         answer = T.compiling_query(fn.fn)
         if answer is not None:
             return V.ConstVT(answer)
