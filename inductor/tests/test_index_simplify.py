@@ -66,6 +66,23 @@ def simplified(e, ranges, samples=None):
 # --- rules that must fire ------------------------------------------------------------------------
 
 
+def test_a_shared_subexpression_is_simplified_once(monkeypatch):
+    # Views of views repeat their source's index inside each new div and mod; simplifying every
+    # occurrence again made Funnel Transformer's backward take minutes to compile.
+    from ember.inductor import index_simplify
+
+    x = sympy.Symbol("x0", integer=True, nonnegative=True)
+    e = x
+    for k in range(12):  # each level uses the previous expression twice
+        e = FloorDiv(e, 2) + ModularIndexing(e, 1, 2 + k % 3)
+    seen = []
+    visit = index_simplify._Simplifier._visit
+    monkeypatch.setattr(index_simplify._Simplifier, "_visit",
+                        lambda self, a: seen.append(a) or visit(self, a))  # fmt: skip
+    simplify_index(e, {x: 4096})
+    assert len(seen) == len(set(seen)) and len(seen) < 2000, len(seen)
+
+
 def test_gpt2_layer_norm_read_through_a_reshape():
     """The brief's first example: (4096, 768) loops reading a (4, 512, 768) tensor and its
     (4, 512) row statistics."""

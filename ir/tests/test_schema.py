@@ -102,6 +102,13 @@ def test_exact_quotient_of_polynomials():
     assert exact_quotient(2 * s + 4, 2) == s + 2
     assert exact_quotient(s**2 - 1, s - 1) == s + 1
     assert exact_quotient(s, 2) is None and exact_quotient(s * t + 1, t) is None
+    # integer divisors take a path without `cancel`: it agrees with the general one
+    from ember.ir.symbols import _exact_quotient
+
+    u = ir.FloorDiv(s, 3)
+    for a in (6 * s * t + 12, 4 * s - 8 * t, 6 * u + 3 * s, 5 * s + 10, 0, 18, 7 * u, s * t):
+        for d in (1, 2, 3, -3, 6):
+            assert exact_quotient(a, d) == _exact_quotient(sympy.sympify(a), sympy.Integer(d))
 
 
 def test_unknown_field_rejected():

@@ -35,10 +35,20 @@ def simplify_index(expr, ranges: dict):
 class _Simplifier:
     def __init__(self, ranges):
         self.ranges = {v: sympy.sympify(n) for v, n in ranges.items()}
+        # Index expressions share subexpressions (a view of a view of a view repeats its
+        # source's index in several places): each is simplified once per simplify_index call.
+        # Funnel Transformer's backward built trees that visited millions of nodes without it.
+        self.done: dict = {}
 
     def visit(self, e):
         if e.is_Atom:
             return e
+        got = self.done.get(e)
+        if got is None:
+            got = self.done[e] = self._visit(e)
+        return got
+
+    def _visit(self, e):
         args = [self.visit(a) for a in e.args]
         if isinstance(e, FloorDiv):
             return self.floordiv(sympy.expand(args[0]), args[1])

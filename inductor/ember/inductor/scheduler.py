@@ -12,6 +12,7 @@ by its x-level epilogues; a member that needs a reduction of the current phase o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import sympy
@@ -29,29 +30,36 @@ from .loop_ir import (
 )  # fmt: skip
 
 
-class _Recorder(SketchHandler):
-    """Records the (buffer, index) of every load and store of a body."""
+# Index expressions are recorded again each time the scheduler tries a fusion; expanding a deep
+# one (views of views in a backward) is the expensive part, and the same ones recur.
+_expand = functools.lru_cache(maxsize=1 << 16)(sympy.expand)
 
-    def __init__(self):
+
+class _Recorder(SketchHandler):
+    """Records the (buffer, index) of every load and store of a body (indices expanded, unless
+    only the names are wanted)."""
+
+    def __init__(self, expand: bool = True):
         super().__init__()
+        self.expand = _expand if expand else (lambda e: e)
         self.loads: list[tuple[str, sympy.Expr]] = []
         self.stores: list[tuple[str, sympy.Expr]] = []
         self.index_exprs: list[sympy.Expr] = []
 
     def load(self, name, index):
-        self.loads.append((name, sympy.expand(index)))
+        self.loads.append((name, self.expand(index)))
         return super().load(name, index)
 
     def store(self, name, index, value):
-        self.stores.append((name, sympy.expand(index)))
+        self.stores.append((name, self.expand(index)))
 
     def index_expr(self, expr, dtype):
-        self.index_exprs.append(sympy.expand(expr))
+        self.index_exprs.append(self.expand(expr))
         return super().index_expr(expr, dtype)
 
 
-def record(buf: ComputedBuffer, index, rindex=()) -> _Recorder:
-    with set_handler(_Recorder()) as rec:
+def record(buf: ComputedBuffer, index, rindex=(), expand: bool = True) -> _Recorder:
+    with set_handler(_Recorder(expand)) as rec:
         buf.body(index, rindex)
     return rec
 
@@ -59,9 +67,8 @@ def record(buf: ComputedBuffer, index, rindex=()) -> _Recorder:
 def reads_of(buf: Buffer) -> set:
     """Names of the buffers `buf` reads."""
     if isinstance(buf, ComputedBuffer):
-        rec = record(
-            buf, loop_vars("i", len(buf.ranges)), loop_vars("r", len(buf.reduction_ranges))
-        )
+        rec = record(buf, loop_vars("i", len(buf.ranges)),
+                     loop_vars("r", len(buf.reduction_ranges)), expand=False)  # fmt: skip
         return {name for name, _ in rec.loads}
     if isinstance(buf, AliasBuffer):
         return {buf.source.name}

@@ -8,6 +8,7 @@ index or size expression, so every consumer (inductor's printers, the C++ wrappe
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import sympy
@@ -50,7 +51,21 @@ def exact_quotient(a, b):
     """a / b when that is a polynomial with integer coefficients, so that a floor or ceiling
     division of the two is exact, else None: (32*s0*s1) / s1 is 32*s0 (torch's inferred -1 in a
     reshape), (2*s0 + 4) / 2 is s0 + 2."""
-    num, den = sympy.fraction(sympy.cancel(sympy.sympify(a) / b))
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if b.is_Integer and b != 0:
+        # The common case (index arithmetic divides by sizes and strides), without `cancel`:
+        # every coefficient of the expanded dividend must be a multiple of b.
+        d = int(b)
+        terms = sympy.expand(a).as_coefficients_dict()
+        if not all(c.is_Integer and int(c) % d == 0 for c in terms.values()):
+            return None
+        return sympy.Add(*(t * (int(c) // d) for t, c in terms.items()))
+    return _exact_quotient(a, b)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _exact_quotient(a, b):
+    num, den = sympy.fraction(sympy.cancel(a / b))
     if den != 1:
         return None
     coeffs = [term.as_coeff_Mul()[0] for term in sympy.Add.make_args(sympy.expand(num))]
