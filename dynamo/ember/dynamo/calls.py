@@ -517,23 +517,14 @@ class _ForwardOnlyCtx:
         pass
 
 
-def _needs_grad(args: list, kwargs: dict) -> bool:
-    items = [*args, *kwargs.values()]
-    while items:
-        a = items.pop()
-        if isinstance(a, V.TensorVT) and a.example.requires_grad:
-            return True
-        if isinstance(a, V.ListVT):
-            items.extend(a.items)
-    return False
-
-
 def call_autograd_function(tx, cls: type, args: list, kwargs: dict):
     """`cls.apply(*args)` for a torch.autograd.Function subclass. With no input that needs a
     gradient (inference, or grad mode off: both known while tracing, and guarded), apply is its
     forward, which is inlined with a context that keeps nothing. An input that needs a gradient
     would need the class's own backward, which is not traced: the graph breaks there."""
-    if torch.is_grad_enabled() and _needs_grad(args, kwargs):
+    from .output import has_tensor
+
+    if torch.is_grad_enabled() and has_tensor((args, kwargs), lambda t: t.example.requires_grad):
         raise Unsupported(f"custom autograd.Function {cls.__qualname__} with inputs that need "
                           "gradients (its backward is not traced)")  # fmt: skip
     forward = tx.builder.wrap(cls.forward, None)

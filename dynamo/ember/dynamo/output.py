@@ -154,7 +154,7 @@ class OutputGraph:
             name = getattr(target, "__name__", target)
             raise Unsupported(f"{name} raised {type(e).__name__} on example inputs: {e}") from e
         scalar = isinstance(result, (bool, int, float, str, torch.dtype, torch.device))
-        if scalar and not _has_tensor((args, kwargs)):
+        if scalar and not has_tensor((args, kwargs)):
             for vt in _sym_ints((args, kwargs)):  # the answer holds for this value only
                 vt.env.specialize(vt)
             return V.ConstVT(result)  # a query of global state or metadata, not of tensor data
@@ -251,17 +251,19 @@ def _structseq_fields(result) -> Optional[tuple]:
     return None
 
 
-def _has_tensor(x) -> bool:
+def has_tensor(x, test=None) -> bool:
+    """Whether `x` (VTs, and lists, tuples and dicts of them) holds a TensorVT (one for which
+    `test(vt)` is true, when given)."""
     if isinstance(x, V.TensorVT):
-        return True
+        return test is None or bool(test(x))
     if isinstance(x, (list, tuple)):
-        return any(_has_tensor(i) for i in x)
+        return any(has_tensor(i, test) for i in x)
     if isinstance(x, dict):
-        return any(_has_tensor(i) for i in x.values())
+        return any(has_tensor(i, test) for i in x.values())
     if isinstance(x, V.ListVT):
-        return any(_has_tensor(i) for i in x.items)
+        return any(has_tensor(i, test) for i in x.items)
     if isinstance(x, V.DictVT):
-        return any(_has_tensor(i) for i in x.items.values())
+        return any(has_tensor(i, test) for i in x.items.values())
     return False
 
 

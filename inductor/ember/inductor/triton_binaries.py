@@ -11,9 +11,9 @@ the launcher's key (its source), the block sizes, the device's architecture, Tri
 the specialisation of the arguments: Triton compiles a kernel for its arguments' dtypes, for
 pointers aligned to 16 bytes or not, and for integers equal to 1, multiples of 16 or wider than 32
 bits, so a binary is only reused for arguments that agree on all of these. `load` loads the cubin
-and takes Triton's C launcher for its signature (`_kernel_handles`; Triton's own CompiledKernel
-on releases other than the one that follows), and nothing else. An entry that fails its checksum or does not load is ignored and the
-JIT compiles the kernel again.
+and takes Triton's C launcher for its signature, and nothing else (`_kernel_handles`; on Triton
+releases it was not written against, through Triton's CompiledKernel). An entry that fails its
+checksum or does not load is ignored and the JIT compiles the kernel again.
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ def load(kernel_key: str, cfg: dict, args):
         )
         name = launch["name"]
         if _handles_supported():
-            compiled = _kernel_handles(src, launch, base.with_suffix(".json"), cubin_bytes, name)
+            compiled = _kernel_handles(src, launch, base.with_suffix(".json"), cubin_bytes, name,
+                                       device)  # fmt: skip
         else:
             from triton.compiler.compiler import CompiledKernel
 
@@ -195,11 +196,10 @@ def _handles_supported() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _backend(backend: str, arch, warp_size: int):
-    from triton.backends.compiler import GPUTarget
+def _backend(target):  # a GPUTarget (a frozen dataclass)
     from triton.compiler.compiler import make_backend
 
-    return make_backend(GPUTarget(backend, arch, warp_size))
+    return make_backend(target)
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,7 +211,7 @@ def _max_shared_mem(device: int) -> int:
     return driver.active.utils.get_device_properties(device)["max_shared_mem"]
 
 
-def _kernel_handles(src, launch: dict, metadata_path: Path, cubin: bytes, name: str):
+def _kernel_handles(src, launch: dict, metadata_path: Path, cubin: bytes, name: str, device: int):
     """What a launch takes (`run`, `function`, `packed_metadata`), as CompiledKernel would have
     them after loading: the cubin loaded on the current device, and Triton's launcher for the
     kernel's signature (one per signature and launch options, shared)."""
@@ -222,13 +222,12 @@ def _kernel_handles(src, launch: dict, metadata_path: Path, cubin: bytes, name: 
     target = meta["target"]
     meta["target"] = GPUTarget(target["backend"], target["arch"], target["warp_size"])
     metadata = SimpleNamespace(**meta)
-    packed = _backend(target["backend"], target["arch"], target["warp_size"]).pack_metadata(metadata)
+    packed = _backend(meta["target"]).pack_metadata(metadata)
     options = [meta.get(f) for f in _LAUNCHER_FIELDS]
     key = json.dumps([launch["signature"], launch["constants"], options], default=repr)
     run = _LAUNCHERS.get(key)
     if run is None:
         run = _LAUNCHERS[key] = driver.active.launcher_cls(src, metadata)
-    device = driver.active.get_current_device()
     limit = _max_shared_mem(device)
     if metadata.shared > limit:
         raise ValueError(f"needs {metadata.shared} bytes of shared memory; the device has {limit}")

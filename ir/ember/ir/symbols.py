@@ -40,9 +40,16 @@ def _fold_integer_divisor(base, divisor):
     general test)."""
     if not (divisor.is_Integer and divisor > 0) or base.is_Integer:
         return None
-    d = int(divisor)
     terms = base.as_coefficients_dict()
-    if not all(c.is_Integer and int(c) % d == 0 and t.is_integer for t, c in terms.items()):
+    if not all(t.is_integer for t in terms):
+        return None
+    return _divide_coefficients(terms, int(divisor))
+
+
+def _divide_coefficients(terms: dict, d: int):
+    """The sum of term * coefficient / d over {term: coefficient} when d divides every
+    coefficient (all integers), else None."""
+    if not all(c.is_Integer and int(c) % d == 0 for c in terms.values()):
         return None
     return sympy.Add(*(t * (int(c) // d) for t, c in terms.items()))
 
@@ -55,11 +62,7 @@ def exact_quotient(a, b):
     if b.is_Integer and b != 0:
         # The common case (index arithmetic divides by sizes and strides), without `cancel`:
         # every coefficient of the expanded dividend must be a multiple of b.
-        d = int(b)
-        terms = sympy.expand(a).as_coefficients_dict()
-        if not all(c.is_Integer and int(c) % d == 0 for c in terms.values()):
-            return None
-        return sympy.Add(*(t * (int(c) // d) for t, c in terms.items()))
+        return _divide_coefficients(sympy.expand(a).as_coefficients_dict(), int(b))
     return _exact_quotient(a, b)
 
 

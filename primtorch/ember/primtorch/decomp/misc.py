@@ -274,22 +274,21 @@ def trace(self):
     return aten.sum(aten.diagonal(self))
 
 
+def _other_dims(t, dim):
+    """Every dim of `t` but `dim` (the dims a per-slice norm reduces)."""
+    dim = utils.canonicalize_dim(t.ndim, dim)
+    return [d for d in range(t.ndim) if d != dim]
+
+
 @register_decomposition(aten.renorm)
 def renorm(self, p, dim, maxnorm):
-    dim = utils.canonicalize_dim(self.ndim, dim)
-    others = [d for d in range(self.ndim) if d != dim]
     compute = utils.opmath_dtype(self.dtype)
-    norm = aten.linalg_vector_norm(self, p, others, True, dtype=compute)
+    norm = aten.linalg_vector_norm(self, p, _other_dims(self, dim), True, dtype=compute)
     factor = aten.where(aten.gt(norm, maxnorm), aten.div(maxnorm, aten.add(norm, 1e-7)), 1.0)
     return convert(aten.mul(convert(self, compute), factor), self.dtype)
 
 
 # --- weight normalization (torch.nn.utils.weight_norm: w = g * v / ||v||) ------------------------
-
-
-def _other_dims(v, dim):
-    dim = utils.canonicalize_dim(v.ndim, dim)
-    return [d for d in range(v.ndim) if d != dim]
 
 
 @register_decomposition(aten._weight_norm_interface)
