@@ -64,6 +64,14 @@ class Builder:
             self.cache[source] = vt
         return vt
 
+    def _key(self, key):
+        """The key of a DictVT for a real dict key."""
+        if is_const_value(key):
+            return key
+        from .calls import ObjKey
+
+        return ObjKey(_key_vt(self, key), key)
+
     def _wrap(self, value, source: Optional[Source]) -> V.VT:
         g = self.guard
         if isinstance(value, torch.Tensor):
@@ -117,11 +125,11 @@ class Builder:
             return V.NamedTupleVT(type(value), items, type(value)._fields, source)
         if isinstance(value, dict) and not dataclasses.is_dataclass(value):
             keys = list(value.keys())
-            if not all(is_const_value(k) for k in keys):
+            if not all(is_const_value(k) or _identity_key(k) for k in keys):
                 raise Unsupported("dict with non-constant keys")
             g("TYPE", source, type(value))
             g("DICT_KEYS", source, tuple(keys))
-            items = {k: self.wrap(v, _item(source, k)) for k, v in value.items()}
+            items = {self._key(k): self.wrap(v, _item(source, k)) for k, v in value.items()}
             return V.DictVT(items, source, type(value))
         if isinstance(value, (set, frozenset)) and all(is_const_value(v) for v in value):
             g("TYPE", source, type(value))
@@ -139,12 +147,25 @@ class Builder:
         return V.ObjectVT(value, source)
 
 
+def _identity_key(key) -> bool:
+    """A dict key that compares and hashes by identity (a class, a function, a plain object):
+    a dispatch table keyed by such keys is looked up by identity while tracing (calls.ObjKey)."""
+    t = type(key)
+    return t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__
+
+
 def _is_torch_callable(value) -> bool:
     """torch functions written in Python that belong in the graph (torch.nn.functional.*)."""
     mod = getattr(value, "__module__", None) or ""
     return callable(value) and mod.startswith("torch") and not isinstance(value, type) and (
         isinstance(value, types.FunctionType) is False
     )
+
+
+def _key_vt(builder, key):
+    from .source import ConstantSource
+
+    return builder.wrap(key, ConstantSource(key, getattr(key, "__qualname__", type(key).__name__)))
 
 
 def _attr(source, name):

@@ -68,7 +68,8 @@ class ObjKey:
 def const_key(vt):
     ok, value = try_const(vt, specialize=True)
     if not ok:
-        if isinstance(vt, (V.ModuleVT, V.FunctionVT, V.ClassVT, V.ObjectVT)):
+        if isinstance(vt, (V.ModuleVT, V.FunctionVT, V.ClassVT, V.ObjectVT, V.BuiltinVT,
+                           V.PyModuleVT)):  # fmt: skip
             return ObjKey(vt, real_value(vt))
         if isinstance(vt, V.TensorVT):
             return ObjKey(vt, vt.real if vt.real is not None else vt.node)

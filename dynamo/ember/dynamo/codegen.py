@@ -18,7 +18,7 @@ import torch.fx as fx
 from . import variables as V
 from .bytecode import RESUME_ORIGIN, make_resume_code
 from .exc import Unsupported
-from .source import ConstantSource, Source
+from .source import ConstantSource, ItemSource, Source, literal_key
 from .symbolic import SizeVT, SymIntVT, SymSliceVT, python_text
 
 _SIMPLE = (int, str, bool, type(None), bytes)
@@ -60,13 +60,15 @@ class CodeGen:
 
     def source(self, src: Source) -> str:
         text = src.expr()
-        for cs in _constant_sources(src):
-            self.objs[f"___c_{id(cs.obj)}"] = cs.obj
+        for obj in _constant_sources(src):
+            self.objs[f"___c_{id(obj)}"] = obj
         return text
 
     # -- graph outputs ------------------------------------------------------------------------
     def collect_outputs(self, roots: list) -> list:
         """TensorVTs (produced by the graph) reachable from what the code must rebuild."""
+        from .calls import ObjKey
+
         found: dict[fx.Node, V.TensorVT] = {}
         seen: set[int] = set()
 
@@ -81,7 +83,9 @@ class CodeGen:
                 for i in vt.items:
                     visit(i)
             elif isinstance(vt, V.DictVT):
-                for i in vt.items.values():
+                for k, i in vt.items.items():
+                    if isinstance(k, ObjKey):  # the key's object is rebuilt too
+                        visit(k.vt)
                     visit(i)
             elif isinstance(vt, V.NewObjectVT):
                 for i in vt.attrs.values():
@@ -251,10 +255,14 @@ class CodeGen:
 
 
 def _constant_sources(src) -> list:
+    """The objects a source's expression names as `___c_<id>`: constant sources and dict keys
+    that are not literals."""
     out = []
     while src is not None:
         if isinstance(src, ConstantSource):
-            out.append(src)
+            out.append(src.obj)
+        elif isinstance(src, ItemSource) and not literal_key(src.key):
+            out.append(src.key)
         src = getattr(src, "base", None)
     return out
 
