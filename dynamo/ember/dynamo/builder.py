@@ -49,6 +49,7 @@ class Builder:
         self.output = output
         self.guards = output.guards
         self.cache: dict = {}
+        self.containers: dict[int, tuple] = {}  # id -> (list/dict/set, its first source)
 
     def guard(self, kind, source, value=None):
         if source is not None:
@@ -60,8 +61,24 @@ class Builder:
             return self._wrap(value, None)
         vt = self.cache.get(source)
         if vt is None:
-            vt = self._wrap(value, source)
+            vt = self._shared_container(value, source) or self._wrap(value, source)
             self.cache[source] = vt
+        return vt
+
+    def _shared_container(self, value, source) -> Optional[V.VT]:
+        """The VT already made for this very list, dict or set reached through another source
+        (`c.names` where `c` is a copy of `config`, and `config.names`): one VT per object, so
+        `is` holds and a mutation through one name is seen through the other; the aliasing is
+        guarded."""
+        if type(value) not in (list, dict, set):
+            return None
+        first = self.containers.get(id(value))
+        if first is None:
+            self.containers[id(value)] = (value, source)
+            return None
+        vt = self.cache.get(first[1])  # None while the first is still being wrapped (a cycle)
+        if vt is not None:
+            self.guards.add("SAME", source, first[1])
         return vt
 
     def _key(self, key):
