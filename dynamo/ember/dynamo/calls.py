@@ -65,7 +65,27 @@ class ObjKey:
         return isinstance(other, ObjKey) and other.obj is self.obj
 
 
+def identity_of(vt):
+    """What `vt is other` and `id(vt)` compare: the real object a VT mirrors, else (a list, dict
+    or object made while tracing) the VT itself, which stands for one object."""
+    if isinstance(vt, V.TensorVT):
+        return vt.real if vt.real is not None else vt.node
+    if isinstance(vt, V.ConstVT):
+        if vt.value is None or isinstance(vt.value, (bool, type(Ellipsis), type(NotImplemented))):
+            return vt.value
+        # Equal constants may or may not be one object at run time (guards compare values).
+        raise Unsupported(f"identity of a {type(vt.value).__name__} constant")
+    if isinstance(vt, (V.ModuleVT, V.ObjectVT, V.FunctionVT, V.ClassVT, V.BuiltinVT,
+                       V.PyModuleVT)):  # fmt: skip
+        return real_value(vt)
+    if isinstance(vt, (V.ListVT, V.DictVT, V.SetVT, V.NewObjectVT, V.NestedFunctionVT)):
+        return vt
+    raise Unsupported(f"identity of a {type(vt).__name__}")
+
+
 def const_key(vt):
+    if isinstance(vt, V.IdVT):
+        return ObjKey(vt, vt.identity)
     ok, value = try_const(vt, specialize=True)
     if not ok:
         if isinstance(vt, (V.ModuleVT, V.FunctionVT, V.ClassVT, V.ObjectVT, V.BuiltinVT,
@@ -339,6 +359,11 @@ def binop(tx, op, a, b):
         return V.ListVT(b.items * a.value, is_tuple=b.is_tuple)
     if isinstance(a, V.DictVT) and isinstance(b, V.DictVT) and base is operator.or_:
         return V.DictVT({**a.items, **b.items})
+    if isinstance(a, V.IdVT) or isinstance(b, V.IdVT):
+        if op in (operator.eq, operator.ne) and isinstance(a, V.IdVT) and isinstance(b, V.IdVT):
+            same = a.identity is b.identity
+            return V.ConstVT(same if op is operator.eq else not same)
+        raise Unsupported(f"{getattr(op, '__name__', op)} of an id() (its value is not known)")
     if op in (operator.eq, operator.ne):
         same = is_same(tx, a, b)
         if not isinstance(a, (V.ObjectVT, V.NewObjectVT)) or not _py_method(

@@ -98,6 +98,8 @@ class CodeGen:
                 visit(vt.fn)
             elif isinstance(vt, V.MethodVT):
                 visit(vt.obj)
+            elif isinstance(vt, V.IdVT):
+                visit(vt.target)
 
         for r in roots:
             visit(r)
@@ -151,6 +153,8 @@ class CodeGen:
             body = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in vt.attrs.items())
             cls = self.obj(vt.cls, "cls")
             return self._bind(vt, f"{self.obj(_new_object, 'new')}({cls}, {{{body}}})")
+        if isinstance(vt, V.IdVT):
+            return f"id({self.expr(vt.target)})"
         if isinstance(vt, V.IteratorVT):
             items = ", ".join(self.expr(i) for i in vt.items[vt.pos :])
             return f"iter(({items}{',' if items else ''}))"

@@ -237,7 +237,9 @@ def _print(tx, *args, **kwargs):
 
 
 def _id(tx, x):
-    raise Unsupported("id() of a traced value")
+    from .calls import identity_of
+
+    return V.IdVT(x, identity_of(x))
 
 
 _HANDLERS = {
