@@ -25,9 +25,11 @@ _SIMPLE = (int, str, bool, type(None), bytes)
 
 
 def _new_object(cls, attrs):
-    obj = cls.__new__(cls)
+    """An object made (or copied) while tracing: a bare instance and its instance dict, written
+    without running the class's __getattribute__/__setattr__ (copy.py's `_reconstruct` too)."""
+    obj = object.__new__(cls)
     if attrs:
-        obj.__dict__.update(attrs)
+        object.__getattribute__(obj, "__dict__").update(attrs)
     return obj
 
 
