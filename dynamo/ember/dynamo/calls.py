@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -574,6 +575,10 @@ def call(tx, fn, args: list, kwargs: dict):
             return V.ConstVT(inspect.signature(real_callable(args[0])))
         if T.is_graph_fn(fn.fn):
             return T.torch_call(tx, fn.fn, args, kwargs)
+        if fn.fn is copy.deepcopy or fn.fn is copy.copy:
+            from .copying import copy_call
+
+            return copy_call(tx, fn.fn, args, kwargs)
         if getattr(fn.fn, "_ember_disabled", False):
             raise Unsupported(f"call to ember.disable'd function {fn.fn.__qualname__}")
         return inline_call(tx, fn, args, kwargs)
