@@ -575,6 +575,8 @@ def call(tx, fn, args: list, kwargs: dict):
             return V.ConstVT(inspect.signature(real_callable(args[0])))
         if T.is_graph_fn(fn.fn):
             return T.torch_call(tx, fn.fn, args, kwargs)
+        if getattr(fn.fn, "_dynamo_marked_constant", False):
+            return constant_result(fn.fn, args, kwargs)
         if fn.fn is copy.deepcopy or fn.fn is copy.copy:
             from .copying import copy_call
 
@@ -613,6 +615,15 @@ def call(tx, fn, args: list, kwargs: dict):
             pargs = [tx.builder.wrap(a, None) if is_const_value(a) else _no_src(a) for a in p.args]
             pkw = {k: tx.builder.wrap(v, None) for k, v in p.keywords.items() if is_const_value(v)}
             return call(tx, func, [*pargs, *args], {**pkw, **kwargs})
+        if isinstance(fn.obj, functools._lru_cache_wrapper) and isinstance(
+            getattr(fn.obj, "__wrapped__", None), types.FunctionType
+        ):
+            if getattr(fn.obj.__wrapped__, "_dynamo_marked_constant", False):
+                return constant_result(fn.obj, args, kwargs)
+            # A cache in front of a function that is assumed pure (else caching it would be
+            # wrong): tracing the function computes what the cache holds or would hold.
+            return call(tx, tx.builder.wrap(fn.obj.__wrapped__, AttrSource(fn.source, "__wrapped__")),
+                        args, kwargs)  # fmt: skip
         if _py_method(type(fn.obj), "__call__"):
             return call_method(tx, fn, "__call__", args, kwargs)
     if isinstance(fn, V.NewObjectVT) and _py_method(fn.cls, "__call__"):
@@ -620,6 +631,20 @@ def call(tx, fn, args: list, kwargs: dict):
     if isinstance(fn, V.GradModeVT):
         raise Unsupported("grad-mode object used as a decorator inside compiled code")
     raise Unsupported(f"call to a {_type_name(fn)}")
+
+
+def constant_result(fn, args, kwargs):
+    """A call of a function marked as having a constant result (`_dynamo_marked_constant`, the
+    marker torch's `assume_constant_result` sets and transformers sets on its install probes):
+    run now with constant arguments, its result baked into the graph."""
+    ok, cargs = try_const(V.TupleVT(list(args)))
+    ckw = {k: try_const(v) for k, v in kwargs.items()}
+    if not ok or not all(o for o, _ in ckw.values()):
+        raise Unsupported(f"{fn.__qualname__} (constant result) called with non-constants")
+    value = fn(*cargs, **{k: v for k, (_, v) in ckw.items()})
+    if not is_const_value(value):
+        raise Unsupported(f"{fn.__qualname__} (constant result) returned a {type(value).__name__}")
+    return V.ConstVT(value)
 
 
 def _no_src(a):
