@@ -259,11 +259,11 @@ def generic_getattr(tx, vt: V.NewObjectVT, name: str) -> V.VT:
     found, attr = _mro_lookup(vt.cls, name)
     if found and isinstance(attr, property):
         return _class_attr(tx, vt, vt.cls, name, attr)
-    if found and _is_data_descriptor(attr):
+    if found and _is_data_descriptor(attr) and not is_slot(attr):
         raise Unsupported(f"descriptor {vt.cls.__name__}.{name} ({type(attr).__name__})")
     if name in vt.attrs:
         return vt.attrs[name]
-    if not found:
+    if not found or is_slot(attr):
         raise AttrMissing(f"{vt.cls.__name__} object has no attribute {name!r}")
     if isinstance(attr, _SIMPLE_CLASS_ATTRS):
         return _class_attr(tx, vt, vt.cls, name, attr)
@@ -312,6 +312,16 @@ def object_generic_getattr(tx, vt: V.ObjectVT, name: str) -> V.VT:
 def _is_data_descriptor(attr) -> bool:
     t = type(attr)
     return hasattr(t, "__set__") or hasattr(t, "__delete__")
+
+def is_slot(attr) -> bool:
+    """A `__slots__` entry of a Python class: instance storage, kept in NewObjectVT.attrs."""
+    return isinstance(attr, types.MemberDescriptorType) and bool(
+        attr.__objclass__.__flags__ & _HEAPTYPE
+    )
+
+
+_HEAPTYPE = 1 << 9
+
 
 
 def _model_output_getattr(tx, vt: V.NewObjectVT, name: str) -> V.VT:
@@ -422,7 +432,8 @@ def generic_setattr(tx, vt: V.NewObjectVT, name: str, value) -> None:
             raise PyExc(V.ExcVT(AttributeError, [V.ConstVT(f"can't set attribute {name!r}")]))
         inline_call(tx, V.FunctionVT(attr.fset, None), [vt, value], {})
         return
-    if found and _is_data_descriptor(attr) or name in ("__dict__", "__class__"):
+    if found and _is_data_descriptor(attr) and not is_slot(attr) or name in ("__dict__",
+                                                                               "__class__"):
         raise Unsupported(f"setting {vt.cls.__name__}.{name} ({type(attr).__name__})")
     vt.attrs[name] = value
 
@@ -446,7 +457,7 @@ def generic_delattr(tx, vt: V.NewObjectVT, name: str) -> None:
             raise PyExc(V.ExcVT(AttributeError, [V.ConstVT(f"can't delete attribute {name!r}")]))
         inline_call(tx, V.FunctionVT(attr.fdel, None), [vt], {})
         return
-    if found and _is_data_descriptor(attr):
+    if found and _is_data_descriptor(attr) and not is_slot(attr):
         raise Unsupported(f"deleting {vt.cls.__name__}.{name} ({type(attr).__name__})")
     if name not in vt.attrs:
         raise AttrMissing(f"{vt.cls.__name__} object has no attribute {name!r}")

@@ -24,12 +24,15 @@ from .symbolic import SizeVT, SymIntVT, SymSliceVT, python_text
 _SIMPLE = (int, str, bool, type(None), bytes)
 
 
-def _new_object(cls, attrs):
-    """An object made (or copied) while tracing: a bare instance and its instance dict, written
-    without running the class's __getattribute__/__setattr__ (copy.py's `_reconstruct` too)."""
+def _new_object(cls, attrs, slots=None):
+    """An object made (or copied) while tracing: a bare instance, its instance dict and slots,
+    written without running the class's __getattribute__/__setattr__ (as copy.py's
+    `_reconstruct` does)."""
     obj = object.__new__(cls)
     if attrs:
         object.__getattribute__(obj, "__dict__").update(attrs)
+    for name, value in (slots or {}).items():
+        object.__setattr__(obj, name, value)
     return obj
 
 
@@ -152,9 +155,14 @@ class CodeGen:
             body = ", ".join(f"{k}={self.expr(v)}" for k, v in vt.attrs.items())
             return self._bind(vt, f"{self.eager(vt.cls)}({body})")
         if isinstance(vt, V.NewObjectVT):
-            body = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in vt.attrs.items())
+            from .attrs import is_slot
+
+            slot = {k for k in vt.attrs if is_slot(getattr(vt.cls, k, None))}
+            body = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in vt.attrs.items() if k not in slot)
+            slots = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in vt.attrs.items() if k in slot)
             cls = self.obj(vt.cls, "cls")
-            return self._bind(vt, f"{self.obj(_new_object, 'new')}({cls}, {{{body}}})")
+            args = f"{cls}, {{{body}}}" + (f", {{{slots}}}" if slot else "")
+            return self._bind(vt, f"{self.obj(_new_object, 'new')}({args})")
         if isinstance(vt, V.IdVT):
             return f"id({self.expr(vt.target)})"
         if isinstance(vt, V.IteratorVT):

@@ -237,3 +237,21 @@ def deepcopy_of_slots_object_breaks(x):
 def id_value_used_as_a_number_breaks(x):
     y = x + 1
     return y * len(str(id(CONFIG)))
+
+
+class SlottedPair:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a = a
+        self.b = b
+
+    def __eq__(self, other):  # for the comparison with eager (no __dict__ to compare)
+        return type(other) is SlottedPair and torch.equal(self.a, other.a) and self.b == other.b
+
+
+@case(one)
+def slotted_object_made_and_returned(x):
+    p = SlottedPair(x, 2)
+    p.b += 1
+    return p.a * p.b, p, hasattr(p, "c")
