@@ -75,7 +75,8 @@ def _seq2seq_cases():
     speech = lambda: {"input_features": torch.randn(2, 8, 32),  # noqa: E731
                       "decoder_input_ids": torch.randint(3, 100, (2, 4))}  # fmt: skip
     whisper = dict(_SEQ2SEQ, num_mel_bins=8, max_source_positions=16, max_target_positions=16,
-                   pad_token_id=1, bos_token_id=2, eos_token_id=2, decoder_start_token_id=2)  # fmt: skip
+                   pad_token_id=1, bos_token_id=2, eos_token_id=2,
+                   decoder_start_token_id=2)  # fmt: skip
     return [
         ("mbart", lambda: T.MBartConfig(**_SEQ2SEQ), T.MBartForConditionalGeneration, text),
         ("whisper", lambda: T.WhisperConfig(**whisper), T.WhisperModel, speech),

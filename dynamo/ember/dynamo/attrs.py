@@ -149,6 +149,8 @@ def object_getattr(tx, vt: V.ObjectVT, name: str) -> V.VT:
     cls = type(obj)
     if isinstance(obj, logging.Logger) and name in LOGGER_METHODS:
         return V.MethodVT(vt, name)  # the call is replayed after the graph
+    if _dict_changed_while_tracing(tx, vt):  # the real object is stale: read the traced dict
+        return _protocol_getattr(tx, vt, name, object_generic_getattr)
     if _custom_getattribute(cls):
         # Run the class's own __getattribute__ now; the guard VM repeats the same read.
         try:
@@ -221,16 +223,32 @@ def _is_attribute_error(e) -> bool:
 def new_object_getattr(tx, vt: V.NewObjectVT, name: str) -> V.VT:
     if not follows_object_protocol(vt):
         return _model_output_getattr(tx, vt, name)
-    hook = _py_hook(vt.cls, "__getattribute__")
+    return _protocol_getattr(tx, vt, name, generic_getattr)
+
+
+def _protocol_getattr(tx, vt, name, generic):
+    """`vt.name` as Python does it: the class's own __getattribute__ (inlined) or the generic
+    lookup, then __getattr__ if that raised AttributeError."""
+    cls = vt.python_type()
+    hook = _py_hook(cls, "__getattribute__")
     try:
         if hook is not None:
             return _attribute_error_as_missing(tx, hook, vt, name)
-        return generic_getattr(tx, vt, name)
+        return generic(tx, vt, name)
     except PyExc as e:
-        fallback = _py_hook(vt.cls, "__getattr__")
+        fallback = _py_hook(cls, "__getattr__")
         if fallback is None or not _is_attribute_error(e):
             raise
         return _attribute_error_as_missing(tx, fallback, vt, name)
+
+
+def _dict_changed_while_tracing(tx, vt: V.ObjectVT) -> bool:
+    """Whether traced code wrote into this pre-existing object's `__dict__` (`obj.__dict__[k] =
+    v`, replayed after the graph): reads of the real object would miss the writes."""
+    if vt.source is None or not type(vt.obj).__dictoffset__:
+        return False
+    d = tx.builder.cache.get(AttrSource(vt.source, "__dict__"))
+    return isinstance(d, V.DictVT) and id(d) in tx.output.mutated
 
 
 def _attribute_error_as_missing(tx, hook, vt, name):
@@ -295,7 +313,11 @@ def object_generic_getattr(tx, vt: V.ObjectVT, name: str) -> V.VT:
         return _class_attr(tx, vt, cls, name, attr)
     if found and _is_data_descriptor(attr):
         raise Unsupported(f"descriptor {cls.__name__}.{name} ({type(attr).__name__})")
-    if name in inst:
+    traced = tx.builder.cache.get(AttrSource(vt.source, "__dict__"))
+    if isinstance(traced, V.DictVT):  # obj.__dict__ was read (and maybe changed) while tracing
+        if name in traced.items:
+            return traced.items[name]
+    elif name in inst:
         return tx.builder.wrap(inst[name], ItemSource(AttrSource(vt.source, "__dict__"), name))
     if not found:
         raise AttrMissing(f"{cls.__name__} object has no attribute {name!r}")
@@ -309,10 +331,6 @@ def object_generic_getattr(tx, vt: V.ObjectVT, name: str) -> V.VT:
     raise Unsupported(f"class attribute {cls.__name__}.{name} ({type(attr).__name__})")
 
 
-def _is_data_descriptor(attr) -> bool:
-    t = type(attr)
-    return hasattr(t, "__set__") or hasattr(t, "__delete__")
-
 def is_slot(attr) -> bool:
     """A `__slots__` entry of a Python class: instance storage, kept in NewObjectVT.attrs."""
     return isinstance(attr, types.MemberDescriptorType) and bool(
@@ -322,6 +340,10 @@ def is_slot(attr) -> bool:
 
 _HEAPTYPE = 1 << 9
 
+
+def _is_data_descriptor(attr) -> bool:
+    t = type(attr)
+    return hasattr(t, "__set__") or hasattr(t, "__delete__")
 
 
 def _model_output_getattr(tx, vt: V.NewObjectVT, name: str) -> V.VT:

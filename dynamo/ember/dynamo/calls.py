@@ -622,8 +622,8 @@ def call(tx, fn, args: list, kwargs: dict):
                 return constant_result(fn.obj, args, kwargs)
             # A cache in front of a function that is assumed pure (else caching it would be
             # wrong): tracing the function computes what the cache holds or would hold.
-            return call(tx, tx.builder.wrap(fn.obj.__wrapped__, AttrSource(fn.source, "__wrapped__")),
-                        args, kwargs)  # fmt: skip
+            wrapped = AttrSource(fn.source, "__wrapped__") if fn.source is not None else None
+            return call(tx, tx.builder.wrap(fn.obj.__wrapped__, wrapped), args, kwargs)
         if _py_method(type(fn.obj), "__call__"):
             return call_method(tx, fn, "__call__", args, kwargs)
     if isinstance(fn, V.NewObjectVT) and _py_method(fn.cls, "__call__"):

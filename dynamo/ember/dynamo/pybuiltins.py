@@ -162,7 +162,9 @@ def _new_object_only(fn):
     def handler(tx, obj, *args):
         from . import attrs
 
-        if fn is object.__getattribute__ and isinstance(obj, V.ObjectVT) and obj.source:
+        if fn is object.__getattribute__ and isinstance(obj, V.ObjectVT) and (
+            obj.source is not None
+        ):
             return attrs.object_generic_getattr(tx, obj, const_of(args[0], "attribute name"))
         if not attrs.follows_object_protocol(obj):
             raise Unsupported(f"object.{fn.__name__} of a {type(obj).__name__}")

@@ -255,3 +255,10 @@ def slotted_object_made_and_returned(x):
     p = SlottedPair(x, 2)
     p.b += 1
     return p.a * p.b, p, hasattr(p, "c")
+
+
+@case(lambda: (torch.randn(4, 3), Config(8, 4, 2, 3), Logged(1)))
+def writes_into_a_pre_existing_objects_dict_are_read_back(x, c, o):
+    c.__dict__["d_model"] = 5
+    o.__dict__["v"] = 7
+    return x * c.hidden_size + Config.__getattribute__(c, "n_layer") + o.v
