@@ -270,7 +270,7 @@ _SIMPLE_CLASS_ATTRS = (types.FunctionType, property, staticmethod, classmethod)
 def generic_getattr(tx, vt: V.NewObjectVT, name: str) -> V.VT:
     """`object.__getattribute__(vt, name)`: data descriptors of the class, the instance
     dict, then other class attributes."""
-    if name == "__dict__":
+    if name == "__dict__" and vt.cls.__dictoffset__:
         return instance_dict(vt)
     if name == "__class__":
         return V.ClassVT(vt.cls)
@@ -457,6 +457,9 @@ def generic_setattr(tx, vt: V.NewObjectVT, name: str, value) -> None:
     if found and _is_data_descriptor(attr) and not is_slot(attr) or name in ("__dict__",
                                                                                "__class__"):
         raise Unsupported(f"setting {vt.cls.__name__}.{name} ({type(attr).__name__})")
+    if not vt.cls.__dictoffset__ and not (found and is_slot(attr)):  # object(), slots only
+        msg = f"{vt.cls.__name__!r} object has no attribute {name!r}"
+        raise PyExc(V.ExcVT(AttributeError, [V.ConstVT(msg)]))
     vt.attrs[name] = value
 
 

@@ -159,8 +159,14 @@ def _new_object_only(fn):
     `object.__setattr__(self, ...)` in a class's hooks), for objects made while tracing (and
     reads of pre-existing ones)."""
 
-    def handler(tx, obj, *args):
+    arity = {object.__init__: 0, object.__getattribute__: 1, object.__delattr__: 1,
+             object.__setattr__: 2}[fn]  # fmt: skip
+
+    def handler(tx, obj, *args, **kwargs):
         from . import attrs
+
+        if kwargs or (len(args) != arity and fn is not object.__init__):
+            raise Unsupported(f"object.{fn.__name__} with {len(args)} arguments")
 
         if fn is object.__getattribute__ and isinstance(obj, V.ObjectVT) and (
             obj.source is not None

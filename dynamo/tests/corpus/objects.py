@@ -262,3 +262,13 @@ def writes_into_a_pre_existing_objects_dict_are_read_back(x, c, o):
     c.__dict__["d_model"] = 5
     o.__dict__["v"] = 7
     return x * c.hidden_size + Config.__getattribute__(c, "n_layer") + o.v
+
+
+@case(one)
+def writing_to_a_bare_object_raises(x):
+    sentinel = object()
+    try:
+        sentinel.flag = 1
+    except AttributeError:
+        return x - 1
+    return x + 1
