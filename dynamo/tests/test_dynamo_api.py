@@ -435,3 +435,53 @@ def test_custom_autograd_function_with_gradients_keeps_its_backward():
     with pytest.raises(GraphBreakError, match="RoundStraightThrough with inputs that need"):
         ember.compile(lambda t: _RoundStraightThrough.apply(t, 2.0), backend="eager",
                       fullgraph=True)(x)  # fmt: skip
+
+
+class _OwnDeepcopy:
+    def __init__(self):
+        self.v = 2
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class _Plain:
+    def __init__(self):
+        self.v = 2
+
+
+def test_copies_and_ids_the_tracer_cannot_model_raise_under_fullgraph():
+    import copy
+
+    own, plain = _OwnDeepcopy(), _Plain()
+    cases = [
+        (lambda x: x * copy.deepcopy(own).v, "customises copying"),
+        (lambda x: copy.deepcopy(x) + 1, "copying a Tensor"),
+        (lambda x: x + id(plain) % 7, "id()"),
+    ]
+    for fn, what in cases:
+        cf = ember.compile(fn, backend="eager", fullgraph=True)
+        with pytest.raises(GraphBreakError, match=what.replace("(", r"\(").replace(")", r"\)")):
+            cf(torch.ones(2))
+    # Without fullgraph they run (breaking the graph) and agree with eager.
+    for fn, _ in cases[:2]:
+        torch.testing.assert_close(ember.compile(fn, backend="eager")(torch.ones(2)),
+                                   fn(torch.ones(2)))  # fmt: skip
+
+
+def test_copy_of_a_guarded_object_recompiles_when_a_field_changes():
+    import copy
+
+    plain = _Plain()
+
+    def f(x):
+        c = copy.deepcopy(plain)
+        c.v += 1
+        return x * c.v + plain.v
+
+    cnt = CompileCounter()
+    cf = ember.compile(f, backend=cnt, fullgraph=True)
+    torch.testing.assert_close(cf(torch.ones(2)), f(torch.ones(2)))
+    plain.v = 5
+    torch.testing.assert_close(cf(torch.ones(2)), f(torch.ones(2)))
+    assert cnt.frame_count == 2 and plain.v == 5

@@ -10,9 +10,9 @@ import torch
 from . import tensor_ops as T
 from . import variables as V
 from .calls import AttrMissing, wrap_const
-from .exc import Unsupported
+from .exc import PyExc, Unsupported
 from .frame import inline_call
-from .source import AttrSource, ConstantSource, module_param_source
+from .source import AttrSource, ConstantSource, ItemSource, module_param_source
 
 
 # Logger methods whose calls are replayed after the graph instead of breaking it.
@@ -149,6 +149,8 @@ def object_getattr(tx, vt: V.ObjectVT, name: str) -> V.VT:
     cls = type(obj)
     if isinstance(obj, logging.Logger) and name in LOGGER_METHODS:
         return V.MethodVT(vt, name)  # the call is replayed after the graph
+    if _dict_changed_while_tracing(tx, vt):  # the real object is stale: read the traced dict
+        return _protocol_getattr(tx, vt, name, object_generic_getattr)
     if _custom_getattribute(cls):
         # Run the class's own __getattribute__ now; the guard VM repeats the same read.
         try:
@@ -184,7 +186,167 @@ def _custom_getattribute(cls) -> bool:
     return False
 
 
+def follows_object_protocol(vt) -> bool:
+    """A new object whose attributes behave as Python's own protocol says (its class's
+    __getattribute__/__setattr__/__delattr__, descriptors, then its __dict__). HuggingFace's
+    ModelOutput (a dict-subclass dataclass) keeps fields and items in step itself: DataclassVT."""
+    return isinstance(vt, V.NewObjectVT) and not (
+        isinstance(vt, V.DataclassVT) and issubclass(vt.cls, dict)
+    )
+
+
+def instance_dict(vt: V.NewObjectVT) -> V.DictVT:
+    """`obj.__dict__` of a new object: a dict VT sharing `vt.attrs`, so writes through either
+    are seen by both (copy.py's `y.__dict__.update(state)`, configs' `self.__dict__[k] = v`)."""
+    d = getattr(vt, "dict_vt", None)
+    if d is None:
+        d = vt.dict_vt = V.DictVT({})
+        d.items = vt.attrs
+    return d
+
+
+def _py_hook(cls, name):
+    """The class's own Python `name` (a __getattribute__/__setattr__...), not object's slot."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            return attr if isinstance(attr, types.FunctionType) else None
+    return None
+
+
+def _is_attribute_error(e) -> bool:
+    return isinstance(e, PyExc) and isinstance(e.exc_vt, V.ExcVT) and issubclass(
+        e.exc_vt.cls, AttributeError
+    )
+
+
 def new_object_getattr(tx, vt: V.NewObjectVT, name: str) -> V.VT:
+    if not follows_object_protocol(vt):
+        return _model_output_getattr(tx, vt, name)
+    return _protocol_getattr(tx, vt, name, generic_getattr)
+
+
+def _protocol_getattr(tx, vt, name, generic):
+    """`vt.name` as Python does it: the class's own __getattribute__ (inlined) or the generic
+    lookup, then __getattr__ if that raised AttributeError."""
+    cls = vt.python_type()
+    hook = _py_hook(cls, "__getattribute__")
+    try:
+        if hook is not None:
+            return _attribute_error_as_missing(tx, hook, vt, name)
+        return generic(tx, vt, name)
+    except PyExc as e:
+        fallback = _py_hook(cls, "__getattr__")
+        if fallback is None or not _is_attribute_error(e):
+            raise
+        return _attribute_error_as_missing(tx, fallback, vt, name)
+
+
+def _dict_changed_while_tracing(tx, vt: V.ObjectVT) -> bool:
+    """Whether traced code wrote into this pre-existing object's `__dict__` (`obj.__dict__[k] =
+    v`, replayed after the graph): reads of the real object would miss the writes."""
+    if vt.source is None or not type(vt.obj).__dictoffset__:
+        return False
+    d = tx.builder.cache.get(AttrSource(vt.source, "__dict__"))
+    return isinstance(d, V.DictVT) and id(d) in tx.output.mutated
+
+
+def _attribute_error_as_missing(tx, hook, vt, name):
+    """Inline a class's __getattribute__ or __getattr__; an AttributeError it raises is an
+    absent attribute (hasattr answers False, getattr returns its default)."""
+    try:
+        return inline_call(tx, V.FunctionVT(hook, None), [vt, V.ConstVT(name)], {})
+    except AttrMissing:
+        raise
+    except PyExc as e:
+        if _is_attribute_error(e):
+            raise AttrMissing(str(e), e.exc_vt) from None
+        raise
+
+
+_SIMPLE_CLASS_ATTRS = (types.FunctionType, property, staticmethod, classmethod)
+
+
+def generic_getattr(tx, vt: V.NewObjectVT, name: str) -> V.VT:
+    """`object.__getattribute__(vt, name)`: data descriptors of the class, the instance
+    dict, then other class attributes."""
+    if name == "__dict__" and vt.cls.__dictoffset__:
+        return instance_dict(vt)
+    if name == "__class__":
+        return V.ClassVT(vt.cls)
+    found, attr = _mro_lookup(vt.cls, name)
+    if found and isinstance(attr, property):
+        return _class_attr(tx, vt, vt.cls, name, attr)
+    if found and _is_data_descriptor(attr) and not is_slot(attr):
+        raise Unsupported(f"descriptor {vt.cls.__name__}.{name} ({type(attr).__name__})")
+    if name in vt.attrs:
+        return vt.attrs[name]
+    if not found or is_slot(attr):
+        raise AttrMissing(f"{vt.cls.__name__} object has no attribute {name!r}")
+    if isinstance(attr, _SIMPLE_CLASS_ATTRS):
+        return _class_attr(tx, vt, vt.cls, name, attr)
+    if _is_const(attr):
+        return V.ConstVT(attr)
+    if isinstance(attr, type) or not hasattr(type(attr), "__get__"):
+        owner = next(k for k in vt.cls.__mro__ if name in k.__dict__)
+        return tx.builder.wrap(attr, AttrSource(ConstantSource(owner, owner.__qualname__), name))
+    if isinstance(attr, types.WrapperDescriptorType) and attr.__objclass__ is object:
+        return V.BoundMethodVT(V.BuiltinVT(attr), vt)  # object.__setattr__ & co. (pybuiltins)
+    raise Unsupported(f"class attribute {vt.cls.__name__}.{name} ({type(attr).__name__})")
+
+
+def object_generic_getattr(tx, vt: V.ObjectVT, name: str) -> V.VT:
+    """`object.__getattribute__(obj, name)` of a pre-existing object (a class's own
+    __getattribute__ calling its base): read past the class's hook, so instance attributes come
+    from `obj.__dict__[name]`, which is also what the guards read."""
+    pending = tx.output.pending_attrs.get((id(vt.obj), name))
+    if pending is not None:
+        return pending
+    obj, cls = vt.obj, type(vt.obj)
+    if name == "__class__":
+        return V.ClassVT(cls)
+    inst = object.__getattribute__(obj, "__dict__") if cls.__dictoffset__ else {}
+    if name == "__dict__" and cls.__dictoffset__:
+        return tx.builder.wrap(inst, AttrSource(vt.source, "__dict__"))
+    found, attr = _mro_lookup(cls, name)
+    if found and isinstance(attr, property):
+        return _class_attr(tx, vt, cls, name, attr)
+    if found and _is_data_descriptor(attr):
+        raise Unsupported(f"descriptor {cls.__name__}.{name} ({type(attr).__name__})")
+    traced = tx.builder.cache.get(AttrSource(vt.source, "__dict__"))
+    if isinstance(traced, V.DictVT):  # obj.__dict__ was read (and maybe changed) while tracing
+        if name in traced.items:
+            return traced.items[name]
+    elif name in inst:
+        return tx.builder.wrap(inst[name], ItemSource(AttrSource(vt.source, "__dict__"), name))
+    if not found:
+        raise AttrMissing(f"{cls.__name__} object has no attribute {name!r}")
+    if isinstance(attr, (types.FunctionType, staticmethod, classmethod)):
+        return _class_attr(tx, vt, cls, name, attr)
+    if _is_const(attr):
+        return V.ConstVT(attr)
+    if isinstance(attr, type) or not hasattr(type(attr), "__get__"):
+        owner = next(k for k in cls.__mro__ if name in k.__dict__)
+        return tx.builder.wrap(attr, AttrSource(ConstantSource(owner, owner.__qualname__), name))
+    raise Unsupported(f"class attribute {cls.__name__}.{name} ({type(attr).__name__})")
+
+
+def is_slot(attr) -> bool:
+    """A `__slots__` entry of a Python class: instance storage, kept in NewObjectVT.attrs."""
+    return isinstance(attr, types.MemberDescriptorType) and bool(
+        attr.__objclass__.__flags__ & _HEAPTYPE
+    )
+
+
+_HEAPTYPE = 1 << 9
+
+
+def _is_data_descriptor(attr) -> bool:
+    t = type(attr)
+    return hasattr(t, "__set__") or hasattr(t, "__delete__")
+
+
+def _model_output_getattr(tx, vt: V.NewObjectVT, name: str) -> V.VT:
     if name in vt.attrs:
         return vt.attrs[name]
     found, attr = _mro_lookup(vt.cls, name)
@@ -216,6 +378,9 @@ def class_getattr(tx, vt: V.ClassVT, name: str) -> V.VT:
     return tx.builder.wrap(value, src)
 
 
+_OBJECT_SLOTS = ("__getattribute__", "__setattr__", "__delattr__", "__init__")
+
+
 def super_getattr(tx, vt: V.SuperVT, name: str) -> V.VT:
     obj = vt.obj
     cls = obj.python_type()
@@ -228,6 +393,11 @@ def super_getattr(tx, vt: V.SuperVT, name: str) -> V.VT:
     for klass in mro[start:]:
         if name in klass.__dict__:
             attr = klass.__dict__[name]
+            if klass is object and name in _OBJECT_SLOTS and (
+                follows_object_protocol(obj)
+                or isinstance(obj, V.ObjectVT) and obj.source is not None
+            ):
+                return V.BoundMethodVT(V.BuiltinVT(attr), obj)  # handled in pybuiltins
             out = _class_attr(tx, obj, klass, name, attr)
             if out is not None:
                 return out
@@ -238,6 +408,13 @@ def super_getattr(tx, vt: V.SuperVT, name: str) -> V.VT:
 
 
 def setattr_impl(tx, obj, name: str, value) -> None:
+    if follows_object_protocol(obj):
+        hook = _py_hook(obj.cls, "__setattr__")
+        if hook is not None:
+            inline_call(tx, V.FunctionVT(hook, None), [obj, V.ConstVT(name), value], {})
+        else:
+            generic_setattr(tx, obj, name, value)
+        return
     if isinstance(obj, V.NewObjectVT):
         obj.attrs[name] = value
         return
@@ -267,3 +444,46 @@ def _custom_setattr(cls):
         if "__setattr__" in klass.__dict__ and klass is not object:
             return {"__setattr__"}
     return set()
+
+
+def generic_setattr(tx, vt: V.NewObjectVT, name: str, value) -> None:
+    """`object.__setattr__(vt, name, value)`: a property's setter, else the instance dict."""
+    found, attr = _mro_lookup(vt.cls, name)
+    if found and isinstance(attr, property):
+        if attr.fset is None:
+            raise PyExc(V.ExcVT(AttributeError, [V.ConstVT(f"can't set attribute {name!r}")]))
+        inline_call(tx, V.FunctionVT(attr.fset, None), [vt, value], {})
+        return
+    if found and _is_data_descriptor(attr) and not is_slot(attr) or name in ("__dict__",
+                                                                               "__class__"):
+        raise Unsupported(f"setting {vt.cls.__name__}.{name} ({type(attr).__name__})")
+    if not vt.cls.__dictoffset__ and not (found and is_slot(attr)):  # object(), slots only
+        msg = f"{vt.cls.__name__!r} object has no attribute {name!r}"
+        raise PyExc(V.ExcVT(AttributeError, [V.ConstVT(msg)]))
+    vt.attrs[name] = value
+
+
+def delattr_impl(tx, obj, name: str) -> None:
+    """`del obj.name` / `delattr(obj, name)`: for objects made while tracing."""
+    if not follows_object_protocol(obj):
+        raise Unsupported(f"deleting attribute {name!r} of a {type(obj).__name__}")
+    hook = _py_hook(obj.cls, "__delattr__")
+    if hook is not None:
+        inline_call(tx, V.FunctionVT(hook, None), [obj, V.ConstVT(name)], {})
+    else:
+        generic_delattr(tx, obj, name)
+
+
+def generic_delattr(tx, vt: V.NewObjectVT, name: str) -> None:
+    """`object.__delattr__(vt, name)`: a property's deleter, else the instance dict."""
+    found, attr = _mro_lookup(vt.cls, name)
+    if found and isinstance(attr, property):
+        if attr.fdel is None:
+            raise PyExc(V.ExcVT(AttributeError, [V.ConstVT(f"can't delete attribute {name!r}")]))
+        inline_call(tx, V.FunctionVT(attr.fdel, None), [vt], {})
+        return
+    if found and _is_data_descriptor(attr) and not is_slot(attr):
+        raise Unsupported(f"deleting {vt.cls.__name__}.{name} ({type(attr).__name__})")
+    if name not in vt.attrs:
+        raise AttrMissing(f"{vt.cls.__name__} object has no attribute {name!r}")
+    del vt.attrs[name]

@@ -49,6 +49,7 @@ class Builder:
         self.output = output
         self.guards = output.guards
         self.cache: dict = {}
+        self.containers: dict[int, tuple] = {}  # id -> (list/dict/set, its first source)
 
     def guard(self, kind, source, value=None):
         if source is not None:
@@ -60,9 +61,33 @@ class Builder:
             return self._wrap(value, None)
         vt = self.cache.get(source)
         if vt is None:
-            vt = self._wrap(value, source)
+            vt = self._shared_container(value, source) or self._wrap(value, source)
             self.cache[source] = vt
         return vt
+
+    def _shared_container(self, value, source) -> Optional[V.VT]:
+        """The VT already made for this very list, dict or set reached through another source
+        (`c.names` where `c` is a copy of `config`, and `config.names`): one VT per object, so
+        `is` holds and a mutation through one name is seen through the other; the aliasing is
+        guarded."""
+        if type(value) not in (list, dict, set):
+            return None
+        first = self.containers.get(id(value))
+        if first is None:
+            self.containers[id(value)] = (value, source)
+            return None
+        vt = self.cache.get(first[1])  # None while the first is still being wrapped (a cycle)
+        if vt is not None:
+            self.guards.add("SAME", source, first[1])
+        return vt
+
+    def _key(self, key):
+        """The key of a DictVT for a real dict key."""
+        if is_const_value(key):
+            return key
+        from .calls import ObjKey
+
+        return ObjKey(_key_vt(self, key), key)
 
     def _wrap(self, value, source: Optional[Source]) -> V.VT:
         g = self.guard
@@ -117,11 +142,11 @@ class Builder:
             return V.NamedTupleVT(type(value), items, type(value)._fields, source)
         if isinstance(value, dict) and not dataclasses.is_dataclass(value):
             keys = list(value.keys())
-            if not all(is_const_value(k) for k in keys):
+            if not all(is_const_value(k) or _identity_key(k) for k in keys):
                 raise Unsupported("dict with non-constant keys")
             g("TYPE", source, type(value))
             g("DICT_KEYS", source, tuple(keys))
-            items = {k: self.wrap(v, _item(source, k)) for k, v in value.items()}
+            items = {self._key(k): self.wrap(v, _item(source, k)) for k, v in value.items()}
             return V.DictVT(items, source, type(value))
         if isinstance(value, (set, frozenset)) and all(is_const_value(v) for v in value):
             g("TYPE", source, type(value))
@@ -139,12 +164,25 @@ class Builder:
         return V.ObjectVT(value, source)
 
 
+def _identity_key(key) -> bool:
+    """A dict key that compares and hashes by identity (a class, a function, a plain object):
+    a dispatch table keyed by such keys is looked up by identity while tracing (calls.ObjKey)."""
+    t = type(key)
+    return t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__
+
+
 def _is_torch_callable(value) -> bool:
     """torch functions written in Python that belong in the graph (torch.nn.functional.*)."""
     mod = getattr(value, "__module__", None) or ""
     return callable(value) and mod.startswith("torch") and not isinstance(value, type) and (
         isinstance(value, types.FunctionType) is False
     )
+
+
+def _key_vt(builder, key):
+    from .source import ConstantSource
+
+    return builder.wrap(key, ConstantSource(key, getattr(key, "__qualname__", type(key).__name__)))
 
 
 def _attr(source, name):

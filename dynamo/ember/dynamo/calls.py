@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -65,10 +66,31 @@ class ObjKey:
         return isinstance(other, ObjKey) and other.obj is self.obj
 
 
+def identity_of(vt):
+    """What `vt is other` and `id(vt)` compare: the real object a VT mirrors, else (a list, dict
+    or object made while tracing) the VT itself, which stands for one object."""
+    if isinstance(vt, V.TensorVT):
+        return vt.real if vt.real is not None else vt.node
+    if isinstance(vt, V.ConstVT):
+        if vt.value is None or isinstance(vt.value, (bool, type(Ellipsis), type(NotImplemented))):
+            return vt.value
+        # Equal constants may or may not be one object at run time (guards compare values).
+        raise Unsupported(f"identity of a {type(vt.value).__name__} constant")
+    if isinstance(vt, (V.ModuleVT, V.ObjectVT, V.FunctionVT, V.ClassVT, V.BuiltinVT,
+                       V.PyModuleVT)):  # fmt: skip
+        return real_value(vt)
+    if isinstance(vt, (V.ListVT, V.DictVT, V.SetVT, V.NewObjectVT, V.NestedFunctionVT)):
+        return vt
+    raise Unsupported(f"identity of a {type(vt).__name__}")
+
+
 def const_key(vt):
+    if isinstance(vt, V.IdVT):
+        return ObjKey(vt, vt.identity)
     ok, value = try_const(vt, specialize=True)
     if not ok:
-        if isinstance(vt, (V.ModuleVT, V.FunctionVT, V.ClassVT, V.ObjectVT)):
+        if isinstance(vt, (V.ModuleVT, V.FunctionVT, V.ClassVT, V.ObjectVT, V.BuiltinVT,
+                           V.PyModuleVT)):  # fmt: skip
             return ObjKey(vt, real_value(vt))
         if isinstance(vt, V.TensorVT):
             return ObjKey(vt, vt.real if vt.real is not None else vt.node)
@@ -338,6 +360,11 @@ def binop(tx, op, a, b):
         return V.ListVT(b.items * a.value, is_tuple=b.is_tuple)
     if isinstance(a, V.DictVT) and isinstance(b, V.DictVT) and base is operator.or_:
         return V.DictVT({**a.items, **b.items})
+    if isinstance(a, V.IdVT) or isinstance(b, V.IdVT):
+        if op in (operator.eq, operator.ne) and isinstance(a, V.IdVT) and isinstance(b, V.IdVT):
+            same = a.identity is b.identity
+            return V.ConstVT(same if op is operator.eq else not same)
+        raise Unsupported(f"{getattr(op, '__name__', op)} of an id() (its value is not known)")
     if op in (operator.eq, operator.ne):
         same = is_same(tx, a, b)
         if not isinstance(a, (V.ObjectVT, V.NewObjectVT)) or not _py_method(
@@ -548,6 +575,12 @@ def call(tx, fn, args: list, kwargs: dict):
             return V.ConstVT(inspect.signature(real_callable(args[0])))
         if T.is_graph_fn(fn.fn):
             return T.torch_call(tx, fn.fn, args, kwargs)
+        if getattr(fn.fn, "_dynamo_marked_constant", False):
+            return constant_result(fn.fn, args, kwargs)
+        if fn.fn is copy.deepcopy or fn.fn is copy.copy:
+            from .copying import copy_call
+
+            return copy_call(tx, fn.fn, args, kwargs)
         if getattr(fn.fn, "_ember_disabled", False):
             raise Unsupported(f"call to ember.disable'd function {fn.fn.__qualname__}")
         return inline_call(tx, fn, args, kwargs)
@@ -582,6 +615,15 @@ def call(tx, fn, args: list, kwargs: dict):
             pargs = [tx.builder.wrap(a, None) if is_const_value(a) else _no_src(a) for a in p.args]
             pkw = {k: tx.builder.wrap(v, None) for k, v in p.keywords.items() if is_const_value(v)}
             return call(tx, func, [*pargs, *args], {**pkw, **kwargs})
+        if isinstance(fn.obj, functools._lru_cache_wrapper) and isinstance(
+            getattr(fn.obj, "__wrapped__", None), types.FunctionType
+        ):
+            if getattr(fn.obj.__wrapped__, "_dynamo_marked_constant", False):
+                return constant_result(fn.obj, args, kwargs)
+            # A cache in front of a function that is assumed pure (else caching it would be
+            # wrong): tracing the function computes what the cache holds or would hold.
+            wrapped = AttrSource(fn.source, "__wrapped__") if fn.source is not None else None
+            return call(tx, tx.builder.wrap(fn.obj.__wrapped__, wrapped), args, kwargs)
         if _py_method(type(fn.obj), "__call__"):
             return call_method(tx, fn, "__call__", args, kwargs)
     if isinstance(fn, V.NewObjectVT) and _py_method(fn.cls, "__call__"):
@@ -589,6 +631,20 @@ def call(tx, fn, args: list, kwargs: dict):
     if isinstance(fn, V.GradModeVT):
         raise Unsupported("grad-mode object used as a decorator inside compiled code")
     raise Unsupported(f"call to a {_type_name(fn)}")
+
+
+def constant_result(fn, args, kwargs):
+    """A call of a function marked as having a constant result (`_dynamo_marked_constant`, the
+    marker torch's `assume_constant_result` sets and transformers sets on its install probes):
+    run now with constant arguments, its result baked into the graph."""
+    ok, cargs = try_const(V.TupleVT(list(args)))
+    ckw = {k: try_const(v) for k, v in kwargs.items()}
+    if not ok or not all(o for o, _ in ckw.values()):
+        raise Unsupported(f"{fn.__qualname__} (constant result) called with non-constants")
+    value = fn(*cargs, **{k: v for k, (_, v) in ckw.items()})
+    if not is_const_value(value):
+        raise Unsupported(f"{fn.__qualname__} (constant result) returned a {type(value).__name__}")
+    return V.ConstVT(value)
 
 
 def _no_src(a):

@@ -18,16 +18,21 @@ import torch.fx as fx
 from . import variables as V
 from .bytecode import RESUME_ORIGIN, make_resume_code
 from .exc import Unsupported
-from .source import ConstantSource, Source
+from .source import ConstantSource, ItemSource, Source, literal_key
 from .symbolic import SizeVT, SymIntVT, SymSliceVT, python_text
 
 _SIMPLE = (int, str, bool, type(None), bytes)
 
 
-def _new_object(cls, attrs):
-    obj = cls.__new__(cls)
+def _new_object(cls, attrs, slots=None):
+    """An object made (or copied) while tracing: a bare instance, its instance dict and slots,
+    written without running the class's __getattribute__/__setattr__ (as copy.py's
+    `_reconstruct` does)."""
+    obj = object.__new__(cls)
     if attrs:
-        obj.__dict__.update(attrs)
+        object.__getattribute__(obj, "__dict__").update(attrs)
+    for name, value in (slots or {}).items():
+        object.__setattr__(obj, name, value)
     return obj
 
 
@@ -60,13 +65,15 @@ class CodeGen:
 
     def source(self, src: Source) -> str:
         text = src.expr()
-        for cs in _constant_sources(src):
-            self.objs[f"___c_{id(cs.obj)}"] = cs.obj
+        for obj in _constant_sources(src):
+            self.objs[f"___c_{id(obj)}"] = obj
         return text
 
     # -- graph outputs ------------------------------------------------------------------------
     def collect_outputs(self, roots: list) -> list:
         """TensorVTs (produced by the graph) reachable from what the code must rebuild."""
+        from .calls import ObjKey
+
         found: dict[fx.Node, V.TensorVT] = {}
         seen: set[int] = set()
 
@@ -81,7 +88,9 @@ class CodeGen:
                 for i in vt.items:
                     visit(i)
             elif isinstance(vt, V.DictVT):
-                for i in vt.items.values():
+                for k, i in vt.items.items():
+                    if isinstance(k, ObjKey):  # the key's object is rebuilt too
+                        visit(k.vt)
                     visit(i)
             elif isinstance(vt, V.NewObjectVT):
                 for i in vt.attrs.values():
@@ -94,6 +103,8 @@ class CodeGen:
                 visit(vt.fn)
             elif isinstance(vt, V.MethodVT):
                 visit(vt.obj)
+            elif isinstance(vt, V.IdVT):
+                visit(vt.target)
 
         for r in roots:
             visit(r)
@@ -144,9 +155,16 @@ class CodeGen:
             body = ", ".join(f"{k}={self.expr(v)}" for k, v in vt.attrs.items())
             return self._bind(vt, f"{self.eager(vt.cls)}({body})")
         if isinstance(vt, V.NewObjectVT):
-            body = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in vt.attrs.items())
+            from .attrs import is_slot
+
+            slot = {k for k in vt.attrs if is_slot(getattr(vt.cls, k, None))}
+            body = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in vt.attrs.items() if k not in slot)
+            slots = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in vt.attrs.items() if k in slot)
             cls = self.obj(vt.cls, "cls")
-            return self._bind(vt, f"{self.obj(_new_object, 'new')}({cls}, {{{body}}})")
+            args = f"{cls}, {{{body}}}" + (f", {{{slots}}}" if slot else "")
+            return self._bind(vt, f"{self.obj(_new_object, 'new')}({args})")
+        if isinstance(vt, V.IdVT):
+            return f"id({self.expr(vt.target)})"
         if isinstance(vt, V.IteratorVT):
             items = ", ".join(self.expr(i) for i in vt.items[vt.pos :])
             return f"iter(({items}{',' if items else ''}))"
@@ -251,10 +269,14 @@ class CodeGen:
 
 
 def _constant_sources(src) -> list:
+    """The objects a source's expression names as `___c_<id>`: constant sources and dict keys
+    that are not literals."""
     out = []
     while src is not None:
         if isinstance(src, ConstantSource):
-            out.append(src)
+            out.append(src.obj)
+        elif isinstance(src, ItemSource) and not literal_key(src.key):
+            out.append(src.key)
         src = getattr(src, "base", None)
     return out
 

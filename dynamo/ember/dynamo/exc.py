@@ -26,10 +26,10 @@ class PyExc(Unsupported):
 class AttrMissing(PyExc):
     """getattr found no attribute (hasattr answers False, getattr returns its default)."""
 
-    def __init__(self, msg: str):
+    def __init__(self, msg: str, exc_vt=None):
         from .variables import ExcVT
 
-        super().__init__(ExcVT(AttributeError, []), msg)
+        super().__init__(exc_vt or ExcVT(AttributeError, []), msg)
 
 
 class GraphBreakError(RuntimeError):

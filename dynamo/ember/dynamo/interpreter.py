@@ -320,11 +320,9 @@ class Translator:
         calls.setattr_vt(self, obj, inst.argval, value)
 
     def DELETE_ATTR(self, inst):
-        obj = self.pop()
-        if isinstance(obj, V.NewObjectVT) and inst.argval in obj.attrs:
-            del obj.attrs[inst.argval]
-            return
-        raise Unsupported("del of an attribute")
+        from .attrs import delattr_impl
+
+        delattr_impl(self, self.pop(), inst.argval)
 
     # -- operators ----------------------------------------------------------------------------
     def BINARY_OP(self, inst):

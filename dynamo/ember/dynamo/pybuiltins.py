@@ -147,6 +147,73 @@ def _setattr(tx, obj, name, value):
     return V.ConstVT(None)
 
 
+def _delattr(tx, obj, name):
+    from .attrs import delattr_impl
+
+    delattr_impl(tx, obj, const_of(name, "attribute name"))
+    return V.ConstVT(None)
+
+
+def _new_object_only(fn):
+    """object's own attribute slots (reached by `super().__setattr__(...)` or
+    `object.__setattr__(self, ...)` in a class's hooks), for objects made while tracing (and
+    reads of pre-existing ones)."""
+
+    arity = {object.__init__: 0, object.__getattribute__: 1, object.__delattr__: 1,
+             object.__setattr__: 2}[fn]  # fmt: skip
+
+    def handler(tx, obj, *args, **kwargs):
+        from . import attrs
+
+        if kwargs or (len(args) != arity and fn is not object.__init__):
+            raise Unsupported(f"object.{fn.__name__} with {len(args)} arguments")
+
+        if fn is object.__getattribute__ and isinstance(obj, V.ObjectVT) and (
+            obj.source is not None
+        ):
+            return attrs.object_generic_getattr(tx, obj, const_of(args[0], "attribute name"))
+        if not attrs.follows_object_protocol(obj):
+            raise Unsupported(f"object.{fn.__name__} of a {type(obj).__name__}")
+        if fn is object.__init__:
+            if args:
+                raise Unsupported("object.__init__() with arguments")
+            return V.ConstVT(None)
+        name = const_of(args[0], "attribute name")
+        if fn is object.__getattribute__:
+            return attrs.generic_getattr(tx, obj, name)
+        if fn is object.__setattr__:
+            attrs.generic_setattr(tx, obj, name, args[1])
+        else:
+            attrs.generic_delattr(tx, obj, name)
+        return V.ConstVT(None)
+
+    return handler
+
+
+def _object_new(tx, cls_vt, *args, **kwargs):
+    """`object.__new__(cls)` (copyreg, `cls.__new__(cls)` in factories): a bare new object."""
+    cls = const_classes(cls_vt)
+    if not isinstance(cls, type) or not plain_instances(cls):
+        raise Unsupported(f"object.__new__ of {getattr(cls, '__qualname__', cls)}")
+    if (args or kwargs) and (cls.__init__ is object.__init__ or cls.__new__ is not object.__new__):
+        raise Unsupported("object.__new__() with arguments")
+    return V.NewObjectVT(cls)
+
+
+def plain_instances(cls: type) -> bool:
+    """Instances are a bare object plus a __dict__: no __slots__, no C base with its own layout,
+    made by object.__new__ (what NewObjectVT models, and how codegen rebuilds it)."""
+    if cls.__new__ is not object.__new__ or cls.__dictoffset__ == 0:
+        return False
+    if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException, type)):
+        return False
+    return all(k is object or ("__slots__" not in k.__dict__ and k.__flags__ & _HEAPTYPE)
+               for k in cls.__mro__)  # fmt: skip
+
+
+_HEAPTYPE = 1 << 9
+
+
 def _reduce_minmax(fn):
     def handler(tx, *args, **kwargs):
         items = unpack(tx, args[0]) if len(args) == 1 else list(args)
@@ -237,7 +304,9 @@ def _print(tx, *args, **kwargs):
 
 
 def _id(tx, x):
-    raise Unsupported("id() of a traced value")
+    from .calls import identity_of
+
+    return V.IdVT(x, identity_of(x))
 
 
 _HANDLERS = {
@@ -250,7 +319,12 @@ _HANDLERS = {
     builtins.divmod: _const_fn(divmod), builtins.pow: _const_fn(pow),
     builtins.round: _const_fn(round), builtins.repr: _const_fn(repr),
     builtins.format: _const_fn(format), builtins.chr: _const_fn(chr), builtins.ord: _const_fn(ord),
-    builtins.hash: _const_fn(hash),
+    builtins.hash: _const_fn(hash), builtins.delattr: _delattr,
+    builtins.vars: lambda tx, obj: getattr_vt(tx, obj, "__dict__"),
+    object.__getattribute__: _new_object_only(object.__getattribute__),
+    object.__setattr__: _new_object_only(object.__setattr__),
+    object.__delattr__: _new_object_only(object.__delattr__),
+    object.__init__: _new_object_only(object.__init__), object.__new__: _object_new,
 }  # fmt: skip
 
 

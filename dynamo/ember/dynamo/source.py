@@ -106,10 +106,24 @@ class ItemSource(Source):
         return isinstance(self.base, AttrSource) and self.base.attr == "_parameters"
 
     def expr(self):
-        return f"{self.base.expr()}[{self.key!r}]"
+        return f"{self.base.expr()}[{key_text(self.key)}]"
 
     def name(self):
         return f"{self.base.name()}[{self.key!r}]"
+
+
+def literal_key(key) -> bool:
+    """A dict key written as a Python literal; other keys (a class keying a dispatch table) are
+    named `___c_<id>` and passed to the transformed code (codegen.CodeGen.source)."""
+    if type(key) is tuple:
+        return all(literal_key(k) for k in key)
+    return type(key) in (int, str, bool, bytes, type(None)) or (
+        type(key) is float and key == key and abs(key) != float("inf")
+    )
+
+
+def key_text(key) -> str:
+    return repr(key) if literal_key(key) else f"___c_{id(key)}"
 
 
 @dataclasses.dataclass(frozen=True)

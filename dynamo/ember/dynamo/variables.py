@@ -274,6 +274,18 @@ class NewObjectVT(VT):
         return self.cls
 
 
+class IdVT(VT):
+    """`id(x)` of a traced value: an int nobody can know at trace time, but one that compares
+    and hashes by the identity of `x` (copy.deepcopy's memo, caches keyed by id)."""
+
+    def __init__(self, target: VT, identity: Any):
+        self.target = target
+        self.identity = identity  # the real object, or the VT of one made while tracing
+
+    def python_type(self):
+        return int
+
+
 class DataclassVT(NewObjectVT):
     """A dataclass instance built while tracing (HF ModelOutput too); rebuilt as cls(**fields)."""
 
