@@ -2,6 +2,7 @@
 use, the module wrapper, backends, disable and reset."""
 
 import io
+import os
 import warnings
 
 import pytest
@@ -364,6 +365,52 @@ def test_autocast_state_is_guarded():
     assert cnt.frame_count == 2
 
 
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class _InnerAutocast(nn.Module):
+    def __init__(self, inner: bool):
+        super().__init__()
+        self.inner = inner
+        self.lin = nn.Linear(4096, 8192)  # 128 MiB of float32 weights, 64 MiB in bfloat16
+
+    def forward(self, x):
+        if self.inner:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                x = self.lin(x)
+            return x.float().relu()
+        return self.lin(x).relu()
+
+
+@pytest.mark.parametrize("inner", [False, True], ids=["outer-block", "inner-block-too"])
+def test_tracing_leaves_nothing_in_an_open_autocasts_cache(inner):
+    """Tracing runs ops on copies of the parameters. Under an autocast block held open around
+    compiling and calling (an inference loop), autocast cached each copy's bfloat16 cast until
+    the block ended: 64 MiB more than eager's call here. What the cache holds after a call is
+    now what eager's call leaves there (the casts of the real weights: this backend runs the
+    graph as eager does). The traced code still sees the cache switch it sets (a `with
+    torch.autocast` inside the model restores it on exit)."""
+    model = _InnerAutocast(inner).eval()
+    x = torch.randn(8, 4096)
+    cf = ember.compile(model, backend="eager")
+
+    def cached_by(fn):
+        torch.clear_autocast_cache()
+        out = fn(x)
+        assert torch.is_autocast_cache_enabled()
+        held = _rss_mib()
+        torch.clear_autocast_cache()
+        return out, held - _rss_mib()
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, by_eager = cached_by(model)
+        out, by_compiled = cached_by(cf)
+    torch.testing.assert_close(out, expected)
+    assert by_compiled < by_eager + 16, f"eager cached {by_eager:.0f} MiB, ours {by_compiled:.0f}"
+    assert convert.stats.frames_converted >= 1 and not convert.stats.failures
 
 def test_an_expanded_input_is_traced_on_a_copy_of_its_layout():
     """An input that repeats one element over a dim (stride 0, as `expand` makes, which BART's

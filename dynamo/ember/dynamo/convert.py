@@ -28,7 +28,7 @@ from .config import config
 from .dynamic import DynamicPolicy
 from .exc import GraphBreakError, RestartAnalysis, Unsupported
 from .interpreter import RootTranslator
-from .output import OutputGraph
+from .output import OutputGraph, uncached_examples
 from .source import sanitize
 from .symbolic import SymbolicFallback
 
@@ -184,7 +184,8 @@ def convert_frame(code, fn, f_globals, args, backend, fullgraph, dynamic=False):
     grad = torch.is_grad_enabled()
     autocast = autocast_state()
     try:
-        return _convert(code, fn, f_globals, args, backend, fullgraph, dynamic)
+        with uncached_examples():
+            return _convert(code, fn, f_globals, args, backend, fullgraph, dynamic)
     except Unsupported as e:
         where = e.where or f"{code.co_filename}:{code.co_firstlineno}"
         if fullgraph:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Optional
 
@@ -21,6 +22,28 @@ from .symbolic import ShapeEnv, SymIntVT, SymSliceVT
 # Python scalars that may appear as graph constants.
 _GRAPH_CONSTS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
                  torch.layout, torch.memory_format, slice, type(Ellipsis), torch.Size)  # fmt: skip
+
+
+# The autocast cache switch the user's code sees while a frame is traced, or None when tracing
+# leaves the real switch alone (see uncached_examples).
+_USER_CACHE: list = [None]
+
+
+@contextlib.contextmanager
+def uncached_examples():
+    """Trace with autocast's cache off. Tracing runs ops on private copies of the parameters
+    (`_example_clone`); under an autocast block the user holds open, autocast would keep each
+    copy's cast, and so the copy, until the block ends: about twice the weights' memory for as
+    long as the block runs the compiled model. The traced code still sees (and records) the
+    switch as it set it."""
+    saved = _USER_CACHE[0], torch.is_autocast_cache_enabled()
+    _USER_CACHE[0] = saved[1]
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        _USER_CACHE[0] = saved[0]
+        torch.set_autocast_cache_enabled(saved[1])
 
 
 def _example_clone(t: torch.Tensor) -> torch.Tensor:
@@ -48,6 +71,7 @@ class OutputGraph:
         self._input_by_id: dict[int, V.TensorVT] = {}
         self._input_by_source: dict[Source, V.TensorVT] = {}
         self.side_effects: list[tuple] = []
+        self.autocast_cache = _USER_CACHE[0]  # the switch as traced code has set it
         self.mutated: dict[int, V.VT] = {}  # pre-existing lists/dicts changed while tracing
         self.pending_attrs: dict[tuple, V.VT] = {}  # (id(obj), name) -> value set while tracing
         self.root_globals: dict = {}
@@ -148,6 +172,10 @@ class OutputGraph:
         try:
             if kind == "call_method":
                 result = getattr(ex_args[0], target)(*ex_args[1:], **ex_kwargs)
+            elif self.autocast_cache is not None and target is torch.is_autocast_cache_enabled:
+                result = self.autocast_cache
+            elif self.autocast_cache is not None and target is torch.set_autocast_cache_enabled:
+                self.autocast_cache, result = bool([*ex_args, *ex_kwargs.values()][0]), None
             else:
                 result = target(*ex_args, **ex_kwargs)
         except Exception as e:  # the user's code would raise the same in eager: run it eagerly
