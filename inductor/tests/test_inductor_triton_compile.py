@@ -102,6 +102,32 @@ def test_looped_any_and_safe_softmax_compile(triton_kernels, monkeypatch):
     assert not failures, "\n\n".join(failures[:2])
 
 
+
+@pytest.mark.parametrize("persistent_max", [4096, 8], ids=["persistent", "looped"])
+def test_products_signbits_and_constant_stores(triton_kernels, monkeypatch, persistent_max):
+    """Found by op_db through the interpreter: a product reduction (Triton has none: tl.reduce
+    over a multiply the kernel's module defines), the sign bit of -0.0 and NaNs, a 0-d tensor
+    filled with a constant (a scalar address under a block mask), and 64-bit values cast to
+    bfloat16 (arange). They match eager and compile for sm_90."""
+    monkeypatch.setattr(config, "persistent_reduction_max", persistent_max)
+    x = torch.rand(6, 40) + 0.5
+    n = torch.randint(-2, 3, (6, 40))
+    z = torch.tensor([-0.0, 0.0, -1.0, float("nan"), -float("nan"), -float("inf")])
+
+    def f(x, n, z):
+        return (x.prod(-1), n.prod(-1), x.prod(), torch.signbit(z), torch.zeros_like(x[0, 0]),
+                torch.arange(-3, 5, 2, dtype=torch.bfloat16))  # fmt: skip
+
+    from ember.primtorch import trace_to_prims
+
+    prims = trace_to_prims(f, x, n, z)
+    out = pipeline.compile_prims(prims, [x, n, z])(x, n, z)
+    for got, want in zip(out, f(x, n, z)):
+        torch.testing.assert_close(got, want)
+    assert any("tl.reduce(" in src for src in triton_kernels)
+    failures = triton_aot.check_kernels(triton_kernels.values())
+    assert not failures, "\n\n".join(failures[:2])
+
 def test_attach_cubins_from_a_fresh_and_a_cached_program(triton_kernels, tmp_path, monkeypatch):
     """A CUDA artifact for the C++ wrapper: each Triton kernel gets a cubin, and each kernel step
     passes every parameter of the kernel's signature (the numels too), also when the program

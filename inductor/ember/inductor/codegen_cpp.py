@@ -51,7 +51,7 @@ SCALAR_UNARY = {
     "atanh": "std::atanh({0})", "erf": "std::erf({0})", "erfc": "std::erfc({0})",
     "erfinv": "ember::erfinv({0})", "lgamma": "std::lgamma({0})", "reciprocal": "{one} / {0}",
     "floor": "std::floor({0})", "ceil": "std::ceil({0})", "trunc": "std::trunc({0})",
-    "round": "std::nearbyint({0})", "sign": "ember::sign({0})", "signbit": "std::signbit({0})",
+    "round": "std::nearbyint({0})", "sign": "ember::sign({0})", "signbit": "ember::signbit({0})",
     "isnan": "std::isnan({0})", "isinf": "std::isinf({0})", "isfinite": "std::isfinite({0})",
     "logical_not": "!{0}", "bitwise_not": "~{0}", "sigmoid": "ember::sigmoid({0})",
     "relu": "ember::max_prop({0}, decltype({0})(0))",

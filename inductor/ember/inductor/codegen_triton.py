@@ -50,7 +50,7 @@ OPS = {
     "erf": "tl.erf({0})", "erfc": "libdevice.erfc({0})", "erfinv": "libdevice.erfinv({0})",
     "lgamma": "libdevice.lgamma({0})", "reciprocal": "1.0 / {0}", "floor": "tl.floor({0})",
     "ceil": "tl.ceil({0})", "trunc": "libdevice.trunc({0})", "round": "libdevice.nearbyint({0})",
-    "sign": "(({0} > 0).to({t}) - ({0} < 0).to({t}))", "signbit": "libdevice.signbit({0}) != 0",
+    "sign": "(({0} > 0).to({t}) - ({0} < 0).to({t}))", "signbit": "{0}.to({bits}, bitcast=True) < 0",
     "isnan": "{0} != {0}", "isinf": "tl.abs({0}) == float('inf')",
     "isfinite": "tl.abs({0}) < float('inf')", "logical_not": "{0} == 0", "bitwise_not": "~{0}",
     "sigmoid": "tl.sigmoid({0})", "relu": f"tl.maximum({{0}}, 0.0, {NAN_ALL})",
@@ -73,11 +73,14 @@ INTERPRET_OPS = {
     "tan": "tl.sin({0}) / tl.cos({0})", "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
     "pow": "tl.exp(tl.log({0}) * {1})", "fmod": "{0} - {1} * tl.where({0} / {1} < 0, tl.ceil({0} / {1}), tl.floor({0} / {1}))",
 }  # fmt: skip
+PROD_COMBINE = "_ember_mul"
 REDUCE = {"sum": ("0", "tl.sum({0}, 1)[:, None]", "{0} + {1}"),
           "max": ("float('-inf')", "tl.max({0}, 1)[:, None]", f"tl.maximum({{0}}, {{1}}, {NAN_ALL})"),
           "min": ("float('inf')", "tl.min({0}, 1)[:, None]", f"tl.minimum({{0}}, {{1}}, {NAN_ALL})"),
           # a looped any's accumulator stays int1: where(mask, flag, 0) is an int32
-          "any": ("0", "tl.max({0}.to(tl.int32), 1)[:, None] != 0", "{0} | ({1} != 0)")}  # fmt: skip
+          "any": ("0", "tl.max({0}.to(tl.int32), 1)[:, None] != 0", "{0} | ({1} != 0)"),
+          # Triton has no product: tl.reduce with a multiply the kernel's module defines
+          "prod": ("1", f"tl.reduce({{0}}, 1, {PROD_COMBINE})[:, None]", "{0} * {1}")}  # fmt: skip
 
 
 def tl_constant(value, dtype) -> str:
@@ -150,8 +153,11 @@ class TritonRenderer(Renderer):
         )
         ptr = f"{self.args[name]} + ({self.index_text(index)})"
         if not (sympy.sympify(index).free_symbols - set(self.hints)):
-            # A scalar pointer takes no block value or mask: broadcast it to the value's shape.
+            # A scalar pointer takes no block value or mask: broadcast it to the value's shape,
+            # and to the mask's (the value may be a constant: a 0-d tensor filled with zeros).
             ptr += f" + tl.zeros({value}.shape, tl.int32)"
+            if mask:
+                ptr += f" + tl.zeros(({mask}).shape, tl.int32)"
         return f"tl.store({ptr}, {v}, {mask})"
 
     def constant(self, value, dtype):
@@ -167,6 +173,10 @@ class TritonRenderer(Renderer):
         if dtype == torch.bool:
             return self.emit(f"{value} != 0", torch.bool)
         if dtype in (torch.float16, torch.bfloat16):
+            if value.dtype.itemsize == 8 and os.environ.get("TRITON_INTERPRET") == "1":
+                # Triton 3.6's interpreter turns 64-bit values into garbage 16-bit floats (125
+                # as 1e-38, -1.0 as NaN); the compiler converts them directly.
+                value = self.emit(f"{value}.to(tl.float32)", torch.float32)
             return self.emit(f"{value}.to({TL[dtype]}).to(tl.float32)", torch.float32)
         return self.emit(f"{value}.to({TL[dtype]})", dtype)
 
@@ -175,8 +185,17 @@ class TritonRenderer(Renderer):
 
     def op_text(self, name, args):
         t = TL.get(args[0].dtype, "tl.float32")
-        if os.environ.get("TRITON_INTERPRET") == "1" and name in INTERPRET_OPS:
-            return INTERPRET_OPS[name].format(*args)
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            if name in INTERPRET_OPS:
+                return INTERPRET_OPS[name].format(*args)
+            if OPS[name].startswith("libdevice."):
+                raise NotImplementedError(
+                    f"{name}: Triton's interpreter has no libdevice ({OPS[name].split('(')[0]})"
+                )
+        if name == "signbit":  # the sign bit itself: -0.0 and NaNs with it set are included
+            if not args[0].dtype.is_floating_point:
+                return f"{args[0]} < 0"
+            return OPS[name].format(*args, bits="tl.int64" if t == "tl.float64" else "tl.int32")
         return OPS[name].format(*args, t=t)
 
     def masked(self, mask, body, other):
@@ -204,8 +223,10 @@ class TritonRenderer(Renderer):
         j = len(self.reds)
         self.reds.append((rtype, dtype))
         out = _Pending(f"red{self.phase}_{j}", compute_dtype(dtype))
-        if rtype in ("argmax", "argmin", "prod"):
-            if not self.persistent or rtype == "prod":
+        if rtype == "prod":
+            self.uses_prod = True
+        if rtype in ("argmax", "argmin"):
+            if not self.persistent:
                 raise NotImplementedError(
                     f"Triton {rtype} reduction (only persistent arg reductions)"
                 )
@@ -241,6 +262,7 @@ class TritonRenderer(Renderer):
 
     def render(self) -> KernelSource:
         k = self.kernel
+        self.uses_prod = False  # a product reduction needs its combine function in the module
         xs, rs, exprs = self.kernel_indices()
         xsizes, xvars, xassign = merge_dims(k.xsizes, xs, exprs)
         rsizes, rvars, rassign = merge_dims(k.rsizes, rs, exprs)
@@ -269,9 +291,12 @@ class TritonRenderer(Renderer):
         syms = size_symbols_in([*head, *body, _py(xnumel), _py(rnumel)])
         params = [*self.args.values(), "xnumel"] + (["rnumel"] if reduction else []) + syms
         consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if reduction else [])
+        helpers = []
+        if self.uses_prod:
+            helpers = ["@triton.jit", f"def {PROD_COMBINE}(a, b):", "    return a * b", "", ""]
         src = "\n".join([
             "import triton", "import triton.language as tl",
-            "from triton.language.extra import libdevice", "", "", "@triton.jit",
+            "from triton.language.extra import libdevice", "", "", *helpers, "@triton.jit",
             f"def {self.name}({', '.join(params + consts)}):", *_indent(head + body), "",
         ])  # fmt: skip
         types = tuple(buffer_ptr_type(self.dtype_of(n)) for n in self.args) + ("i64",) * (

@@ -85,7 +85,12 @@ inline double pymod(double a, double b) {
 }
 template <class T> inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
 template <class T> inline T sign(T x) { return (T)((x > T(0)) - (x < T(0))); }
+// std::signbit on a float widened from bfloat16 makes GCC 12 fail (an internal compiler error)
+// when it vectorizes the loop for AVX512; the sign of copysign(1, x) is the same bit.
+template <class T> inline bool signbit(T x) { return std::copysign(T(1), x) < T(0); }
 inline float erfinv(float y) {  // Giles' single-precision approximation, then two Newton steps
+  if (!(std::fabs(y) < 1.0f))  // the ends (where w below is infinite), outside them, NaN
+    return std::fabs(y) == 1.0f ? std::copysign(INFINITY, y) : NAN;
   float w = -std::log((1.0f - y) * (1.0f + y)), x;
   if (w < 5.0f) {
     w -= 2.5f;
@@ -103,6 +108,17 @@ inline float erfinv(float y) {  // Giles' single-precision approximation, then t
   x *= y;
   for (int i = 0; i < 2; ++i)
     x -= (std::erf(x) - y) / (1.1283791670955126f * std::exp(-x * x));
+  return x;
+}
+inline double erfinv(double y) {  // from the float result, Newton steps in double
+  if (!(std::fabs(y) < 1.0))
+    return std::fabs(y) == 1.0 ? std::copysign(INFINITY, y) : NAN;
+  double x = erfinv(std::copysign(std::min((float)std::fabs(y), 0.99999994f), (float)y));
+  for (int i = 0; i < 8; ++i) {
+    double step = (std::erf(x) - y) / (1.1283791670955126 * std::exp(-x * x));
+    x -= step;
+    if (std::fabs(step) <= 1e-15 * std::fabs(x)) break;
+  }
   return x;
 }
 
