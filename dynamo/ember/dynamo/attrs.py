@@ -9,7 +9,7 @@ import torch
 
 from . import tensor_ops as T
 from . import variables as V
-from .calls import AttrMissing, wrap_const
+from .calls import AttrMissing, py_method, wrap_const
 from .exc import PyExc, Unsupported
 from .frame import inline_call
 from .source import AttrSource, ConstantSource, ItemSource, module_param_source
@@ -205,15 +205,6 @@ def instance_dict(vt: V.NewObjectVT) -> V.DictVT:
     return d
 
 
-def _py_hook(cls, name):
-    """The class's own Python `name` (a __getattribute__/__setattr__...), not object's slot."""
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            attr = klass.__dict__[name]
-            return attr if isinstance(attr, types.FunctionType) else None
-    return None
-
-
 def _is_attribute_error(e) -> bool:
     return isinstance(e, PyExc) and isinstance(e.exc_vt, V.ExcVT) and issubclass(
         e.exc_vt.cls, AttributeError
@@ -230,13 +221,13 @@ def _protocol_getattr(tx, vt, name, generic):
     """`vt.name` as Python does it: the class's own __getattribute__ (inlined) or the generic
     lookup, then __getattr__ if that raised AttributeError."""
     cls = vt.python_type()
-    hook = _py_hook(cls, "__getattribute__")
+    hook = py_method(cls, "__getattribute__")
     try:
         if hook is not None:
             return _attribute_error_as_missing(tx, hook, vt, name)
         return generic(tx, vt, name)
     except PyExc as e:
-        fallback = _py_hook(cls, "__getattr__")
+        fallback = py_method(cls, "__getattr__")
         if fallback is None or not _is_attribute_error(e):
             raise
         return _attribute_error_as_missing(tx, fallback, vt, name)
@@ -409,7 +400,7 @@ def super_getattr(tx, vt: V.SuperVT, name: str) -> V.VT:
 
 def setattr_impl(tx, obj, name: str, value) -> None:
     if follows_object_protocol(obj):
-        hook = _py_hook(obj.cls, "__setattr__")
+        hook = py_method(obj.cls, "__setattr__")
         if hook is not None:
             inline_call(tx, V.FunctionVT(hook, None), [obj, V.ConstVT(name), value], {})
         else:
@@ -467,7 +458,7 @@ def delattr_impl(tx, obj, name: str) -> None:
     """`del obj.name` / `delattr(obj, name)`: for objects made while tracing."""
     if not follows_object_protocol(obj):
         raise Unsupported(f"deleting attribute {name!r} of a {type(obj).__name__}")
-    hook = _py_hook(obj.cls, "__delattr__")
+    hook = py_method(obj.cls, "__delattr__")
     if hook is not None:
         inline_call(tx, V.FunctionVT(hook, None), [obj, V.ConstVT(name)], {})
     else:

@@ -188,7 +188,7 @@ def get_iter(tx, vt) -> V.IteratorVT:
         return V.IteratorVT([getitem(tx, vt, V.ConstVT(i)) for i in range(n)])
     if isinstance(vt, V.ModuleVT):
         return V.IteratorVT(module_children(tx, vt))
-    if isinstance(vt, (V.ObjectVT, V.NewObjectVT)) and _py_method(vt.python_type(), "__iter__"):
+    if isinstance(vt, (V.ObjectVT, V.NewObjectVT)) and py_method(vt.python_type(), "__iter__"):
         return get_iter(tx, call_method(tx, vt, "__iter__", [], {}))
     raise Unsupported(f"iteration over {_type_name(vt)}")
 
@@ -254,8 +254,8 @@ def truth(tx, vt) -> bool:
         return True
     if isinstance(vt, (V.ObjectVT, V.NewObjectVT)):
         cls = vt.python_type()
-        if _py_method(cls, "__bool__") or _py_method(cls, "__len__"):
-            return truth(tx, call_method(tx, vt, "__bool__" if _py_method(cls, "__bool__")
+        if py_method(cls, "__bool__") or py_method(cls, "__len__"):
+            return truth(tx, call_method(tx, vt, "__bool__" if py_method(cls, "__bool__")
                                          else "__len__", [], {}))  # fmt: skip
         if isinstance(vt, V.ObjectVT) and (hasattr(cls, "__bool__") or hasattr(cls, "__len__")):
             return bool(vt.obj)  # a C type's truth: cheap and guarded by the type guard
@@ -296,7 +296,7 @@ def contains(tx, container, item) -> bool:
         return const_of(item) in container.value
     if isinstance(container, V.ModuleVT) and isinstance(container.module, torch.nn.ModuleDict):
         return const_key(item) in container.module._modules
-    if isinstance(container, (V.ObjectVT, V.NewObjectVT)) and _py_method(
+    if isinstance(container, (V.ObjectVT, V.NewObjectVT)) and py_method(
         container.python_type(), "__contains__"
     ):
         return truth(tx, call_method(tx, container, "__contains__", [item], {}))
@@ -367,12 +367,12 @@ def binop(tx, op, a, b):
         raise Unsupported(f"{getattr(op, '__name__', op)} of an id() (its value is not known)")
     if op in (operator.eq, operator.ne):
         same = is_same(tx, a, b)
-        if not isinstance(a, (V.ObjectVT, V.NewObjectVT)) or not _py_method(
+        if not isinstance(a, (V.ObjectVT, V.NewObjectVT)) or not py_method(
             a.python_type(), "__eq__"
         ):
             return V.ConstVT(same if op is operator.eq else not same)
     name = _DUNDER.get(base)
-    if name and isinstance(a, (V.ObjectVT, V.NewObjectVT)) and _py_method(a.python_type(), name):
+    if name and isinstance(a, (V.ObjectVT, V.NewObjectVT)) and py_method(a.python_type(), name):
         return call_method(tx, a, name, [b], {})
     raise Unsupported(f"{getattr(op, '__name__', op)} of {_type_name(a)} and {_type_name(b)}")
 
@@ -446,7 +446,7 @@ def getitem(tx, obj, key):
             raise Unsupported(f"indexing a constant: {e}") from None
     if isinstance(obj, V.ModuleVT):
         return module_getitem(tx, obj, key)
-    if isinstance(obj, (V.ObjectVT, V.NewObjectVT)) and _py_method(obj.python_type(),
+    if isinstance(obj, (V.ObjectVT, V.NewObjectVT)) and py_method(obj.python_type(),
                                                                    "__getitem__"):  # fmt: skip
         return call_method(tx, obj, "__getitem__", [key], {})
     raise Unsupported(f"indexing a {_type_name(obj)}")
@@ -466,7 +466,7 @@ def module_getitem(tx, vt, key):
         return _submodule(tx, vt, keys[k])
     if isinstance(m, torch.nn.ParameterList):
         return _module_attr_by_dict(tx, vt, "_parameters", str(k if k >= 0 else len(m) + k))
-    if _py_method(type(m), "__getitem__"):
+    if py_method(type(m), "__getitem__"):
         return call_method(tx, vt, "__getitem__", [key], {})
     raise Unsupported(f"indexing module {type(m).__name__}")
 
@@ -489,7 +489,7 @@ def setitem(tx, obj, key, value):
     if isinstance(obj, V.DataclassVT):
         obj.attrs[const_of(key, "key")] = value
         return
-    if isinstance(obj, (V.ObjectVT, V.NewObjectVT)) and _py_method(obj.python_type(),
+    if isinstance(obj, (V.ObjectVT, V.NewObjectVT)) and py_method(obj.python_type(),
                                                                    "__setitem__"):  # fmt: skip
         call_method(tx, obj, "__setitem__", [key, value], {})
         return
@@ -624,9 +624,9 @@ def call(tx, fn, args: list, kwargs: dict):
             # wrong): tracing the function computes what the cache holds or would hold.
             wrapped = AttrSource(fn.source, "__wrapped__") if fn.source is not None else None
             return call(tx, tx.builder.wrap(fn.obj.__wrapped__, wrapped), args, kwargs)
-        if _py_method(type(fn.obj), "__call__"):
+        if py_method(type(fn.obj), "__call__"):
             return call_method(tx, fn, "__call__", args, kwargs)
-    if isinstance(fn, V.NewObjectVT) and _py_method(fn.cls, "__call__"):
+    if isinstance(fn, V.NewObjectVT) and py_method(fn.cls, "__call__"):
         return call_method(tx, fn, "__call__", args, kwargs)
     if isinstance(fn, V.GradModeVT):
         raise Unsupported("grad-mode object used as a decorator inside compiled code")
@@ -708,7 +708,7 @@ def call_forward(tx, vt, args, kwargs):
     return inline_call(tx, V.FunctionVT(forward, None), [vt, *args], kwargs)
 
 
-def _py_method(cls, name):
+def py_method(cls, name):
     """The Python function `name` on `cls`'s MRO, if it is one (not a C slot)."""
     for klass in cls.__mro__:
         if name in klass.__dict__:

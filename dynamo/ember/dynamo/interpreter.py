@@ -631,7 +631,7 @@ class Translator:
     def BEFORE_WITH(self, inst):
         ctx = self.pop()
         if isinstance(ctx, (V.ObjectVT, V.NewObjectVT)) and all(
-            calls._py_method(ctx.python_type(), m) for m in ("__enter__", "__exit__")
+            calls.py_method(ctx.python_type(), m) for m in ("__enter__", "__exit__")
         ):  # a context manager written in Python: its __enter__ and __exit__ are inlined
             entered = calls.call_method(self, ctx, "__enter__", [], {})
             self.push(V.ContextExitVT(ctx, user=True))
