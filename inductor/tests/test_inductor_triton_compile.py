@@ -128,6 +128,30 @@ def test_products_signbits_and_constant_stores(triton_kernels, monkeypatch, pers
     failures = triton_aot.check_kernels(triton_kernels.values())
     assert not failures, "\n\n".join(failures[:2])
 
+
+@pytest.mark.parametrize("persistent_max", [4096, 8], ids=["persistent", "looped"])
+def test_argmax_and_argmin_over_long_rows(triton_kernels, monkeypatch, persistent_max):
+    """Rows longer than one block (a vocabulary's logits): each lane keeps its best value and
+    where, then the lanes agree on the smallest index of the best. Ties take the first
+    occurrence and NaN ranks above every number, as in eager."""
+    monkeypatch.setattr(config, "persistent_reduction_max", persistent_max)
+    x = torch.randn(5, 37)
+    x[1, 3] = x[1, 30] = 100.0
+    x[2, 20] = x[2, 33] = float("nan")
+    x[3] = 1.0
+    x[4, 36] = -100.0
+
+    def f(x):
+        return x.argmax(-1), x.argmin(-1), x.argmax(), x.double().argmin(0)
+
+    from ember.primtorch import trace_to_prims
+
+    out = pipeline.compile_prims(trace_to_prims(f, x), [x])(x)
+    for got, want in zip(out, f(x)):
+        assert got.equal(want), (got, want)
+    failures = triton_aot.check_kernels(triton_kernels.values())
+    assert not failures, "\n\n".join(failures[:2])
+
 def test_attach_cubins_from_a_fresh_and_a_cached_program(triton_kernels, tmp_path, monkeypatch):
     """A CUDA artifact for the C++ wrapper: each Triton kernel gets a cubin, and each kernel step
     passes every parameter of the kernel's signature (the numels too), also when the program

@@ -226,13 +226,12 @@ class TritonRenderer(Renderer):
         if rtype == "prod":
             self.uses_prod = True
         if rtype in ("argmax", "argmin"):
-            if not self.persistent:
-                raise NotImplementedError(
-                    f"Triton {rtype} reduction (only persistent arg reductions)"
-                )
             fill = "float('-inf')" if rtype == "argmax" else "float('inf')"
             masked = self.emit(f"tl.where({self._mask()}, {value}, {fill})", value.dtype)
-            self.lines.append(f"{out} = tl.{rtype}({masked}, 1)[:, None].to(tl.int64)")
+            if self.persistent:
+                self.lines.append(f"{out} = tl.{rtype}({masked}, 1)[:, None].to(tl.int64)")
+            else:
+                self._looped_arg_reduction(rtype, out, masked, j)
             return out
         init, final, combine = REDUCE[rtype]
         masked = self.emit(f"tl.where({self._mask()}, {value}, {init})", value.dtype)
@@ -246,6 +245,30 @@ class TritonRenderer(Renderer):
             self.lines.append(f"{acc} = {combine.format(acc, masked)}")
             self.post.append(f"{out} = {final.format(acc)}")
         return out
+
+    def _looped_arg_reduction(self, rtype, out, masked, j):
+        """argmax/argmin over a row longer than one block: each lane keeps the best value it
+        has seen and where (a later chunk replaces it only when strictly better, or NaN over a
+        number, as torch ranks NaN above all), then the lanes agree on the best value and take
+        the smallest index holding it: torch's first occurrence."""
+        val, idx = f"acc{self.phase}_{j}", f"idx{self.phase}_{j}"
+        better = ">" if rtype == "argmax" else "<"
+        fill = "float('-inf')" if rtype == "argmax" else "float('inf')"
+        acc_type = "tl.float64" if masked.dtype == torch.float64 else "tl.float32"
+        self.pre += [f"{val} = tl.full([XBLOCK, RBLOCK], {fill}, {acc_type})",
+                     f"{idx} = tl.zeros([XBLOCK, RBLOCK], tl.int64)"]  # fmt: skip
+        take = self.emit(
+            f"({masked} {better} {val}) | (({masked} != {masked}) & ({val} == {val}))", torch.bool
+        )
+        self.lines += [f"{idx} = tl.where({take}, rindex.to(tl.int64), {idx})",
+                       f"{val} = tl.where({take}, {masked}, {val})"]  # fmt: skip
+        pick = "tl.max" if rtype == "argmax" else "tl.min"
+        self.post += [
+            f"{val}_nan = tl.max(({val} != {val}).to(tl.int32), 1)[:, None] != 0",
+            f"{val}_best = {pick}(tl.where({val} != {val}, {fill}, {val}), 1)[:, None]",
+            f"{val}_here = tl.where({val}_nan, {val} != {val}, {val} == {val}_best)",
+            f"{out} = tl.min(tl.where({val}_here, {idx}, 9223372036854775807), 1)[:, None]",
+        ]
 
     # --- structure ------------------------------------------------------------------------------
     def index_text(self, expr):
