@@ -274,16 +274,26 @@ def generic_getattr(tx, vt: V.NewObjectVT, name: str) -> V.VT:
         return vt.attrs[name]
     if not found or is_slot(attr):
         raise AttrMissing(f"{vt.cls.__name__} object has no attribute {name!r}")
-    if isinstance(attr, _SIMPLE_CLASS_ATTRS):
-        return _class_attr(tx, vt, vt.cls, name, attr)
-    if _is_const(attr):
-        return V.ConstVT(attr)
-    if isinstance(attr, type) or not hasattr(type(attr), "__get__"):
-        owner = next(k for k in vt.cls.__mro__ if name in k.__dict__)
-        return tx.builder.wrap(attr, AttrSource(ConstantSource(owner, owner.__qualname__), name))
+    out = _class_level(tx, vt, vt.cls, name, attr)
+    if out is not None:
+        return out
     if isinstance(attr, types.WrapperDescriptorType) and attr.__objclass__ is object:
         return V.BoundMethodVT(V.BuiltinVT(attr), vt)  # object.__setattr__ & co. (pybuiltins)
     raise Unsupported(f"class attribute {vt.cls.__name__}.{name} ({type(attr).__name__})")
+
+
+def _class_level(tx, vt, cls, name: str, attr):
+    """An attribute found on the class (no instance value shadows it), read through the
+    instance `vt`: a function, property or static/class method binds; a constant, a class or a
+    plain value is read from its owner. None for anything else (other descriptors)."""
+    if isinstance(attr, _SIMPLE_CLASS_ATTRS):
+        return _class_attr(tx, vt, cls, name, attr)
+    if _is_const(attr):
+        return V.ConstVT(attr)
+    if isinstance(attr, type) or not hasattr(type(attr), "__get__"):
+        owner = next(k for k in cls.__mro__ if name in k.__dict__)
+        return tx.builder.wrap(attr, AttrSource(ConstantSource(owner, owner.__qualname__), name))
+    return None
 
 
 def object_generic_getattr(tx, vt: V.ObjectVT, name: str) -> V.VT:
@@ -312,21 +322,20 @@ def object_generic_getattr(tx, vt: V.ObjectVT, name: str) -> V.VT:
         return tx.builder.wrap(inst[name], ItemSource(AttrSource(vt.source, "__dict__"), name))
     if not found:
         raise AttrMissing(f"{cls.__name__} object has no attribute {name!r}")
-    if isinstance(attr, (types.FunctionType, staticmethod, classmethod)):
-        return _class_attr(tx, vt, cls, name, attr)
-    if _is_const(attr):
-        return V.ConstVT(attr)
-    if isinstance(attr, type) or not hasattr(type(attr), "__get__"):
-        owner = next(k for k in cls.__mro__ if name in k.__dict__)
-        return tx.builder.wrap(attr, AttrSource(ConstantSource(owner, owner.__qualname__), name))
+    out = _class_level(tx, vt, cls, name, attr)  # (a property was read above)
+    if out is not None:
+        return out
     raise Unsupported(f"class attribute {cls.__name__}.{name} ({type(attr).__name__})")
 
 
 def is_slot(attr) -> bool:
     """A `__slots__` entry of a Python class: instance storage, kept in NewObjectVT.attrs."""
-    return isinstance(attr, types.MemberDescriptorType) and bool(
-        attr.__objclass__.__flags__ & _HEAPTYPE
-    )
+    return isinstance(attr, types.MemberDescriptorType) and python_class(attr.__objclass__)
+
+
+def python_class(cls: type) -> bool:
+    """Made by a class statement (a heap type), not written in C."""
+    return bool(cls.__flags__ & _HEAPTYPE)
 
 
 _HEAPTYPE = 1 << 9

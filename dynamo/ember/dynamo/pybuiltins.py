@@ -12,6 +12,7 @@ import torch
 
 from . import tensor_ops as T
 from . import variables as V
+from .attrs import python_class
 from .builder import is_namedtuple_type
 from .calls import (AttrMissing, binop, call, const_key, const_of, contains, get_iter,
                     getattr_vt, getitem, is_same, real_value, setattr_vt, truth, try_const,
@@ -207,11 +208,8 @@ def plain_instances(cls: type) -> bool:
         return False
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException, type)):
         return False
-    return all(k is object or ("__slots__" not in k.__dict__ and k.__flags__ & _HEAPTYPE)
+    return all(k is object or ("__slots__" not in k.__dict__ and python_class(k))
                for k in cls.__mro__)  # fmt: skip
-
-
-_HEAPTYPE = 1 << 9
 
 
 def _reduce_minmax(fn):

@@ -231,7 +231,7 @@ class TritonRenderer(Renderer):
             if self.persistent:
                 self.lines.append(f"{out} = tl.{rtype}({masked}, 1)[:, None].to(tl.int64)")
             else:
-                self._looped_arg_reduction(rtype, out, masked, j)
+                self._looped_arg_reduction(rtype, out, masked, fill, j)
             return out
         init, final, combine = REDUCE[rtype]
         masked = self.emit(f"tl.where({self._mask()}, {value}, {init})", value.dtype)
@@ -246,14 +246,13 @@ class TritonRenderer(Renderer):
             self.post.append(f"{out} = {final.format(acc)}")
         return out
 
-    def _looped_arg_reduction(self, rtype, out, masked, j):
+    def _looped_arg_reduction(self, rtype, out, masked, fill, j):
         """argmax/argmin over a row longer than one block: each lane keeps the best value it
         has seen and where (a later chunk replaces it only when strictly better, or NaN over a
         number, as torch ranks NaN above all), then the lanes agree on the best value and take
         the smallest index holding it: torch's first occurrence."""
         val, idx = f"acc{self.phase}_{j}", f"idx{self.phase}_{j}"
         better = ">" if rtype == "argmax" else "<"
-        fill = "float('-inf')" if rtype == "argmax" else "float('inf')"
         acc_type = "tl.float64" if masked.dtype == torch.float64 else "tl.float32"
         self.pre += [f"{val} = tl.full([XBLOCK, RBLOCK], {fill}, {acc_type})",
                      f"{idx} = tl.zeros([XBLOCK, RBLOCK], tl.int64)"]  # fmt: skip
