@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
+import gc
 import inspect
 from typing import Callable
 
@@ -156,6 +158,16 @@ def reset() -> None:
     convert.static_codes.clear()
     convert.stats.__init__()
     reset_automatic()
+
+
+@atexit.register
+def _release_compiled_code() -> None:
+    # The compiled entries hang off code objects, which live until the interpreter's last
+    # teardown step: by then the extension modules that own native objects in those entries
+    # (the C++ wrapper's models, CUDA graphs) are gone, and nanobind reports them as leaked.
+    # Dropping the entries at exit frees them while their modules are still alive.
+    reset()
+    gc.collect()
 
 
 @dataclasses.dataclass
