@@ -7,6 +7,7 @@ def ember_py_tests(
         deps = [],
         data = [],
         shard_count = None,
+        shard_counts = {},
         size = "medium",
         timeout = None,
         args = [],
@@ -26,6 +27,8 @@ def ember_py_tests(
         goldens) are always added.
       shard_count, size, timeout, tags, flaky: as for py_test; shards split the
         collected pytest items (tools/pytest_bazel.py).
+      shard_counts: {target name: shard count} for the files that need more shards than
+        shard_count (long files: every target stays within half of its timeout on 2 cores).
       args: extra pytest arguments.
     """
     prefix = "" if test_dir == "." else test_dir + "/"
@@ -55,7 +58,7 @@ def ember_py_tests(
             legacy_create_init = False,
             python_version = "PY3",
             srcs_version = "PY3",
-            shard_count = shard_count,
+            shard_count = shard_counts.get(test_name, shard_count),
             size = size,
             timeout = timeout,
             tags = tags,
