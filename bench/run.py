@@ -25,6 +25,7 @@ from pathlib import Path
 import _paths  # noqa: F401 - puts the Ember components on sys.path
 import backends as backend_registry
 import models as model_registry
+import models_broad
 import report
 import suites
 import workers
@@ -203,6 +204,7 @@ class Options:
     threads: int = None
     command: str = None
     grace: float = GRACE_S
+    subset: str = None  # a suite's named subset of models (--core: gpu-broad's gpu-core models)
 
 
 def _plan(suite, opt, log):
@@ -216,7 +218,11 @@ def _plan(suite, opt, log):
         backend_registry.get(b)
     if "eager" not in backends:
         backends.insert(0, "eager")  # every speedup is relative to eager, in the same worker
-    names = list(opt.models or (suite.smoke if opt.smoke else suite.models))
+    if opt.subset and opt.subset not in suite.subsets:
+        known = ", ".join(suite.subsets) or "none"
+        raise SystemExit(f"suite {suite.name} has no subset {opt.subset!r} (its subsets: {known})")
+    subset = suite.subsets[opt.subset] if opt.subset else None
+    names = list(opt.models or subset or (suite.smoke if opt.smoke else suite.models))
     for m in names:
         if m not in model_registry.MODELS:
             raise SystemExit(f"unknown model {m!r}; known: {', '.join(model_registry.MODELS)}")
@@ -362,6 +368,12 @@ def parse_args(argv):
     )
     p.add_argument("--smoke", action="store_true", help="the suite's quick subset (cpu-core)")
     p.add_argument(
+        "--core",
+        action="store_true",
+        help="only the suite's gpu-core models (gpu-broad: the 19 of gpu-core; same as "
+        "--suite gpu-core but reported under the broad suite)",
+    )
+    p.add_argument(
         "--model-timeout",
         type=float,
         help="seconds per model and backend, compile included (default: the suite's)",
@@ -402,6 +414,13 @@ def list_all():
         if s.parts:
             pieces = ", ".join(f"{m} {n}" for m, n in s.parts.items())
             print(f"  parts on the device (an H100 host): {pieces}")
+        for subset, names in s.subsets.items():
+            print(f"  --{subset}: {', '.join(names)}")
+    print("families (gpu-broad):")
+    broad = suites.SUITES["gpu-broad"].models
+    for family, what in models_broad.FAMILIES.items():
+        names = [m for m in broad if model_registry.MODELS[m].family == family]
+        print(f"  {family} ({len(names)}): {what}\n    {', '.join(names)}")
     print("backends:")
     for b in backend_registry.BACKENDS.values():
         print(f"  {b.name}: {b.description}")
@@ -432,7 +451,8 @@ def main(argv=None):
         isolate=args.isolate, model_timeout=args.model_timeout, deadline=args.deadline,
         batch=args.batch_size, seq=args.seq_len, warmup=args.warmup, iters=args.iters,
         accuracy=not args.no_accuracy, cache_dir=args.cache_dir, chart=not args.no_chart,
-        gpus=args.gpus, jobs=args.jobs, threads=args.threads, command="python bench/run.py " + " ".join(argv),
+        gpus=args.gpus, jobs=args.jobs, threads=args.threads, subset="core" if args.core else None,
+        command="python bench/run.py " + " ".join(argv),
     )  # fmt: skip
     return 0
 
