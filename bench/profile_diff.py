@@ -12,7 +12,9 @@ suffix) for the per-side lists. A kernel launched outside a CUDA graph carries t
 launched it; inside a replay only its name says what it is: torch's Triton kernels are named
 after the ATen ops they fuse (triton_poi_fused_add_mul_0), Ember's are numbered (kernel12), so
 their description comes from the operations in their generated source, which both compilers
-leave in their cache directories (fresh ones under DIR/caches). Writes DIR/profile_diff.md.
+leave in their cache directories (fresh ones under DIR/caches). Ember numbers kernels per graph:
+in a model of several graphs, kernel3 may be several kernels, grouped as one and shown with the
+first source found. Writes DIR/profile_diff.md and the raw events as DIR/events.json.
 """
 
 import argparse
@@ -247,20 +249,25 @@ def _aten_ancestor(evt):
 
 
 def events_of(prof, device):
-    """The profiler's kernels as event dicts: on CUDA every device kernel with the ATen op that
-    launched it (None inside a CUDA-graph replay); on the CPU every leaf CPU op, self time."""
+    """The profiler's kernels as event dicts: on CUDA every device kernel, with the ATen op that
+    launched it where the profiler links one (none inside a CUDA-graph replay, whose kernels hang
+    off cudaGraphLaunch); on the CPU every leaf CPU op, with its self time."""
     from torch.autograd import DeviceType
 
     evts = list(prof.events())
     out = []
     if device.startswith("cuda"):
+        launched_by = {}  # kernel name -> ATen op, from the CPU events the kernels are linked to
         for e in evts:
             if e.device_type == DeviceType.CPU and getattr(e, "kernels", None):
                 op = _aten_ancestor(e)
-                out += [{"name": k.name, "us": float(k.duration), "op": op} for k in e.kernels]
-        if not out:  # kernels not linked to CPU events: take the device events themselves
-            out = [{"name": e.name, "us": float(e.time_range.elapsed_us()), "op": None}
-                   for e in evts if e.device_type == DeviceType.CUDA]  # fmt: skip
+                for k in e.kernels:
+                    if op:
+                        launched_by.setdefault(k.name, op)
+        for e in evts:
+            if e.device_type == DeviceType.CUDA:
+                out.append({"name": e.name, "us": float(e.time_range.elapsed_us()),
+                            "op": launched_by.get(e.name)})  # fmt: skip
         return out
     for e in evts:
         if e.device_type == DeviceType.CPU and not e.cpu_children and e.self_cpu_time_total > 0:

@@ -204,6 +204,7 @@ class Options:
     threads: int = None
     command: str = None
     grace: float = GRACE_S
+    warm_compile: bool = None  # None: the suite's default
     subset: str = None  # a suite's named subset of models (--core: gpu-broad's gpu-core models)
 
 
@@ -240,7 +241,9 @@ def _plan(suite, opt, log):
         raise SystemExit("--gpus and --jobs need worker processes (not --isolate none)")
     cfg = {"backends": backends, "mode": mode, "device": device, "accuracy": opt.accuracy,
            "timing": dataclasses.asdict(timing), "timeout": timeout,
-           "threads": opt.threads, "copy_bw": suite.name == "roofline"}  # fmt: skip
+           "threads": opt.threads, "copy_bw": suite.name == "roofline",
+           "warm_compile": suite.warm_compile if opt.warm_compile is None
+           else opt.warm_compile}  # fmt: skip
     return {"suite": suite, "mode": mode, "backends": backends, "device": device,
             "timing": timing, "timeout": timeout, "batch": opt.batch, "seq": opt.seq, "cfg": cfg,
             "part_models": suites.part_of(names, opt.part), "gpus": gpus, "jobs": jobs}  # fmt: skip
@@ -389,6 +392,11 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, help="timed calls at most (rounds for the overhead suite)")
     p.add_argument("--no-accuracy", action="store_true", help="skip the accuracy checks")
     p.add_argument(
+        "--warm-compile",
+        choices=("on", "off"),
+        help="time a warm compile per backend (default: the suite's; gpu-broad: off)",
+    )
+    p.add_argument(
         "--isolate",
         choices=("model", "none"),
         default="model",
@@ -452,6 +460,7 @@ def main(argv=None):
         batch=args.batch_size, seq=args.seq_len, warmup=args.warmup, iters=args.iters,
         accuracy=not args.no_accuracy, cache_dir=args.cache_dir, chart=not args.no_chart,
         gpus=args.gpus, jobs=args.jobs, threads=args.threads, subset="core" if args.core else None,
+        warm_compile=None if args.warm_compile is None else args.warm_compile == "on",
         command="python bench/run.py " + " ".join(argv),
     )  # fmt: skip
     return 0

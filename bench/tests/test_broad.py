@@ -53,9 +53,15 @@ def test_core_is_inside_broad_and_selectable(tmp_path):
     assert BROAD.subsets["core"] == suites.GPU_CORE
     plan = run._plan("gpu-broad", run.Options(subset="core", device="cpu"), lambda *a: None)
     assert plan["part_models"] == list(suites.GPU_CORE)
+    core = run._plan("gpu-core", run.Options(subset="core", device="cpu"), lambda *a: None)
+    assert core["part_models"] == list(suites.GPU_CORE)
     with pytest.raises(SystemExit, match="no subset"):
-        run._plan("gpu-core", run.Options(subset="core", device="cpu"), lambda *a: None)
+        run._plan("cpu-core", run.Options(subset="core", device="cpu"), lambda *a: None)
     assert run.parse_args(["--suite", "gpu-broad", "--core", "--out", "x"]).core
+    # gpu-broad skips warm compiles unless asked; other suites keep them
+    assert plan["cfg"]["warm_compile"] is False and core["cfg"]["warm_compile"] is True
+    on = run._plan("gpu-broad", run.Options(warm_compile=True, device="cpu"), lambda *a: None)
+    assert on["cfg"]["warm_compile"] is True
 
 
 def test_list_prints_families(capsys):
