@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import _paths  # noqa: F401 - puts the Ember components on sys.path
@@ -336,19 +337,28 @@ def main(argv=None):
            "seq": args.seq_len, "timing": dataclasses.asdict(timing)}  # fmt: skip
     harness.configure_process(dict(cfg, threads=None))
     task = harness.Task(cfg)
-    ember_events, ember_wall = profile_side(task, args.ember_backend, args.warmup)
-    torch_events, torch_wall = profile_side(task, args.torch_backend, args.warmup)
+    sides, errors = {}, []
+    for name in (args.ember_backend, args.torch_backend):
+        try:
+            sides[name] = profile_side(task, name, args.warmup)
+        except Exception as e:  # noqa: BLE001 - one side failing still leaves the other's table
+            traceback.print_exc()
+            errors.append(f"- {name} failed: {type(e).__name__}: {' '.join(str(e).split())[:500]}")
+            sides[name] = ([], float("nan"))
+    (ember_events, ember_wall), (torch_events, torch_wall) = sides.values()
     names = [k for k, *_ in worst_kernels(ember_events, args.worst)]
     names += [k for k in group_events(ember_events, by="kernel") if k not in names][:40]
     sources = find_sources([caches / "ember", caches / "inductor"], names)
     text = render(args.model, args.mode, device, ember_events, torch_events, sources,
                   {args.ember_backend: ember_wall, args.torch_backend: torch_wall}, args.worst)
+    if errors:
+        text += "\n\n## Failures\n\n" + "\n".join(errors) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_diff.md").write_text(text)
     (out / "events.json").write_text(json.dumps({"ember": ember_events, "torch": torch_events}))
     print(text)
     print(f"\nwritten: {out / 'profile_diff.md'}")
-    return 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

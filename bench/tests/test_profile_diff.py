@@ -130,3 +130,20 @@ def test_render_markdown():
     worst = text.split("most expensive kernels")[1]
     assert worst.index("sm90_xmma") < worst.index("kernel3") and "tl.exp" in worst
     assert "(no generated source" in worst  # the cuBLAS kernel has none
+
+
+@pytest.mark.slow  # two CPU compiles of a small MLP (a minute or more on two shared cores)
+def test_script_end_to_end_on_cpu(tmp_path):
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "profile_diff.py"), "mlp8_w256_b1", "--device", "cpu",
+         "--mode", "infer-fp32", "--warmup", "1", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = (tmp_path / "profile_diff.md").read_text()
+    assert "| **total** |" in text and "## Where Ember spends more" in text
+    events = json.loads((tmp_path / "events.json").read_text())
+    assert events["ember"] and events["torch"]  # both sides profiled some CPU ops
+    assert all(e["us"] >= 0 and e["name"] for side in events.values() for e in side)
