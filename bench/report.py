@@ -250,8 +250,10 @@ def _header(run):
     lines += [
         (
             f"- timing: {run['timing']}; compile: cold = first call with caches empty of this "
-            "model, warm = first call of a fresh wrapper after the backend's reset() (on-disk "
-            "caches warm)"
+            "model, "
+            + ("warm = first call of a fresh wrapper after the backend's reset() (on-disk "
+               "caches warm)" if run.get("warm_compile", True)
+               else "warm: not measured (--warm-compile off)")
         ),
         "- memory: "
         + (

@@ -317,6 +317,7 @@ def _new_run(suite, plan, opt):
         "command": opt.command or "run_suite(...)", "isolate": opt.isolate, "gpus": plan["gpus"],
         "jobs": plan["jobs"], "threads": opt.threads,
         "model_timeout_s": plan["timeout"], "setup": {},
+        "warm_compile": plan["cfg"]["warm_compile"],
         # Versions now (no CUDA in this process yet): the device name comes from the first
         # worker, and the whole environment is read again at the end.
         "meta": report.environment(plan["device"], probe_device=False),
