@@ -12,7 +12,7 @@ suffix) for the per-side lists. A kernel launched outside a CUDA graph carries t
 launched it; inside a replay only its name says what it is: torch's Triton kernels are named
 after the ATen ops they fuse (triton_poi_fused_add_mul_0), Ember's are numbered (kernel12), so
 their description comes from the operations in their generated source, which both compilers
-leave in their cache directories (fresh ones under DIR/caches). Ember numbers kernels per graph:
+leave in their cache directories (fresh ones in a temporary folder, or --cache-dir). Ember numbers kernels per graph:
 in a model of several graphs, kernel3 may be several kernels, grouped as one and shown with the
 first source found. Writes DIR/profile_diff.md and the raw events as DIR/events.json.
 """
@@ -23,6 +23,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -317,10 +318,13 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--ember-backend", default="ember")
     p.add_argument("--torch-backend", default="torch_compile_cg")
+    p.add_argument("--cache-dir", help="compile caches (default: a fresh temporary folder)")
     p.add_argument("--worst", type=int, default=3, help="how many Ember kernels to show source of")
     args = p.parse_args(argv)
     out = Path(args.out)
-    caches = out / "caches"
+    # Outside --out: the caches hold hundreds of files, and only what is under $OUT comes back
+    # from a device call (a few files at most).
+    caches = Path(args.cache_dir or tempfile.mkdtemp(prefix="profile-diff-caches-"))
     # Fresh caches: the compilers' generated sources for this model only, found by kernel name.
     for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton"),
                      ("EMBER_CACHE_DIR", "ember")):  # fmt: skip
