@@ -281,7 +281,7 @@ class Task:
         self._time(step, rec, mem)
         del step
         rec.update(backend.stats(fn, self.inputs, lambda: self.context()))
-        if backend.compiles:
+        if backend.compiles and self.cfg.get("warm_compile", True):
             self._warm_compile(backend, fn, model, rec)
         accuracy = rec.get("accuracy")
         if accuracy and not accuracy["ok"]:

@@ -31,6 +31,7 @@ class ModelSpec:
     kernel: bool = False  # a bare kernel (roofline/overhead): casts inputs instead of autocast
     note: str = ""
     tags: frozenset = field(default_factory=frozenset)
+    family: str = ""  # architecture family (models_broad.FAMILIES); --list groups by it
 
     def describe(self, batch=None, seq=None):
         """A short shape note for the table, e.g. 'b=32' or 'b=8 s=512'."""
@@ -365,4 +366,21 @@ def _specs():
     return {s.name: s for s in specs}
 
 
-MODELS = _specs()
+def _all_specs():
+    """models.py's specs with gpu-core's families, then gpu-broad's new models (whose builders
+    come from this module, hence the late import)."""
+    import dataclasses
+
+    import models_broad
+
+    specs = {
+        name: dataclasses.replace(spec, family=models_broad.CORE_FAMILIES.get(name, spec.family))
+        for name, spec in _specs().items()
+    }
+    for name, spec in models_broad.specs().items():
+        assert name not in specs, f"model {name} is defined twice"
+        specs[name] = spec
+    return specs
+
+
+MODELS = _all_specs()

@@ -17,9 +17,11 @@ from pathlib import Path
 import _paths
 
 PASS = "ok"
+CG = "torch_compile_cg"  # torch.compile(mode="reduce-overhead"): the like-for-like reference
 LABELS = {
     "eager": "eager",
     "torch_compile": "torch.compile",
+    "torch_compile_cg": "torch.compile[reduce-overhead]",
     "ember": "ember",
     "ember_inductor": "ember[inductor]",
     "ember_aot_eager": "ember[aot_eager]",
@@ -148,10 +150,38 @@ def summarize(run):
                 if "torch_compile" in backends
                 else None
             ),
+            "geomean_vs_cg": (
+                geomean(speedup(table[m], b, CG) for m in all_pass) if CG in backends else None
+            ),
             "median_cold_s": _median(r.get("compile_cold_s") for r in recs),
             "median_warm_s": _median(r.get("compile_warm_s") for r in recs),
         }
+    ember = headline_backend(backends)
+    if ember:
+        out["like_for_like"] = {
+            "backend": ember,
+            "vs_cg": _pairwise(table, counted, ember, CG),
+            "vs_torch": _pairwise(table, counted, ember, "torch_compile"),
+        }
     return out
+
+
+def headline_backend(backends):
+    """The Ember backend the like-for-like headline races against torch_compile_cg (None when
+    the run has no torch_compile_cg): `ember` if it ran, else the first ember* backend."""
+    if CG not in backends:
+        return None
+    embers = [b for b in backends if b.startswith("ember")]
+    return "ember" if "ember" in embers else (embers[0] if embers else None)
+
+
+def _pairwise(table, models, backend, over):
+    """Geomean of t(over) / t(backend) over the models both passed, and how many they are."""
+    both = [m for m in models
+            if all(table[m].get(b, {}).get("status") == PASS for b in (backend, over))]  # fmt: skip
+    ratios = [speedup(table[m], backend, over) for m in both]
+    return {"geomean": geomean(ratios), "models": len(both),
+            "wins": sum(1 for r in ratios if r and r > 1)}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,10 +240,20 @@ def _header(run):
         " · ".join(bits),
         "",
         f"- mode: {run['mode']}: {mode.description if mode else '-'}",
+    ]
+    if CG in run["backends"]:
+        lines.append(
+            "- like for like: the headline, the first table and the chart race Ember against "
+            "torch.compile(mode=\"reduce-overhead\"), which replays CUDA graphs as Ember does; "
+            "default torch.compile is the second column"
+        )
+    lines += [
         (
             f"- timing: {run['timing']}; compile: cold = first call with caches empty of this "
-            "model, warm = first call of a fresh wrapper after the backend's reset() (on-disk "
-            "caches warm)"
+            "model, "
+            + ("warm = first call of a fresh wrapper after the backend's reset() (on-disk "
+               "caches warm)" if run.get("warm_compile", True)
+               else "warm: not measured (--warm-compile off)")
         ),
         "- memory: "
         + (
@@ -255,37 +295,94 @@ def _setup_line(run):
     return "- per-model setup (median, not in any timing): " + (", ".join(parts) or "-")
 
 
-def _summary_lines(run, summary):
-    head = (
-        "| backend | passed | pass rate | geomean speedup (all-pass models) | geomean speedup "
-        "(own passes) | geomean vs torch.compile | median cold compile s | median warm "
-        "compile s |"
+def headline_lines(summary):
+    """The like-for-like headline: Ember over torch.compile(mode="reduce-overhead") first (both
+    replay CUDA graphs), default torch.compile second; empty without torch_compile_cg."""
+    lfl = summary.get("like_for_like")
+    if not lfl:
+        return []
+    cg, tc = lfl["vs_cg"], lfl["vs_torch"]
+    name = LABELS.get(lfl["backend"], lfl["backend"])
+    line = (
+        f"**{name} vs torch.compile(mode=\"reduce-overhead\") (like for like: both replay CUDA "
+        f"graphs): {_times(cg['geomean'])} geomean over the {cg['models']} models both passed, "
+        f"faster on {cg['wins']}**"
     )
-    lines = [
-        head,
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    if tc["models"]:
+        line += (
+            f"; vs default torch.compile: {_times(tc['geomean'])} over {tc['models']} "
+            f"(faster on {tc['wins']})"
+        )
+    return [line + ". Above 1: Ember is faster.", ""]
+
+
+def _summary_lines(run, summary):
+    like = CG in run["backends"]
+    ratios = (["geomean vs torch.compile[reduce-overhead]"] if like else []) + (
+        ["geomean vs torch.compile"]
+    )
+    head = (
+        "| backend | passed | pass rate | "
+        + " | ".join(ratios)
+        + " | geomean speedup over eager (all-pass models) | geomean speedup over eager (own "
+        "passes) | median cold compile s | median warm compile s |"
+    )
+    lines = headline_lines(summary) + [head, "|---" * (7 + len(ratios)) + "|"]
     for b, s in summary["backends"].items():
         rate = f"{100 * s['pass_rate']:.0f}%" if s["pass_rate"] is not None else "-"
+        cells = ([_times(s["geomean_vs_cg"])] if like else []) + [_times(s["geomean_vs_torch"])]
         lines.append(
             f"| {LABELS.get(b, b)} | {s['passed']}/{summary['counted']} | {rate} | "
-            f"{_times(s['geomean_speedup'])} | {_times(s['geomean_speedup_own'])} | "
-            f"{_times(s['geomean_vs_torch'])} | {fmt(s['median_cold_s'], '.1f')} | "
-            f"{fmt(s['median_warm_s'], '.1f')} |"
+            + " | ".join(cells)
+            + f" | {_times(s['geomean_speedup'])} | {_times(s['geomean_speedup_own'])} | "
+            f"{fmt(s['median_cold_s'], '.1f')} | {fmt(s['median_warm_s'], '.1f')} |"
         )
     n = len(summary["all_pass"])
     lines += [
         "",
         (
-            f"Geometric means over the {n} of {summary['counted']} models that passed under "
-            "every backend (own passes: the models that backend and eager passed). Speedup = "
-            "eager latency / backend latency; vs torch.compile = torch.compile latency / "
-            "backend latency (above 1: faster than torch.compile)."
+            f"Table geomeans over the {n} of {summary['counted']} models that passed under "
+            "every backend (own passes: the models that backend and eager passed); the headline "
+            "above is over the models both of its backends passed. Speedup = eager latency / "
+            "backend latency; vs X = X's latency / backend latency (above 1: faster than X)."
         ),
     ]
     skipped = summary["models"] - summary["counted"]
     if skipped:
         lines.append(f"{skipped} model(s) skipped for a missing package (not counted).")
+    return lines
+
+
+def _like_for_like_lines(run, table):
+    """Per model: Ember's latency against torch.compile[reduce-overhead]'s, then default
+    torch.compile's; the first table of a run that raced torch_compile_cg."""
+    ember = headline_backend(run["backends"])
+    if not ember:
+        return []
+    unit = run["unit"]
+    tc = "torch_compile" in run["backends"]
+    lines = [
+        f"| # | model | family | shape | {LABELS.get(ember, ember)} | "
+        "torch.compile[reduce-overhead] | **vs reduce-overhead** | "
+        + ("torch.compile | vs torch.compile |" if tc else ""),
+        "|---" * (7 + 2 * tc) + "|",
+    ]
+    import models as model_registry
+
+    for i, (m, row) in enumerate(table.items(), 1):
+        spec = model_registry.MODELS.get(m)
+        cells = [str(i), m, (spec.family if spec else "") or "-"]
+        cells.append(next((r.get("shape") for r in row.values() if r.get("shape")), "-"))
+        for b in [ember, CG] + (["torch_compile"] if tc else []):
+            rec = row.get(b, {})
+            cells.append(fmt_latency(rec.get("latency_ms"), unit) if rec.get("status") == PASS
+                         else _status_cell(rec, 40))  # fmt: skip
+            if b != ember:
+                both = rec.get("status") == PASS and row.get(ember, {}).get("status") == PASS
+                ratio = speedup(row, ember, b) if both else None
+                cells.append((f"**{ratio:.2f}x**" if b == CG else f"{ratio:.2f}x")
+                             if ratio else "-")  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -327,12 +424,15 @@ def _accuracy_cells(rec):
 def _detail_lines(run, table):
     kernels = any("gbps" in r for r in run["records"])
     unit = "us" if run["unit"] == "us" else "ms"
+    cg = CG in run["backends"]
     head = (
-        f"| model | backend | status | latency ({unit}) | speedup | vs torch.compile | cold "
+        f"| model | backend | status | latency ({unit}) | speedup | "
+        + ("vs reduce-overhead | " if cg else "")
+        + "vs torch.compile | cold "
         "compile s | warm compile s | peak MiB | graphs | breaks | max abs err | max rel err | "
         "fp64 err ratio |"
     )
-    sep = "|---" * 14 + "|"
+    sep = "|---" * (14 + cg) + "|"
     if kernels:
         head += " GB/s | % of copy BW |"
         sep += "---|---|"
@@ -348,6 +448,7 @@ def _detail_lines(run, table):
                 _status_cell(rec, 90),
                 fmt(lat, ".4g"),
                 fmt(speedup(row, b), ".2f"),
+            ] + ([fmt(speedup(row, b, CG), ".2f")] if cg else []) + [
                 fmt(speedup(row, b, "torch_compile"), ".2f") if "torch_compile" in row else "-",
                 fmt(rec.get("compile_cold_s"), ".1f"),
                 fmt(rec.get("compile_warm_s"), ".1f"),
@@ -399,6 +500,10 @@ def markdown(runs, title="Ember benchmarks"):
                 + f"{max(copy):.0f} GB/s.",
                 "",
             ]
+        like = _like_for_like_lines(run, table)
+        if like:
+            lines += ["### Ember vs torch.compile[reduce-overhead], like for like", ""]
+            lines += like + [""]
         lines += ["### Speedup over eager", ""] + _matrix_lines(run, table) + [""]
         lines += ["### Details", ""] + _detail_lines(run, table) + [""]
         errors = _error_lines(run)
@@ -429,16 +534,26 @@ def draw_chart(run, path):
     except Exception as e:  # noqa: BLE001 - the chart is optional
         return f"skipped ({type(e).__name__}: {e}); pip install matplotlib for it"
     table = table_of(run)
-    others = [b for b in run["backends"] if b != "eager"]
     models = list(table)
-    width = 0.8 / max(len(others), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(models) * max(len(others), 1) + 2), 4.5))
-    for j, b in enumerate(others):
-        xs = [i + (j - (len(others) - 1) / 2) * width for i in range(len(models))]
+    ember = headline_backend(run["backends"])
+    if ember:  # like for like: Ember over reduce-overhead first, over default torch.compile next
+        refs = [b for b in (CG, "torch_compile") if b in run["backends"]]
+        bars_of = [(f"{LABELS.get(ember, ember)} vs {LABELS[r]}", ember, r) for r in refs]
+        ylabel = f"{LABELS.get(ember, ember)} speedup over torch.compile (x: failed)"
+    else:
+        bars_of = [(LABELS.get(b, b), b, "eager") for b in run["backends"] if b != "eager"]
+        ylabel = "speedup over eager (x: failed)"
+    width = 0.8 / max(len(bars_of), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(models) * max(len(bars_of), 1) + 2), 4.5))
+    for j, (label, b, over) in enumerate(bars_of):
+        xs = [i + (j - (len(bars_of) - 1) / 2) * width for i in range(len(models))]
         ys = [
-            speedup(table[m], b) if table[m].get(b, {}).get("status") == PASS else 0 for m in models
+            speedup(table[m], b, over)
+            if all(table[m].get(k, {}).get("status") == PASS for k in (b, over))
+            else 0
+            for m in models
         ]
-        bars = ax.bar(xs, ys, width, label=LABELS.get(b, b))
+        bars = ax.bar(xs, [y or 0 for y in ys], width, label=label)
         for x, y, m in zip(xs, ys, models):
             if not y:
                 ax.text(
@@ -447,7 +562,7 @@ def draw_chart(run, path):
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(models, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("speedup over eager (x: failed)")
+    ax.set_ylabel(ylabel)
     ax.set_title(
         f"{run_title(run)} on {run.get('meta', {}).get('device_name', run['device'])}", fontsize=9
     )

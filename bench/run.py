@@ -25,6 +25,7 @@ from pathlib import Path
 import _paths  # noqa: F401 - puts the Ember components on sys.path
 import backends as backend_registry
 import models as model_registry
+import models_broad
 import report
 import suites
 import workers
@@ -203,6 +204,8 @@ class Options:
     threads: int = None
     command: str = None
     grace: float = GRACE_S
+    warm_compile: bool = None  # None: the suite's default
+    subset: str = None  # a suite's named subset of models (--core: gpu-broad's gpu-core models)
 
 
 def _plan(suite, opt, log):
@@ -216,7 +219,11 @@ def _plan(suite, opt, log):
         backend_registry.get(b)
     if "eager" not in backends:
         backends.insert(0, "eager")  # every speedup is relative to eager, in the same worker
-    names = list(opt.models or (suite.smoke if opt.smoke else suite.models))
+    if opt.subset and opt.subset not in suite.subsets:
+        known = ", ".join(suite.subsets) or "none"
+        raise SystemExit(f"suite {suite.name} has no subset {opt.subset!r} (its subsets: {known})")
+    subset = suite.subsets[opt.subset] if opt.subset else None
+    names = list(opt.models or subset or (suite.smoke if opt.smoke else suite.models))
     for m in names:
         if m not in model_registry.MODELS:
             raise SystemExit(f"unknown model {m!r}; known: {', '.join(model_registry.MODELS)}")
@@ -234,7 +241,9 @@ def _plan(suite, opt, log):
         raise SystemExit("--gpus and --jobs need worker processes (not --isolate none)")
     cfg = {"backends": backends, "mode": mode, "device": device, "accuracy": opt.accuracy,
            "timing": dataclasses.asdict(timing), "timeout": timeout,
-           "threads": opt.threads, "copy_bw": suite.name == "roofline"}  # fmt: skip
+           "threads": opt.threads, "copy_bw": suite.name == "roofline",
+           "warm_compile": suite.warm_compile if opt.warm_compile is None
+           else opt.warm_compile}  # fmt: skip
     return {"suite": suite, "mode": mode, "backends": backends, "device": device,
             "timing": timing, "timeout": timeout, "batch": opt.batch, "seq": opt.seq, "cfg": cfg,
             "part_models": suites.part_of(names, opt.part), "gpus": gpus, "jobs": jobs}  # fmt: skip
@@ -308,6 +317,7 @@ def _new_run(suite, plan, opt):
         "command": opt.command or "run_suite(...)", "isolate": opt.isolate, "gpus": plan["gpus"],
         "jobs": plan["jobs"], "threads": opt.threads,
         "model_timeout_s": plan["timeout"], "setup": {},
+        "warm_compile": plan["cfg"]["warm_compile"],
         # Versions now (no CUDA in this process yet): the device name comes from the first
         # worker, and the whole environment is read again at the end.
         "meta": report.environment(plan["device"], probe_device=False),
@@ -362,6 +372,12 @@ def parse_args(argv):
     )
     p.add_argument("--smoke", action="store_true", help="the suite's quick subset (cpu-core)")
     p.add_argument(
+        "--core",
+        action="store_true",
+        help="only the suite's gpu-core models (gpu-broad: the 19 of gpu-core; same as "
+        "--suite gpu-core but reported under the broad suite)",
+    )
+    p.add_argument(
         "--model-timeout",
         type=float,
         help="seconds per model and backend, compile included (default: the suite's)",
@@ -376,6 +392,11 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, help="warm-up calls after the first (compiling) call")
     p.add_argument("--iters", type=int, help="timed calls at most (rounds for the overhead suite)")
     p.add_argument("--no-accuracy", action="store_true", help="skip the accuracy checks")
+    p.add_argument(
+        "--warm-compile",
+        choices=("on", "off"),
+        help="time a warm compile per backend (default: the suite's; gpu-broad: off)",
+    )
     p.add_argument(
         "--isolate",
         choices=("model", "none"),
@@ -402,6 +423,13 @@ def list_all():
         if s.parts:
             pieces = ", ".join(f"{m} {n}" for m, n in s.parts.items())
             print(f"  parts on the device (an H100 host): {pieces}")
+        for subset, names in s.subsets.items():
+            print(f"  --{subset}: {', '.join(names)}")
+    print("families (gpu-broad):")
+    broad = suites.SUITES["gpu-broad"].models
+    for family, what in models_broad.FAMILIES.items():
+        names = [m for m in broad if model_registry.MODELS[m].family == family]
+        print(f"  {family} ({len(names)}): {what}\n    {', '.join(names)}")
     print("backends:")
     for b in backend_registry.BACKENDS.values():
         print(f"  {b.name}: {b.description}")
@@ -432,7 +460,9 @@ def main(argv=None):
         isolate=args.isolate, model_timeout=args.model_timeout, deadline=args.deadline,
         batch=args.batch_size, seq=args.seq_len, warmup=args.warmup, iters=args.iters,
         accuracy=not args.no_accuracy, cache_dir=args.cache_dir, chart=not args.no_chart,
-        gpus=args.gpus, jobs=args.jobs, threads=args.threads, command="python bench/run.py " + " ".join(argv),
+        gpus=args.gpus, jobs=args.jobs, threads=args.threads, subset="core" if args.core else None,
+        warm_compile=None if args.warm_compile is None else args.warm_compile == "on",
+        command="python bench/run.py " + " ".join(argv),
     )  # fmt: skip
     return 0
 
