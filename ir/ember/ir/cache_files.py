@@ -61,8 +61,9 @@ def write_atomic(path: Path, data: Union[bytes, str]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)  # opened again by name: `_write` sees which file it writes
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             _write(f, data.encode() if isinstance(data, str) else data)
         os.replace(tmp, path)
     except BaseException:
