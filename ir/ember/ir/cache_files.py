@@ -282,5 +282,5 @@ def content_file(path: Path, text: Union[str, bytes]) -> Path:
     return private
 
 
-__all__ = ["MANIFEST", "content_file", "find_dir", "publish_dir", "read_verified", "try_write_atomic", "verified_dir",
-           "verified_text", "warn_once", "write_atomic"]  # fmt: skip
+__all__ = ["MANIFEST", "content_file", "find_dir", "publish_dir", "read_verified",
+           "try_write_atomic", "verified_dir", "verified_text", "warn_once", "write_atomic"]
