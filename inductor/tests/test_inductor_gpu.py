@@ -216,7 +216,7 @@ def test_a_new_process_launches_the_stored_triton_binaries(tmp_path):
     assert warm["loaded"] > 0 and warm["jit"] == 0, warm
     if warm["own_handles"]:  # loaded without CompiledKernel: launchers shared by signature
         assert 0 < warm["launchers"] <= warm["loaded"], warm
-    cubins = list(tmp_path.rglob("triton_bin/*/*.cubin"))
+    cubins = list(tmp_path.rglob("triton_bin/*/*/kernel.cubin"))
     assert cubins
     for cubin in cubins:
         cubin.write_bytes(b"not a cubin")

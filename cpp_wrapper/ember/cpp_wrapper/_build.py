@@ -5,14 +5,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from ember.ir import toolchain
+from ember.ir import cache_files, toolchain
 
 CSRC = Path(__file__).resolve().with_name("csrc")
 # The runtime library: everything under csrc/runtime (the C ABI, loader, pool, extern kernels).
@@ -50,13 +49,9 @@ def dlpack_include_dir() -> str:
     header = _find_dlpack_header()
     data = header.read_bytes()
     root = toolchain.cache_dir() / "cpp_wrapper" / "include" / hashlib.sha256(data).hexdigest()[:16]
-    target = root / "dlpack" / "dlpack.h"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".dlpack.h.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
-    return str(root)
+    # checked against the header itself; a private copy when the cache cannot be written
+    target = cache_files.content_file(root / "dlpack" / "dlpack.h", data)
+    return str(target.parent.parent)
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,11 +120,16 @@ def _run(cmd: list[str], what: str) -> None:
         )
 
 
-def _publish(built: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    shutil.copy2(built, tmp)
-    os.replace(tmp, target)
+def _cached(folder: str, key: str, name: str, build) -> Path:
+    """`name` of the entry `key` under the cache's `folder` (verified against its manifest), or
+    what `build(tmp_dir)` makes, published there (cache_files)."""
+    entry = toolchain.cache_dir() / folder / key
+    found = cache_files.find_dir(entry, key, [name])
+    if found is not None:
+        return found / name
+    with tempfile.TemporaryDirectory(prefix="ember-build-") as tmp:
+        built = build(Path(tmp))
+        return cache_files.publish_dir(entry, key, {name: built}) / name
 
 
 def build_runtime_archive() -> Path:
@@ -142,19 +142,18 @@ def build_runtime_archive() -> Path:
         " ".join(flags).encode(),
         *(s.read_bytes() for s in RUNTIME_SOURCES),
     )
-    target = toolchain.cache_dir() / "lib" / key / "libember_runtime.a"
-    if target.exists():
-        return target
-    with tempfile.TemporaryDirectory(prefix="ember-build-") as tmp:
+
+    def build(tmp: Path) -> Path:
         objects = []
         for src in RUNTIME_SOURCES:
-            obj = Path(tmp) / f"{src.stem}.o"
+            obj = tmp / f"{src.stem}.o"
             _run([cxx, *flags, "-c", str(src), "-o", str(obj)], f"{src.name}")
             objects.append(str(obj))
-        archive = Path(tmp) / "libember_runtime.a"
+        archive = tmp / "libember_runtime.a"
         _run(["ar", "rcs", str(archive), *objects], "libember_runtime.a")
-        _publish(archive, target)
-    return target
+        return archive
+
+    return _cached("lib", key, "libember_runtime.a", build)
 
 
 def compile_program(name: str, sources: Sequence[Path]) -> Path:
@@ -173,17 +172,16 @@ def compile_program(name: str, sources: Sequence[Path]) -> Path:
         str(archive).encode(),
         *(Path(s).read_bytes() for s in sources),
     )
-    target = toolchain.cache_dir() / "bin" / key / name
-    if target.exists():
-        return target
-    with tempfile.TemporaryDirectory(prefix="ember-build-") as tmp:
-        out = Path(tmp) / name
+
+    def build(tmp: Path) -> Path:
+        out = tmp / name
         _run(
             [cxx, *flags, *map(str, sources), str(archive), "-o", str(out), "-ldl", "-lpthread"],
             name,
         )
-        _publish(out, target)
-    return target
+        return out
+
+    return _cached("bin", key, name, build)
 
 
 def build_run_package() -> Path:

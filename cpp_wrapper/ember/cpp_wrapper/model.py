@@ -12,7 +12,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.utils.dlpack as dlpack
 
-from ember.ir import CompiledArtifact, TensorMeta, dumps, toolchain
+from ember.ir import CompiledArtifact, TensorMeta, cache_files, dumps, toolchain
 
 from . import _build
 from .codegen import KernelBuild, generate_wrapper
@@ -69,12 +69,7 @@ def _kernel_source_file(source: str) -> Path:
     """A kernel's source as a content-addressed file (the driver compiles each file separately)."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:32]
     path = toolchain.cache_dir() / "cpp_wrapper" / "kernels" / f"{digest}.cpp"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    return path
+    return cache_files.content_file(path, source)  # checked against the source itself
 
 
 def build_model_library(

@@ -19,13 +19,14 @@ import types
 import torch
 from torch import fx
 
+from ember.ir import cache_files
 from ember.ir import NODE_META_KEY, CompiledArtifact, TensorMeta, from_json, target_name, to_json
 from ember.ir.symbols import expr_from_json
 
 from . import metrics
 from .codegen_common import KernelSource
 from .config import config, fingerprint
-from .runtime import atomic_write, cache_dir
+from .runtime import cache_dir
 from .wrapper import Program
 
 log = logging.getLogger("ember.inductor")
@@ -135,10 +136,8 @@ def write_entry(path, key: str, payload: dict) -> None:
     body = json.dumps(payload, sort_keys=True)  # escapes newlines: the header is the first line
     header = {"format": FORMAT, "key": key, "versions": _versions(),
               "checksum": hashlib.sha256(body.encode()).hexdigest()}  # fmt: skip
-    try:
-        atomic_write(path, json.dumps(header, sort_keys=True) + "\n" + body)
-    except OSError as e:  # a read-only or full cache must not fail the compile
-        log.warning("ember.inductor: cannot write compile cache entry: %s", e)
+    # a read-only or full cache must not fail the compile: one warning a process
+    cache_files.try_write_atomic(path, json.dumps(header, sort_keys=True) + "\n" + body)
 
 
 def read_entry(path, key: str) -> dict:
@@ -211,8 +210,5 @@ def wrapper_code(source: str) -> types.CodeType:
         log.warning("ember.inductor: ignoring a bad wrapper code file %s (%s)", path.name, e)
     code = compile(source, filename, "exec")
     body = marshal.dumps(code)
-    try:
-        atomic_write(path, hashlib.sha256(body).digest() + body)
-    except OSError as e:  # a read-only or full cache must not fail the compile
-        log.warning("ember.inductor: cannot write wrapper code: %s", e)
+    cache_files.try_write_atomic(path, hashlib.sha256(body).digest() + body)
     return code

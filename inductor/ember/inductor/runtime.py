@@ -22,14 +22,13 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from ember.ir import resolve
+from ember.ir import cache_files, resolve
 
 from . import triton_binaries
 from .codegen_common import POINTER_TYPES
@@ -49,18 +48,14 @@ def cpu_isa() -> str:
 
 
 def cache_dir() -> Path:
-    path = Path(toolchain.cache_dir()) / "inductor"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """inductor's part of the cache (not created here: a read-only cache is only read)."""
+    return Path(toolchain.cache_dir()) / "inductor"
 
 
 def atomic_write(path: Path, text) -> None:
-    """Write `text` (str or bytes) to `path` so readers see the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Write `text` (str or bytes) to `path` so readers see the old file or the whole new one;
+    OSError (nothing left behind) when the cache cannot be written."""
+    cache_files.write_atomic(path, text)
 
 
 # --- C++ ---------------------------------------------------------------------------------------
@@ -259,8 +254,9 @@ def _pch_dir(options_key: str) -> str:
             suffix=".gch",
             **{**opts, "cflags": opts["cflags"] + ("-x", "c++-header")},
         )
+        # g++ takes the .gch beside the header it names: a copy of the header, checked whole
         copy = gch.with_name("ember_cpu.h")
-        if not copy.exists():
+        if not cache_files.verified_text(copy, header):
             atomic_write(copy, header)
         return str(copy.parent)
     except Exception:  # noqa: BLE001  (no PCH only costs compile time)
@@ -319,9 +315,9 @@ def _load_module(source: str, suffix: str = ""):
         module = sys.modules.get(modname)
         if module is not None:
             return module
-        path = cache_dir() / "triton" / f"k_{digest}.py"
-        if not path.exists():
-            atomic_write(path, source)
+        # named by its source's hash, checked against the source itself (Triton reads the
+        # kernel's text back from this file)
+        path = cache_files.content_file(cache_dir() / "triton" / f"k_{digest}.py", source)
         spec = importlib.util.spec_from_file_location(modname, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -476,7 +472,7 @@ def autotune(launcher: TritonLauncher, args) -> dict:
     best = launcher.configs[min(range(len(times)), key=times.__getitem__)]
     known = dict(_known_choices())
     known[_autotune_key(launcher)] = best
-    atomic_write(_autotune_path(), json.dumps(known))
+    cache_files.try_write_atomic(_autotune_path(), json.dumps(known))
     return best
 
 

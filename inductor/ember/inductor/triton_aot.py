@@ -23,10 +23,10 @@ from typing import Optional
 
 import sympy
 
-from ember.ir import CompiledArtifact
+from ember.ir import CompiledArtifact, cache_files
 from ember.ir.symbols import expr_to_json
 
-from .runtime import _load_module, atomic_write, cache_dir
+from .runtime import _load_module, cache_dir
 
 DEFAULT_ARCH = 90  # Hopper, when no GPU says otherwise
 
@@ -64,16 +64,17 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
     key = hashlib.sha256(
         json.dumps([source, name, list(arg_types), cfg, arch, triton.__version__]).encode()
     ).hexdigest()[:32]
-    folder = cache_dir() / "cubin"
-    meta_path = folder / f"{key}.json"
-    if meta_path.exists():
+    # an entry directory (the cubin and what launching it takes) verified against its manifest:
+    # the cubin's path goes into the artifact, whose C++ wrapper embeds its bytes
+    entry = cache_dir() / "cubin" / key
+    found = cache_files.find_dir(entry, key, ("kernel.cubin", "meta.json"))
+    if found is not None:
         try:
-            meta = json.loads(meta_path.read_text())
-            if (folder / f"{key}.cubin").exists():
-                return Cubin(str(folder / f"{key}.cubin"), meta["name"], meta["num_warps"],
-                             meta["shared_mem"])  # fmt: skip
+            meta = json.loads((found / "meta.json").read_text())
+            return Cubin(str(found / "kernel.cubin"), meta["name"], meta["num_warps"],
+                         meta["shared_mem"])  # fmt: skip
         except (OSError, ValueError, KeyError):
-            pass  # a damaged entry: compile again
+            pass  # a foreign entry's metadata: compile again
     fn = _jit_function(source, name)
     params = [p for p in fn.arg_names if p not in consts]
     if len(params) != len(arg_types):
@@ -84,11 +85,10 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
         target=GPUTarget("cuda", arch, 32),
         options={"num_warps": int(cfg.get("num_warps", 4))},
     )
-    cubin = folder / f"{key}.cubin"
-    atomic_write(cubin, compiled.asm["cubin"])
     meta = {"name": compiled.metadata.name, "num_warps": compiled.metadata.num_warps,
             "shared_mem": compiled.metadata.shared}  # fmt: skip
-    atomic_write(meta_path, json.dumps(meta))
+    files = {"kernel.cubin": compiled.asm["cubin"], "meta.json": json.dumps(meta)}
+    cubin = cache_files.publish_dir(entry, key, files) / "kernel.cubin"
     return Cubin(str(cubin), meta["name"], meta["num_warps"], meta["shared_mem"])
 
 

@@ -12,8 +12,9 @@ the specialisation of the arguments: Triton compiles a kernel for its arguments'
 pointers aligned to 16 bytes or not, and for integers equal to 1, multiples of 16 or wider than 32
 bits, so a binary is only reused for arguments that agree on all of these. `load` loads the cubin
 and takes Triton's C launcher for its signature, and nothing else (`_kernel_handles`; on Triton
-releases it was not written against, through Triton's CompiledKernel). An entry that fails its
-checksum or does not load is ignored and the JIT compiles the kernel again.
+releases it was not written against, through Triton's CompiledKernel). An entry is a directory
+published whole with a manifest of its files' SHA-256s (ember.ir.cache_files); one whose files do
+not match it, or that does not load, is set aside and the JIT compiles the kernel again.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from .config import config
 
 log = logging.getLogger("ember.inductor")
 
-FORMAT = 1  # of an entry's files; part of every name
+FORMAT = 2  # of an entry's files; part of every name (2: a directory with a manifest)
 
 
 def specialization(args) -> Optional[tuple]:
@@ -89,12 +90,24 @@ def stored(kernel_key: str, cfg: dict) -> bool:
         return False
 
 
+# An entry is a directory of these files plus cache_files' manifest (their SHA-256s), published
+# whole; it is used only when every file it is loaded from matches the manifest.
+_FILES = ("kernel.cubin", "kernel.json", "launch.json")
+
+
+def _entry(kernel_key: str, cfg: dict, spec: tuple) -> tuple:
+    """(the entry directory for this specialisation, the key its manifest must name)."""
+    folder = _folder(kernel_key, cfg)
+    entry = folder / _digest(spec)
+    return entry, f"{folder.name}/{entry.name}"
+
+
 def save(kernel_key: str, cfg: dict, args, compiled) -> None:
     """Keep `compiled` (Triton's CompiledKernel, just launched with `args`); never raises."""
     spec = specialization(args)
     if spec is None or not enabled():
         return
-    from .runtime import atomic_write
+    from ember.ir import cache_files
 
     try:
         json_path = next(Path(p) for n, p in compiled.metadata_group.items() if n.endswith(".json"))
@@ -105,13 +118,12 @@ def save(kernel_key: str, cfg: dict, args, compiled) -> None:
             "signature": [[k, v] for k, v in src.signature.items()],
             "constants": [[list(k) if isinstance(k, tuple) else k, v]
                           for k, v in src.constants.items()],  # fmt: skip
-            "cubin_sha256": hashlib.sha256(compiled.kernel).hexdigest(),
         }
         text = json.dumps(launch)  # before writing anything: every part must be JSON
-        base = _folder(kernel_key, cfg) / _digest(spec)
-        atomic_write(base.with_suffix(".cubin"), compiled.kernel)
-        atomic_write(base.with_suffix(".json"), json_path.read_bytes())
-        atomic_write(base.with_suffix(".launch"), text)  # last: the entry is whole once it exists
+        entry, key = _entry(kernel_key, cfg, spec)
+        files = {"kernel.cubin": compiled.kernel, "kernel.json": json_path.read_bytes(),
+                 "launch.json": text}  # fmt: skip
+        cache_files.publish_dir(entry, key, files)
     except Exception as e:  # noqa: BLE001 - the binary is only kept for the next process
         log.debug("ember.inductor: Triton binary of %s not kept: %s", kernel_key, e)
 
@@ -128,21 +140,19 @@ def load(kernel_key: str, cfg: dict, args):
     spec = specialization(args)
     if spec is None or not enabled():
         return None
+    from ember.ir import cache_files
+
     try:
-        base = _folder(kernel_key, cfg) / _digest(spec)
+        base, key = _entry(kernel_key, cfg, spec)
         device = torch.cuda.current_device()
         loaded = _LOADED.get((base, device))
         if loaded is not None:  # this process loaded it already (a program compiled again)
             metrics.triton_binaries_loaded += 1
             return loaded
-        launch_path = base.with_suffix(".launch")
-        if not launch_path.exists():
+        files = cache_files.read_verified(base, key, _FILES)
+        if files is None:
             return None
-        launch = json.loads(launch_path.read_text())
-        cubin = base.with_suffix(".cubin")
-        cubin_bytes = cubin.read_bytes()
-        if hashlib.sha256(cubin_bytes).hexdigest() != launch["cubin_sha256"]:
-            raise ValueError("the cubin does not match its checksum")
+        launch, cubin_bytes = json.loads(files["launch.json"]), files["kernel.cubin"]
         src = SimpleNamespace(
             fn=SimpleNamespace(arg_names=launch["arg_names"]),
             signature=dict((k, v) for k, v in launch["signature"]),
@@ -150,12 +160,13 @@ def load(kernel_key: str, cfg: dict, args):
         )
         name = launch["name"]
         if _handles_supported():
-            compiled = _kernel_handles(src, launch, base.with_suffix(".json"), cubin_bytes, name,
+            compiled = _kernel_handles(src, launch, files["kernel.json"], cubin_bytes, name,
                                        device)  # fmt: skip
         else:
             from triton.compiler.compiler import CompiledKernel
 
-            group = {f"{name}.json": str(base.with_suffix(".json")), f"{name}.cubin": str(cubin)}
+            group = {f"{name}.json": str(base / "kernel.json"),
+                     f"{name}.cubin": str(base / "kernel.cubin")}  # fmt: skip
             compiled = CompiledKernel(src, group, base.name)
             compiled.run  # noqa: B018 - loads the cubin and the launcher now: a failure falls back
     except Exception as e:  # noqa: BLE001 - a damaged or foreign entry: the JIT compiles instead
@@ -211,14 +222,14 @@ def _max_shared_mem(device: int) -> int:
     return driver.active.utils.get_device_properties(device)["max_shared_mem"]
 
 
-def _kernel_handles(src, launch: dict, metadata_path: Path, cubin: bytes, name: str, device: int):
+def _kernel_handles(src, launch: dict, metadata: bytes, cubin: bytes, name: str, device: int):
     """What a launch takes (`run`, `function`, `packed_metadata`), as CompiledKernel would have
     them after loading: the cubin loaded on the current device, and Triton's launcher for the
     kernel's signature (one per signature and launch options, shared)."""
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
 
-    meta = json.loads(metadata_path.read_text())
+    meta = json.loads(metadata)
     target = meta["target"]
     meta["target"] = GPUTarget(target["backend"], target["arch"], target["warp_size"])
     metadata = SimpleNamespace(**meta)

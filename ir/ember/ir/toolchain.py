@@ -2,8 +2,9 @@
 
 Every piece of C++ that Ember compiles at run time goes through here, with or without Bazel: flags
 are chosen for the CPU it runs on (AVX2 or AVX512), outputs are cached by a hash of the sources,
-the flags and the compiler, and each build lands atomically so concurrent builders never see a
-half-written library. `python -m ember.ir.toolchain build` prebuilds the Python extensions.
+the flags and the compiler, each build lands as one entry directory with a manifest of SHA-256s
+(`cache_files`), and a cached library is loaded only once its bytes match that manifest.
+`python -m ember.ir.toolchain build` prebuilds the Python extensions.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import importlib
 import importlib.machinery
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
+
+from . import cache_files
 
 
 @dataclasses.dataclass
@@ -98,13 +100,6 @@ def _digest(parts: Iterable[bytes]) -> str:
     return h.hexdigest()[:32]
 
 
-def _atomic_publish(built: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    shutil.copy2(built, tmp)
-    os.replace(tmp, target)  # readers see either nothing or the whole library
-
-
 def compile_shared(
     name: str,
     sources: Sequence[os.PathLike | str] = (),
@@ -133,9 +128,10 @@ def compile_shared(
         [name.encode(), _compiler_id(config.cxx).encode(), " ".join(flags + list(ldflags)).encode(),
          (code or "").encode(), *(s.read_bytes() for s in srcs)]  # fmt: skip
     )
-    target = cache_dir() / "so" / key / f"{name}{suffix}"
-    if target.exists():
-        return target
+    entry, filename = cache_dir() / "so" / key, f"{name}{suffix}"
+    found = cache_files.find_dir(entry, key, [filename])  # verified before anyone dlopens it
+    if found is not None:
+        return found / filename
     with tempfile.TemporaryDirectory(prefix="ember-build-") as tmp:
         inputs = [str(s) for s in srcs]
         if code is not None:
@@ -152,8 +148,7 @@ def compile_shared(
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BuildError(f"building {name} failed:\n$ {' '.join(cmd)}\n{proc.stderr[-8000:]}")
-        _atomic_publish(out, target)
-    return target
+        return cache_files.publish_dir(entry, key, {filename: out}) / filename
 
 
 def _binding_sources(binding: str) -> tuple[list[Path], list[str], list[str]]:
