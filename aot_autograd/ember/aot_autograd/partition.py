@@ -215,7 +215,9 @@ def min_cut_partition(joint_gm: fx.GraphModule, *, num_fwd_outputs: int):
         elif n.op == "placeholder":
             raise ValueError(f"joint graph input {n.name} is neither a forward input nor a tangent")
         # Saving an alias of an overwritten input costs a copy (made in _build): its bytes twice.
-        cost = value_bytes(n) * (2 if n in overwritten else 1)
+        # Every value costs at least 1: with an empty input's edges at capacity 0 the cut found
+        # left the backward needing that (unsaved) input (a fuzzer program, tests/test_fuzz*).
+        cost = max(1, value_bytes(n)) * (2 if n in overwritten else 1)
         net.add_edge((n, "in"), (n, "out"), cost)
         for user in n.users:
             if user in bw_needed and user.op != "output":
