@@ -1,9 +1,15 @@
 """Programs the differential fuzzer (tools/fuzz.py) found Ember getting wrong, each fixed: compiled
-(C++ renderer) against eager, outputs, gradients and mutated inputs."""
+(C++ renderer, or Triton under its interpreter) against eager: outputs, gradients, mutated inputs."""
 
+import os
+
+import pytest
 import torch
 
-import ember
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported in this process
+
+import ember  # noqa: E402
+from ember.inductor.config import config  # noqa: E402
 
 
 def _check(program, make_inputs):
@@ -48,5 +54,27 @@ def test_backward_of_an_empty_input():
 
     def make_inputs():
         return [torch.randn((0, 5)).transpose(-1, -2).requires_grad_()]
+
+    _check(program, make_inputs)
+
+
+def test_triton_integer_and_bool_max_min(monkeypatch):
+    # Fuzzer seeds 171, 193, 249: Triton's max/min started from a float infinity, which an
+    # integer accumulator cannot hold (OverflowError), and made a bool amax a float32 (`&` failed).
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1 before triton is imported")
+    monkeypatch.setattr(config, "cpu_backend", "triton")
+
+    def program(a0, a1, a2):
+        v0 = a0.bitwise_not().amax(dim=0, keepdim=True)
+        v1 = a1.amin(dim=(0, 2), keepdim=True)
+        v2 = a2.amax(dim=(0, 2), keepdim=True)
+        return (v0, v1, v2 & a2)
+
+    def make_inputs():
+        torch.manual_seed(171)
+        return [torch.randint(-4, 5, (3, 4), dtype=torch.int64),
+                torch.randint(-4, 5, (2, 3, 4), dtype=torch.int32),
+                torch.rand((2, 3, 4)) > 0.5]  # fmt: skip
 
     _check(program, make_inputs)
