@@ -23,6 +23,7 @@ from ember.ir import TensorMeta, contiguous_strides
 from ember.primtorch.symbolic import SymbolicTensor, symbolic_tensor, to_expr
 from ember.primtorch.symbolic_composites import SymbolicComposites
 
+from .partition import MUTATED_INPUTS_META
 from .runtime import AliasSpec, OutputSpec, RuntimePlan
 from .tracer_bridge import SEED_PREFIX, new_tracer, untraced
 
@@ -107,6 +108,8 @@ def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None) -> Trace
             with _composites(symbolic):
                 values += _trace_backward(tracer, graph_outs, diff, clones, grad_inputs)
         gm = tracer.output(values)
+        # Partitioners must not save these: the runtime overwrites them after the forward.
+        gm.meta[MUTATED_INPUTS_META] = tuple(primals[i].name for i in mutated)
     constants = _check_lifted(tracer, needs_grad)
     _order_placeholders(gm)
     plan = RuntimePlan(

@@ -9,6 +9,12 @@ A joint graph has placeholders `primals_*` (and other forward inputs such as an 
 where `saved` are the values the backward needs from the forward. `default_partition` saves every
 forward value the backward uses; `min_cut_partition` chooses the set of values with the fewest
 bytes that still lets the backward recompute the rest from them (cheap ops only).
+
+Inputs that the program mutates (named in `gm.meta[MUTATED_INPUTS_META]`) are overwritten by the
+runtime's copy-back right after the forward, so a saved value must never be such an input or a
+view of one: the backward would read the new value (and autograd's version check would fail).
+Either partitioner saves a copy in their place (`_copy_overwritten`); the min-cut one first
+prices them above their bytes, so it saves a fresh value (the mutation's result) where one serves.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import sympy
 import torch.fx as fx
 
 from ember.ir import NODE_META_KEY, TensorMeta, lookup, target_name
+from ember.primtorch.prims import movement
 
 from .maxflow import INF, FlowNetwork
 
@@ -33,6 +40,8 @@ REDUCTION_TAGS = frozenset({"reduction"})
 # Never recomputed: expensive (matmul, conv, attention) or not reproducible.
 BANNED_TAGS = frozenset({"extern", "data_dependent", "nondeterministic", "side_effect"})
 RANDOM_TAGS = frozenset({"random"})
+# gm.meta key of a joint graph: the names of the forward inputs the program writes in place.
+MUTATED_INPUTS_META = "ember_mutated_inputs"
 
 
 @dataclasses.dataclass
@@ -190,6 +199,7 @@ def min_cut_partition(joint_gm: fx.GraphModule, *, num_fwd_outputs: int):
     bw_needed = _ancestors(j.bw_outputs)
     tangent_dependent = _descendants(j.tangents)
     fw_inputs = set(j.fw_inputs)
+    overwritten = _overwritten_aliases(joint_gm)
 
     net = FlowNetwork()
     net.vertex("source")
@@ -204,7 +214,11 @@ def min_cut_partition(joint_gm: fx.GraphModule, *, num_fwd_outputs: int):
             net.add_edge("source", (n, "in"), INF)
         elif n.op == "placeholder":
             raise ValueError(f"joint graph input {n.name} is neither a forward input nor a tangent")
-        net.add_edge((n, "in"), (n, "out"), value_bytes(n))
+        # Saving an alias of an overwritten input costs a copy (made in _build): its bytes twice.
+        # Every value costs at least 1: with an empty input's edges at capacity 0 the cut found
+        # left the backward needing that (unsaved) input (a fuzzer program, tests/test_fuzz*).
+        cost = max(1, value_bytes(n)) * (2 if n in overwritten else 1)
+        net.add_edge((n, "in"), (n, "out"), cost)
         for user in n.users:
             if user in bw_needed and user.op != "output":
                 net.add_edge((n, "out"), (user, "in"), INF)
@@ -221,7 +235,44 @@ def _in_graph_order(gm: fx.GraphModule, nodes: set) -> list[fx.Node]:
     return [n for n in gm.graph.nodes if n in nodes]
 
 
+def _overwritten_aliases(gm: fx.GraphModule) -> set[fx.Node]:
+    """Forward inputs the runtime overwrites after the forward, and the views of them."""
+    names = set(gm.meta.get(MUTATED_INPUTS_META, ()))
+    if not names:
+        return set()
+    found = {n for n in gm.graph.nodes if n.op == "placeholder" and n.name in names}
+    for n in gm.graph.nodes:  # topological: a view's base is seen before the view
+        if "view" in op_tags(n) and n.args and n.args[0] in found:
+            found.add(n)
+    return found
+
+
+def _copy_overwritten(j: _Joint, saved: list[fx.Node]) -> tuple[_Joint, list[fx.Node]]:
+    """Replace each saved alias of an overwritten input by a copy made in the forward, read by
+    the backward in its place (the forward's own uses keep reading the input)."""
+    overwritten = _overwritten_aliases(j.gm)
+    aliases = [s for s in saved if s in overwritten]
+    if not aliases:
+        return j, saved
+    stop = frozenset([*saved, *j.tangents])
+    backward_nodes = _ancestors(j.bw_outputs, stop=stop) - stop
+    copies: dict[fx.Node, fx.Node] = {}
+    for s in aliases:
+        with j.gm.graph.inserting_after(s):
+            c = j.gm.graph.call_function(movement.clone, (s,))
+        c.meta[NODE_META_KEY] = movement.clone.meta(s.meta[NODE_META_KEY])
+        for user in [u for u in s.users if u in backward_nodes]:
+            user.replace_input_with(s, c)
+        copies[s] = c
+    bw_outputs = [copies.get(o, o) if isinstance(o, fx.Node) else o for o in j.bw_outputs]
+    output = next(n for n in reversed(j.gm.graph.nodes) if n.op == "output")
+    output.args = ([*j.fw_outputs, *bw_outputs],)
+    j.gm.recompile()
+    return dataclasses.replace(j, bw_outputs=bw_outputs), [copies.get(s, s) for s in saved]
+
+
 def _build(j: _Joint, saved: list[fx.Node]):
+    j, saved = _copy_overwritten(j, saved)
     fw = extract_graph(j.gm, j.fw_inputs, [*j.fw_outputs, *saved])
     bw_inputs = [*saved, *j.tangents]
     missing = _ancestors(j.bw_outputs, stop=frozenset(bw_inputs)) - set(bw_inputs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Optional
 
 import sympy
 import torch
@@ -81,6 +82,18 @@ REDUCE = {"sum": ("0", "tl.sum({0}, 1)[:, None]", "{0} + {1}"),
           "any": ("0", "tl.max({0}.to(tl.int32), 1)[:, None] != 0", "{0} | ({1} != 0)"),
           # Triton has no product: tl.reduce with a multiply the kernel's module defines
           "prod": ("1", f"tl.reduce({{0}}, 1, {PROD_COMBINE})[:, None]", "{0} * {1}")}  # fmt: skip
+
+
+def _integer_extreme(rtype: str, dtype) -> Optional[str]:
+    """A max/min's start value for integers and bools (their lowest or highest value): a float
+    infinity does not convert to an integer (the interpreter raises OverflowError)."""
+    if rtype not in ("max", "min") or dtype is None or dtype.is_floating_point:
+        return None
+    if dtype == torch.bool:
+        return "0" if rtype == "max" else "1"
+    info = torch.iinfo(dtype)
+    # written as a difference: the literal -2**63 would be parsed as -(2**63), out of int64
+    return f"({info.min + 1} - 1)" if rtype == "max" else str(info.max)
 
 
 def tl_constant(value, dtype) -> str:
@@ -234,6 +247,7 @@ class TritonRenderer(Renderer):
                 self._looped_arg_reduction(rtype, out, masked, fill, j)
             return out
         init, final, combine = REDUCE[rtype]
+        init = _integer_extreme(rtype, src_dtype or dtype) or init
         masked = self.emit(f"tl.where({self._mask()}, {value}, {init})", value.dtype)
         if self.persistent:
             self.lines.append(f"{out} = {final.format(masked)}")

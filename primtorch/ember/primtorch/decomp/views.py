@@ -6,7 +6,7 @@ import torch
 
 from ember.primtorch import prims, utils
 
-from ._common import aten, convert
+from ._common import aten, convert, full
 from ._registry import register_decomposition
 
 
@@ -251,9 +251,17 @@ def _to_copy(
     return out
 
 
+def _number_as(value, dtype: torch.dtype):
+    if dtype is torch.bool:
+        return bool(value)
+    return value if dtype.is_floating_point or dtype.is_complex else int(value)
+
+
 @register_decomposition(aten.copy)
 def copy(self, src, non_blocking=False):
     # The functional copy: src's values in self's shape, dtype, device and layout.
+    if not isinstance(src, torch.Tensor):  # `t.copy_(2)`: a Python number reaches us unwrapped
+        src = full((), _number_as(src, self.dtype), self.dtype, self.device)
     out = utils.broadcast_to(src, tuple(self.shape))
     if out.device != self.device:
         out = prims.device_put(out, self.device)
