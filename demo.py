@@ -117,7 +117,8 @@ def timed(fn, *args):
 
 
 def race(fns, x, budget_s, sync=lambda: None, min_rounds=5, max_rounds=200):
-    """Median ms of each function, timed in alternation (load hits all alike) within a budget."""
+    """(median, best) ms of each function, timed in alternation (load hits all alike), and the
+    number of rounds, within a time budget."""
     for fn in fns:  # one untimed call each: first-call work is not latency
         fn(x)
     sync()
@@ -130,7 +131,7 @@ def race(fns, x, budget_s, sync=lambda: None, min_rounds=5, max_rounds=200):
             fn(x)
             sync()
             samples.append(time.perf_counter() - start)
-    return [sorted(t)[len(t) // 2] * 1e3 for t in times], len(times[0])
+    return [(sorted(t)[len(t) // 2] * 1e3, min(t) * 1e3) for t in times], len(times[0])
 
 
 def max_diff(a, b) -> float:
@@ -236,20 +237,25 @@ class Tour:
 
     @staticmethod
     def report_speed(contenders, ms, rounds, x, expected, tc_note, where):
-        eager_ms = ms[0]
-        parts = []
+        (eager_ms, eager_best), parts = ms[0], []
+        print(f"  {'':>14}  {'median':>9}  {'speedup':>7}  {'best':>9}  {'speedup':>7}")
         with torch.no_grad():
-            for (name, fn), t in zip(contenders.items(), ms):
-                if name == "eager":
-                    print(f"  {name:>14}: {t:8.2f} ms")
+            for (name, fn), (t, best) in zip(contenders.items(), ms):
+                line = f"  {name:>14}  {t:6.2f} ms  {eager_ms / t:6.2f}x  {best:6.2f} ms  "
+                line += f"{eager_best / best:6.2f}x"
+                if name != "eager":
+                    line += f"   max abs diff vs eager {max_diff(fn(x), expected):.1e}"
+                    parts.append(f"{name} {t:.1f} ms ({eager_ms / t:.2f}x, best-of "
+                                 f"{eager_best / best:.2f}x)")  # fmt: skip
+                else:
                     parts.append(f"{name} {t:.1f} ms")
-                    continue
-                print(f"  {name:>14}: {t:8.2f} ms  {eager_ms / t:5.2f}x   max abs diff vs eager "
-                      f"{max_diff(fn(x), expected):.1e}")  # fmt: skip
-                parts.append(f"{name} {t:.1f} ms ({eager_ms / t:.2f}x)")
+                print(line)
         if tc_note:
             parts.append(f"torch.compile {tc_note}")
-        print(f"  median of {rounds} rounds, contenders timed in alternation")
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        busy = f"; load {load:.1f} on {os.cpu_count()} CPUs: best-of is the less disturbed figure"
+        print(f"  {rounds} rounds, contenders timed in alternation"
+              + (busy if load > os.cpu_count() else ""))  # fmt: skip
         return f"{where}: " + " | ".join(parts)
 
     def gpu_step(self):
