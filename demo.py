@@ -298,8 +298,9 @@ class Tour:
               f"{broken.graph_break_count} break")  # fmt: skip
         for i, ops in enumerate(broken.ops_per_graph):
             print(f"    graph {i}: {len(ops)} ops")
-        for b in broken.break_reasons:
-            print(f"    break: {b.reason}\n      at {b.where}")
+        for b in broken.break_reasons:  # demo.py's path relative to its directory (runfiles)
+            where = str(b.where).replace(os.path.dirname(os.path.abspath(__file__)) + os.sep, "")
+            print(f"    break: {b.reason}\n      at {where}")
         if clean.graph_break_count or not broken.graph_break_count:
             raise RuntimeError("explain did not see what the demo expects (0 and >= 1 breaks)")
         where = Path(str(broken.break_reasons[0].where)).name
