@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import ember
 from ember.inductor import config
+from ember.primtorch.config import config as primtorch_config
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,6 +50,9 @@ def test_masked_attention_uses_the_efficient_kernel(monkeypatch, capsys, fn, len
     dtype = torch.bfloat16 if fn is attention else torch.float32
     args = _inputs(length, dtype, mask_kind)
     monkeypatch.setattr(config, "output_code", True)
+    # where torch would run it on cuDNN, so does Ember (test_attention_cudnn_cuda.py): this is
+    # the path with that off
+    monkeypatch.setattr(primtorch_config, "cudnn_attention", False)
     compiled = ember.compile(fn, fullgraph=True)
     with torch.no_grad(), _amp(fn):
         got = compiled(*args)
@@ -91,6 +95,7 @@ def ones_from_sizes(q, k, v):
 def test_constant_mask_runs_flash(monkeypatch, capsys, fn):
     q, k, v, _ = _inputs(128, torch.bfloat16, "bool")
     monkeypatch.setattr(config, "output_code", True)
+    monkeypatch.setattr(primtorch_config, "cudnn_attention", False)  # (as above)
     with torch.no_grad():
         got = ember.compile(fn, fullgraph=True)(q, k, v)
         want = fn(q, k, v)

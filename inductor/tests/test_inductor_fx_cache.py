@@ -155,6 +155,29 @@ def test_key_covers_inputs_and_modes(cache_on):
     assert entry.key(inputs, spec) == base
 
 
+def test_key_covers_the_attention_kernel_choices(cache_on, monkeypatch):
+    # which attention kernel the tracer records depends on primtorch's config and torch's SDPA
+    # switches: a program traced under other ones is not served
+    from ember.primtorch.config import config as primtorch_config
+
+    gm = fx.symbolic_trace(block)
+    entry = fx_cache.FxGraphCache(gm, "", pipeline._program_python)
+    inputs = _inputs(requires_grad=False)
+    spec = torch.utils._pytree.tree_flatten(inputs)[1]
+    base = entry.key(inputs, spec)
+    on = primtorch_config.cudnn_attention
+    monkeypatch.setattr(primtorch_config, "cudnn_attention", not on)
+    assert entry.key(inputs, spec) != base
+    monkeypatch.setattr(primtorch_config, "cudnn_attention", on)
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(not was)
+        assert entry.key(inputs, spec) != base
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+    assert entry.key(inputs, spec) == base
+
+
 def test_graphs_that_cannot_be_keyed_compile_normally(cache_on):
     graph = fx.Graph()
     graph.output(graph.call_function(lambda x: x * 2, (graph.placeholder("x"),)))

@@ -260,6 +260,7 @@ CUDA_ONLY_EXTERNS = {
     "sdpa_flash_backward",
     "sdpa_efficient",
     "sdpa_efficient_backward",
+    "sdpa_cudnn",
 }
 
 

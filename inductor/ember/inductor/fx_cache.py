@@ -8,8 +8,9 @@ aot_autograd's `RuntimeCache` for one graph, keyed by
 - per flat input: sizes, strides, dtype, device, requires_grad (parameters are inputs, so their
   values are not part of the key: they are read at every call), the input structure, the grad,
   inference and autocast modes and torch's default dtype;
-- compile_fx's options, the inductor and partitioner configuration, the sources of every component
-  that shapes the result (ir, primtorch, aot_autograd, inductor) and torch's version.
+- compile_fx's options, the inductor, partitioner and primtorch configuration, torch's SDPA
+  backend switches (they decide which attention kernel is traced), the sources of every
+  component that shapes the result (ir, primtorch, aot_autograd, inductor) and torch's version.
 
 An entry holds the runtime plan and the forward (and backward) programs; a hit rebuilds them
 without tracing. A graph or input that cannot be keyed faithfully (a call_module, a closure or
@@ -40,6 +41,17 @@ log = logging.getLogger("ember.inductor")
 _TRUSTED_MODULES = ("torch", "operator", "_operator", "math", "builtins")
 _SCALARS = (type(None), bool, int, float, str)
 _TORCH_ENUMS = (torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _tracing_choices() -> str:
+    """What the tracer reads besides the graph and inputs, read now: primtorch's config (say
+    cudnn_attention) and torch's SDPA backend switches (which attention kernel is recorded)."""
+    from ember.primtorch.config import config as primtorch_config
+
+    cuda = torch.backends.cuda
+    switches = (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(),
+                cuda.cudnn_sdp_enabled())  # fmt: skip
+    return f"{primtorch_config!r} sdp={switches}"
 
 
 class Uncacheable(Exception):
@@ -190,7 +202,7 @@ class FxGraphCache:
 
         text = "\n".join([
             self.graph_text, pytree.treespec_dumps(in_spec), "|".join(map(_input_text, flat)),
-            repr(mode_state()), str(torch.get_default_dtype()), self.context,
+            repr(mode_state()), str(torch.get_default_dtype()), self.context, _tracing_choices(),
         ])  # fmt: skip
         return hashlib.sha256(text.encode()).hexdigest()
 

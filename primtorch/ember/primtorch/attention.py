@@ -7,6 +7,12 @@ tracer turns off: it has no extern of ours) or the math path, and the math path 
 B*H*L*S elements where one fused kernel would do. While tracing, `AttentionChoice` sends such
 inference calls to the memory-efficient kernel (`_scaled_dot_product_efficient_attention`, an
 extern) whenever it takes them, and leaves every other call to torch.
+
+Before that, an inference call that torch itself would run on cuDNN's fused attention (asked with
+cuDNN enabled as the user had it: the tracer turns it off for torch's own dispatch, whose cuDNN
+call returns outputs a training graph would need and we have no extern for) is recorded as
+`extern.sdpa_cudnn` (`cudnn_attention`), so compiled inference runs the kernel eager and
+torch.compile run. `config.cudnn_attention = False` turns that off.
 """
 
 from __future__ import annotations
@@ -21,12 +27,22 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 class AttentionChoice(TorchFunctionMode):
-    """A torch-function mode, active while tracing, for masked CUDA attention (see module doc)."""
+    """A torch-function mode, active while tracing, for CUDA attention (see module doc).
+    `cudnn_enabled`: torch.backends.cuda.cudnn_sdp_enabled() as the user had it; `tracer`: the
+    Tracer recording (to tell a mask that is a constant of the program), or None."""
+
+    def __init__(self, cudnn_enabled: bool = False, tracer=None):
+        super().__init__()
+        self.cudnn_enabled = cudnn_enabled
+        self.tracer = tracer
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            out = efficient_attention(*args, **kwargs)
+            out = cudnn_attention(*args, **kwargs, cudnn_enabled=self.cudnn_enabled,
+                                  tracer=self.tracer)  # fmt: skip
+            if out is None:
+                out = efficient_attention(*args, **kwargs)
             if out is not None:
                 return out
         return func(*args, **kwargs)
@@ -34,6 +50,49 @@ class AttentionChoice(TorchFunctionMode):
 
 def _static(t) -> bool:
     return isinstance(t, torch.Tensor) and all(type(s) is int for s in t.shape)
+
+
+def _hint(n) -> int:
+    return n if isinstance(n, int) else int(n.node.hint)
+
+
+def torch_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, *,
+                 cudnn=None):  # fmt: skip
+    """The SDPBackend torch would run this attention on, asked with plain tensors of the same
+    (hint) sizes, strides and dtypes, autocast's dtype where it applies (the choice is made in
+    C++, out of the tracer's sight). cudnn: whether torch may choose cuDNN (None: as set now)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    amp = torch.is_autocast_enabled(query.device.type)
+    dtype = torch.get_autocast_dtype(query.device.type) if amp else None
+
+    def plain(t):
+        if t is None:
+            return None
+        d = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        return torch.empty_strided([_hint(n) for n in t.shape], [_hint(n) for n in t.stride()],
+                                   dtype=d, device=t.device)  # fmt: skip
+
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    with _disable_current_modes():
+        args = [plain(t) for t in (query, key, value, attn_mask)]
+        try:
+            if cudnn is not None:
+                torch.backends.cuda.enable_cudnn_sdp(cudnn)
+            choice = torch._fused_sdp_choice(*args, dropout_p, is_causal, scale=scale,
+                                             enable_gqa=enable_gqa)  # fmt: skip
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(was)
+    return torch.nn.attention.SDPBackend(choice)
+
+
+def recorded(t: torch.Tensor) -> torch.Tensor:
+    """The tensor the tracer and autograd see under functionalize's wrapper (the wrapper itself
+    reads requires_grad=False, and the tracer does not know it)."""
+    if torch._is_functional_tensor(t):
+        torch._sync(t)
+        return torch._from_functional_tensor(t)
+    return t
 
 
 def autocast_input(t, dtype):
@@ -186,3 +245,122 @@ def constant_mask_kind(tracer, args, kwargs):
     if v.shape[-1] != q.shape[-1] or not _a_constant(tracer, bias):
         return None
     return _constant_mask_kind(bias, q.shape[2], k.shape[2])
+
+
+# --- cuDNN's fused attention, in inference -------------------------------------------------------
+
+_CUDNN_DTYPES = (torch.float16, torch.bfloat16)
+# torch fills a boolean mask's False with this finite value for cuDNN, not -inf (convert_boolean_
+# attn_mask_cudnn in ATen's attention.cpp: some cuDNN versions mishandle -inf in the bias); the
+# same value here gives what eager gives. exp() of it is 0 in every row that allows some key.
+CUDNN_MASKED = -65504.0
+
+
+def _amp_dtype(device_type: str):
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def cudnn_takes_mask(attn_mask, query, key) -> bool:
+    """Whether cuDNN's attention takes `attn_mask` as torch hands it over: bool or floating,
+    2-, 3- or 4-d, (1 or B, 1 or H, 1 or L, S); ATen expands it to (B, H or 1, L, S) itself, so
+    a 3-d mask's first dim must be 1."""
+    if not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
+        return False
+    if attn_mask.dim() not in (2, 3, 4) or attn_mask.shape[-1] != key.shape[2]:
+        return False
+    batch, heads, length = query.shape[:3]
+    lead = [1] * (4 - attn_mask.dim()) + list(attn_mask.shape[:-1])
+    if attn_mask.dim() == 3 and lead[1] != 1:
+        return False
+    return all(n in (1, want) for n, want in zip(lead, (batch, heads, length)))
+
+
+def choose_cudnn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False, *, cudnn_enabled: bool, ask=None) -> bool:  # fmt: skip
+    """Whether an attention call is recorded as extern.sdpa_cudnn: in inference, with static
+    sizes inside cuDNN's supported set (fp16/bf16, 4-d, equal head dims that are multiples of
+    8, no dropout, no GQA), exactly when torch itself would run it on cuDNN, asked through
+    `ask` (default torch_choice) with cuDNN enabled as the user had it (`cudnn_enabled`)."""
+    from .config import config
+
+    if not (config.cudnn_attention and cudnn_enabled) or torch.is_grad_enabled():
+        return False  # training keeps torch's choice: sdpa_cudnn has no backward
+    if dropout_p != 0.0 or enable_gqa:
+        return False
+    tensors = (query, key, value) + (() if attn_mask is None else (attn_mask,))
+    if not all(_static(t) for t in tensors) or any(t.is_nested for t in tensors):
+        return False
+    if not (query.dim() == key.dim() == value.dim() == 4):
+        return False
+    amp = _amp_dtype(query.device.type)
+    if amp is None and not query.dtype == key.dtype == value.dtype:
+        return False
+    if (amp or query.dtype) not in _CUDNN_DTYPES:
+        return False
+    head = query.shape[-1]
+    # torch's own limit is 128, or 256 on sm90 with a recent cuDNN: its answer below decides
+    if key.shape[-1] != head or value.shape[-1] != head or head % 8 or head > 256:
+        return False
+    if query.shape[:2] != key.shape[:2] or key.shape[:3] != value.shape[:3]:
+        return False
+    if attn_mask is not None and not cudnn_takes_mask(attn_mask, query, key):
+        return False
+    ask = ask or torch_choice
+    choice = ask(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                 cudnn=True)  # fmt: skip
+    return choice == torch.nn.attention.SDPBackend.CUDNN_ATTENTION
+
+
+def cudnn_bias(attn_mask, dtype):
+    """`attn_mask` as cuDNN's additive bias in `dtype`, 4-d: a boolean mask becomes 0 where it
+    allows and CUDNN_MASKED where it masks (as torch converts it for cuDNN); rows are padded to a
+    multiple of 16 elements and viewed back (16-byte aligned row strides; the lowering keeps
+    them so: ARG_STRIDES). Broadcast dims stay size 1: ATen expands them as cuDNN wants."""
+    if attn_mask.dtype == torch.bool:
+        bias = torch.zeros(attn_mask.shape, dtype=dtype, device=attn_mask.device)
+        bias = bias.masked_fill(attn_mask.logical_not(), CUDNN_MASKED)
+    else:
+        bias = attn_mask.to(dtype)
+    source = bias.shape[-1]
+    padded = (source + 15) // 16 * 16
+    if padded != source:
+        bias = F.pad(bias, (0, padded - source))[..., :source]
+    return bias.reshape(*([1] * (4 - bias.dim())), *bias.shape)
+
+
+def _constant_kind_of(tracer, attn_mask, query, key):
+    """attention's constant-mask verdict ("none", "causal" or None) for a mask the traced
+    program computes from no input (see constant_mask_kind)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    mask = recorded(attn_mask)
+    if tracer.shape_env is not None or mask.dim() < 2 or not _a_constant(tracer, mask):
+        return None
+    with _disable_current_modes():  # reading the values records nothing
+        return _constant_mask_kind(mask, query.shape[2], key.shape[2])
+
+
+def cudnn_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    scale=None, enable_gqa=False, *, cudnn_enabled=False, tracer=None,
+                    ask=None):  # fmt: skip
+    """extern.sdpa_cudnn's output for an inference attention torch would run on cuDNN
+    (choose_cudnn), else None. A mask that is a constant of the program allowing everything, or
+    exactly causal, is dropped first (is_causal for the latter), as the flash path does: the
+    kernel then reads no bias and skips the masked blocks."""
+    if attn_mask is not None and tracer is not None and not is_causal and dropout_p == 0.0:
+        kind = _constant_kind_of(tracer, attn_mask, query, key)
+        if kind is not None:
+            attn_mask, is_causal = None, kind == "causal"
+    if not choose_cudnn(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                        cudnn_enabled=cudnn_enabled, ask=ask):  # fmt: skip
+        return None
+    from .prims import extern
+
+    amp = _amp_dtype(query.device.type)
+    q, k, v = (autocast_input(t, amp) for t in (query, key, value))
+    bias = None if attn_mask is None else cudnn_bias(attn_mask, q.dtype)
+    try:
+        with torch.autocast(query.device.type, enabled=False):
+            return extern.sdpa_cudnn(q, k, v, bias, is_causal, scale=scale)
+    except RuntimeError:
+        return None  # the kernel refused these arguments: the other kernels' path decides

@@ -19,7 +19,7 @@ from functools import reduce
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .attention import autocast_input, efficient_bias
+from .attention import autocast_input, efficient_bias, recorded, torch_choice
 
 
 def _linear(input, weight, bias=None):
@@ -50,10 +50,6 @@ def _dropout(input, p=0.5, training=True, inplace=False):
     return input * noise
 
 
-def _hint(n) -> int:
-    return n if isinstance(n, int) else int(n.node.hint)
-
-
 def _symbolic(*tensors) -> bool:
     return any(isinstance(t, torch.Tensor) and not all(isinstance(n, int) for n in t.shape)
                for t in tensors)  # fmt: skip
@@ -79,40 +75,9 @@ def _matmul(input, other):
     return _batched_matmul(input, other)
 
 
-def _fused_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """The SDPBackend torch would run this attention on: asked with plain tensors of the hint
-    sizes (the choice is made in C++, out of the tracer's sight)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    amp = torch.is_autocast_enabled(query.device.type)
-    dtype = torch.get_autocast_dtype(query.device.type) if amp else None
-
-    def plain(t):
-        if t is None:
-            return None
-        d = dtype if dtype is not None and t.is_floating_point() else t.dtype
-        return torch.empty_strided([_hint(n) for n in t.shape], [_hint(n) for n in t.stride()],
-                                   dtype=d, device=t.device)  # fmt: skip
-
-    with _disable_current_modes():
-        args = [plain(t) for t in (query, key, value, attn_mask)]
-        choice = torch._fused_sdp_choice(*args, dropout_p, is_causal, scale=scale,
-                                         enable_gqa=enable_gqa)  # fmt: skip
-    return torch.nn.attention.SDPBackend(choice)
-
-
-def _recorded(t: torch.Tensor) -> torch.Tensor:
-    """The tensor the tracer and autograd see under functionalize's wrapper (the wrapper itself
-    reads requires_grad=False, and the tracer does not know it)."""
-    if torch._is_functional_tensor(t):
-        torch._sync(t)
-        return torch._from_functional_tensor(t)
-    return t
-
-
 def requires_grad(t: torch.Tensor) -> bool:
     """Whether `t` requires grad, looking through functionalize's wrapper."""
-    return _recorded(t).requires_grad
+    return recorded(t).requires_grad
 
 
 def _cuda_kernel(backend, query, key, value, attn_mask, is_causal, scale):
@@ -164,7 +129,7 @@ def _proven_mask_kind(mask, query, key):
                    if isinstance(m, Tracer)), None)  # fmt: skip
     if tracer is None or tracer.shape_env is None or not isinstance(mask, torch.Tensor):
         return None
-    return proven_mask_kind(tracer, _recorded(mask), query, key)
+    return proven_mask_kind(tracer, recorded(mask), query, key)
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -202,8 +167,8 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
         if device != "cuda":
             return NotImplemented  # the default scale reads the head size
         scale = 1.0 / math.sqrt(int(query.shape[-1]))  # the head size is specialised (a guard)
-    backend = _fused_choice(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                            enable_gqa)  # fmt: skip
+    backend = torch_choice(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                           enable_gqa)  # fmt: skip
     if torch.is_autocast_enabled(device):  # what the autocast of sdpa does to its inputs
         dtype = torch.get_autocast_dtype(device)
         query, key, value = (autocast_input(t, dtype) for t in tensors)

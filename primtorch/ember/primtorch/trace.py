@@ -198,13 +198,16 @@ class Tracer(TorchDispatchMode):
 
     def __enter__(self):
         core.push_recorder(self)
-        # scaled_dot_product_attention picks its CUDA kernel at dispatch; cuDNN's has no extern of
-        # ours (its outputs' layouts vary by cuDNN version), so while tracing it is left out and
-        # the flash or memory-efficient kernel, both externs, is chosen instead.
+        # scaled_dot_product_attention picks its CUDA kernel at dispatch. Torch's own cuDNN call
+        # has no extern of ours (it returns what a training graph would need, laid out as the
+        # cuDNN version decides), so torch's dispatch may not pick it while tracing: the flash
+        # or memory-efficient kernel, both externs, is chosen instead ...
         self._cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
         torch.backends.cuda.enable_cudnn_sdp(False)
-        # ... and one with a mask goes to the memory-efficient kernel, not the math path.
-        self._attention = AttentionChoice()
+        # ... except where AttentionChoice records an inference call as extern.sdpa_cudnn because
+        # torch, with cuDNN as the user had it, would run it there; and a call with a mask goes
+        # to the memory-efficient kernel, not the math path.
+        self._attention = AttentionChoice(cudnn_enabled=self._cudnn_sdp, tracer=self)
         self._attention.__enter__()
         # With symbolic sizes, shape checks (utils.known) see the ranges and guards of this trace.
         self._assuming = (utils.assuming(self.shape_env) if self.shape_env is not None

@@ -508,7 +508,7 @@ def is_non_overlapping_and_dense(shape, strides) -> bool:
     if len(shape) == 1:
         return known(sympy.Lt(shape[0], 2)) or known_eq(strides[0], 1)
     dims = [d for d in range(len(shape)) if not known(sympy.Lt(shape[d], 2))]
-    dims.sort(key=lambda d: _sort_key(strides[d]))
+    dims.sort(key=lambda d: sort_key(strides[d]))
     expected = sympy.S.One
     for d in dims:
         if not known_eq(strides[d], expected):
@@ -517,7 +517,8 @@ def is_non_overlapping_and_dense(shape, strides) -> bool:
     return True
 
 
-def _sort_key(expr):
+def sort_key(expr) -> int:
+    """An int that orders strides (or sizes) as their values order, symbolic ones included."""
     # Static strides sort numerically; symbolic ones by their value with every symbol at 2 + a
     # large offset, which orders products of sizes the way they order for all sizes >= 2.
     expr = as_expr(expr)

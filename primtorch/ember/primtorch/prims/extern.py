@@ -25,7 +25,11 @@ aten = torch.ops.aten
 ATEN_TO_EXTERN: dict = {}
 
 
-def _extern(name, signature, meta, aten_ops, ref=None, tags=(), adapt=None, doc=""):
+def _extern(name, signature, meta, aten_ops, ref=None, tags=(), adapt=None, doc="",
+            traced_from_aten=True):  # fmt: skip
+    """Register extern.<name>, standing for `aten_ops` (the first one is its default reference).
+    With traced_from_aten=False the tracer never records it for an ATen call (the extern is one
+    narrower use of the op, recorded where that use is chosen)."""
     first = aten_ops[0]
     p = prim(
         name,
@@ -36,7 +40,7 @@ def _extern(name, signature, meta, aten_ops, ref=None, tags=(), adapt=None, doc=
         namespace="extern",
         doc=doc or f"the ATen kernel {first}",
     )
-    for op in aten_ops:
+    for op in aten_ops if traced_from_aten else ():
         ATEN_TO_EXTERN[op] = (p, adapt.get(op) if isinstance(adapt, dict) else adapt)
     return p
 
@@ -361,6 +365,90 @@ sdpa_efficient_backward = _extern(
 # out of bounds: an illegal memory access on CUDA).
 ARG_STRIDES["extern.sdpa_efficient"] = {3: _aligned_bias}
 ARG_STRIDES["extern.sdpa_efficient_backward"] = {4: _aligned_bias, 5: lambda sizes, _: _blhe(sizes)}
+
+def cudnn_output_strides(query_sizes, query_strides, out_sizes) -> tuple:
+    """The layout torch gives cuDNN attention's output: the query's own (empty_like) when the
+    shapes agree, else the query's dimension order, dense. Sizes may be sympy or ints."""
+    if len(query_sizes) == len(out_sizes) and all(
+        utils.known_eq(a, b) for a, b in zip(query_sizes, out_sizes)
+    ):
+        return utils.preserve_format_strides(query_sizes, query_strides)
+    # outermost first; sorted() is stable with reverse=True, so equal strides keep dim order
+    order = sorted(range(len(out_sizes)), key=lambda d: utils.sort_key(query_strides[d]),
+                   reverse=True)  # fmt: skip
+    return utils.strides_from_perm(out_sizes, order[::-1])
+
+
+def in_cudnn_layout(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """`out` in the layout `cudnn_output_strides` declares, copied only when cuDNN wrote another.
+
+    The cuDNN kernel allocates its output itself, and how has changed between torch and cuDNN
+    versions (contiguous (B, H, L, E) in some, the query's layout in others): the extern promises
+    the declared layout whatever this machine's versions do, so compiled code that reads the
+    output by its declared strides is right on every version (a copy costs one pass over the
+    output where they disagree; none where they agree, the usual case)."""
+    strides = cudnn_output_strides(tuple(query.shape), query.stride(), tuple(out.shape))
+    strides = tuple(int(s) for s in strides)
+    if tuple(out.stride()) == strides:
+        return out
+    fixed = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device)
+    return fixed.copy_(out)
+
+
+_CUDNN_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _sdpa_cudnn_meta(query, key, value, attn_bias=None, is_causal=False, *, scale=None):
+    _check_qkv("sdpa_cudnn", query, key, value)
+    if query.dtype not in _CUDNN_DTYPES:
+        raise TypeError(f"extern.sdpa_cudnn: cuDNN attention takes float16 or bfloat16, got "
+                        f"{query.dtype}")  # fmt: skip
+    if attn_bias is not None and (attn_bias.ndim not in (2, 3, 4) or
+                                  not utils.known_eq(attn_bias.sizes[-1], key.sizes[2])):
+        raise ValueError(f"extern.sdpa_cudnn: attn_bias of sizes {attn_bias.sizes} for "
+                         f"{key.sizes[2]} keys (2-, 3- or 4-d, last dim the keys)")  # fmt: skip
+    out_sizes = (*query.sizes[:3], value.sizes[3])
+    strides = cudnn_output_strides(query.sizes, query.strides, out_sizes)
+    return TensorMeta(query.dtype, out_sizes, strides, 0, query.device)
+
+
+def _sdpa_cudnn_ref(query, key, value, attn_bias=None, is_causal=False, *, scale=None):
+    # inference: no log-sum-exp (nothing to differentiate), no dropout, no debug mask
+    res = aten._scaled_dot_product_cudnn_attention(
+        query, key, value, attn_bias, False, 0.0, is_causal, False, scale=scale
+    )
+    return in_cudnn_layout(res[0], query)
+
+
+# The tracer records it where attention.py chooses cuDNN (inference only), never for an ATen call
+# of the op: that returns nine values of which this is the first, and may be a training call.
+sdpa_cudnn = _extern(
+    "sdpa_cudnn",
+    "(Tensor query, Tensor key, Tensor value, Optional[Tensor] attn_bias=None, "
+    "bool is_causal=False, *, Optional[float] scale=None) -> Tensor",
+    _sdpa_cudnn_meta,
+    [aten._scaled_dot_product_cudnn_attention.default],
+    ref=_sdpa_cudnn_ref,
+    doc="cuDNN's fused attention, inference: the output alone, in cudnn_output_strides' layout",
+    traced_from_aten=False,
+)
+
+
+def _unit_last_stride(sizes, strides):
+    """cuDNN reads query, key and value rows with a unit stride: keep such a layout, else copy
+    to a contiguous one."""
+    if strides is not None and utils.known_eq(strides[-1], 1):
+        return strides
+    return utils.make_contiguous_strides_for(sizes)
+
+
+# The bias in 16-element rows, the memory-efficient kernels' rule: cuDNN is told the bias's
+# strides, so padded rows cost nothing but the padding, and its sm90 kernels load tiles through
+# TMA, which wants 16-byte-aligned row strides (an unaligned key count is then never a question
+# of which cuDNN version accepts it).
+ARG_STRIDES["extern.sdpa_cudnn"] = {0: _unit_last_stride, 1: _unit_last_stride,
+                                    2: _unit_last_stride, 3: _aligned_bias}  # fmt: skip
+
 
 # --- sorting and scans ---------------------------------------------------------------------------
 
