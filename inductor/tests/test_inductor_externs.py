@@ -143,3 +143,23 @@ def test_a_cpu_index_read_by_a_gpu_kernel_is_copied_to_the_gpu_first():
     assert copy.op == "prims.device_put" and copy.layout.device == "cuda:0"
     assert torch.equal(copy.fn(g.inputs[1], "cpu"), g.inputs[1])  # torch's copy, runnable
     assert [k.language for k in art.kernels] == ["triton"] and host_work(art)
+
+
+def test_cudnn_attention_lowers_to_one_extern_call_in_its_declared_layout():
+    # extern.sdpa_cudnn (inference): the bias gets 16-element rows (a 77-key mask: rows of 80),
+    # q/k/v keep their (B, L, H, E) views, and the output buffer has the query's layout, which
+    # the wrapper's restride (and the extern's own reference) guarantee whatever cuDNN returns
+    g = PrimGraph()
+    q, k, v = (g.input(_blhe(2, 3, 77, 16)) for _ in range(3))
+    bias = g.input(torch.randn(2, 1, 77, 77, dtype=torch.bfloat16))
+    for node, t in zip((q, k, v, bias), g.inputs):
+        node.meta[NODE_META_KEY] = _on("cuda:0", t)
+    g.output(g(prims.extern.sdpa_cudnn, q, k, v, bias, False, scale=0.25))
+    low, art = _artifact(g)
+    ext = next(b for b in low.buffers if isinstance(b, ExternBuffer))
+    assert ext.op == "extern.sdpa_cudnn"
+    assert tuple(int(s) for s in ext.args[3].layout.strides) == (77 * 80, 77 * 80, 80, 1)
+    assert [a.name for a in ext.args[:3]] == ["arg0", "arg1", "arg2"]  # no copies
+    assert tuple(int(s) for s in ext.layout.strides) == (77 * 3 * 16, 16, 3 * 16, 1)
+    (step,) = [s for s in art.steps if s.kind == "extern"]
+    assert step.target == "extern.sdpa_cudnn" and step.kwargs == {"scale": 0.25}
