@@ -223,3 +223,68 @@ def test_a_new_process_launches_the_stored_triton_binaries(tmp_path):
     damaged = _in_new_process(tmp_path)  # (its results are checked in the process)
     assert damaged["jit"] > 0, damaged
     assert all(c.read_bytes() != b"not a cubin" for c in cubins)  # compiled and stored again
+
+
+# --- inference attention on cuDNN's kernel where torch would run it ------------------------------
+
+
+def _attention_case(kind, length=256):
+    """(fn, args) of a bf16 inference attention: an additive float mask, a boolean sliding
+    window, causal, or no mask."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 8, length, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for _ in range(3))  # fmt: skip
+    i = torch.arange(length, device="cuda")
+    window = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < 64)  # no row fully masked
+    if kind == "float":
+        mask = torch.zeros(2, 1, length, length, device="cuda", dtype=torch.bfloat16)
+        mask = mask.masked_fill(~window, float("-inf")) + 0.1 * torch.randn(
+            mask.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+        return (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)), (
+            q, k, v, mask)
+    if kind == "sliding_bool":
+        return (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)), (
+            q, k, v, window[None, None].expand(2, 1, length, length))
+    if kind == "causal":
+        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), (q, k, v)
+    return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v)), (q, k, v)
+
+
+@pytest.mark.parametrize("kind", ["float", "sliding_bool", "causal", "none"])
+def test_inference_attention_runs_on_cudnn_where_torch_would(kind):
+    from torch.nn.attention import SDPBackend
+
+    from ember.inductor import compile_prims
+    from ember.primtorch import prims
+    from ember.primtorch.attention import torch_choice
+    from ember.primtorch.trace import trace_to_prims
+
+    fn, args = _attention_case(kind)
+    mask = args[3] if len(args) == 4 else None
+    torch_picks = torch_choice(*args[:3], mask, 0.0, kind == "causal", None, False, cudnn=True)
+    with torch.no_grad():
+        gm = trace_to_prims(fn, *args)
+        compiled = compile_prims(gm, list(args))
+        got, want = compiled(*args), fn(*args)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    calls = [n for n in gm.graph.nodes if n.target is prims.extern.sdpa_cudnn]
+    print(f"{kind}: torch picks {torch_picks.name}; Ember records {len(calls)} sdpa_cudnn")
+    assert len(calls) == (torch_picks == SDPBackend.CUDNN_ATTENTION), gm.code
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert got.stride() == args[0].stride()  # the declared layout: the query's
+
+
+def test_inference_attention_stays_off_cudnn_when_the_user_turned_it_off():
+    from ember.primtorch import prims
+    from ember.primtorch.trace import trace_to_prims
+
+    fn, args = _attention_case("sliding_bool")
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        with torch.no_grad():
+            gm = trace_to_prims(fn, *args)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+    assert not [n for n in gm.graph.nodes if n.target is prims.extern.sdpa_cudnn]
+    assert torch.backends.cuda.cudnn_sdp_enabled() == was

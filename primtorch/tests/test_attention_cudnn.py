@@ -189,7 +189,7 @@ def test_autocast_inputs_count_in_autocasts_dtype():
         assert _choose(q, k, v)
 
 
-# --- the bias --------------------------------------------------------------------------------------
+# --- the bias -------------------------------------------------------------------------------------
 
 
 def test_a_boolean_mask_becomes_torchs_cudnn_bias():
@@ -229,7 +229,7 @@ def test_cudnn_attention_records_the_extern_with_the_bias(monkeypatch):
         assert cudnn_attention(q, k, v, keep, cudnn_enabled=True, ask=refused) is None
 
 
-# --- in the tracer ----------------------------------------------------------------------------------
+# --- in the tracer --------------------------------------------------------------------------------
 
 
 def _stub_cudnn(monkeypatch, backend=SDPBackend.CUDNN_ATTENTION):

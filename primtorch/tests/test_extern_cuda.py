@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ember.primtorch import prims
 
@@ -77,3 +78,36 @@ def test_pointwise_strides_and_random_on_cuda():
     gpu = prims.philox_rand((1000,), 5, 7, torch.float32, "cuda")
     cpu = prims.philox_rand((1000,), 5, 7, torch.float32, "cpu")
     assert torch.equal(gpu.cpu(), cpu)
+
+
+def _cudnn_or_skip(q, k, v, bias=None):
+    try:
+        return aten._scaled_dot_product_cudnn_attention(q, k, v, bias, False, 0.0, False, False)
+    except RuntimeError as e:  # no cuDNN attention on this GPU / build
+        pytest.skip(f"cuDNN attention unavailable: {e}")
+
+
+@pytest.mark.parametrize("blhe", [False, True])
+@pytest.mark.parametrize("bias_kind", [None, "bool", "float"])
+def test_cudnn_attention_meta_and_layout(blhe, bias_kind):
+    from ember.primtorch.attention import cudnn_bias
+    from ember.primtorch.prims.extern import in_cudnn_layout
+
+    q, k, v = _qkv(torch.bfloat16, lq=128, lk=96)
+    if blhe:
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    bias = None
+    if bias_kind is not None:
+        keep = torch.rand(2, 1, 128, 96, device="cuda") > 0.3
+        keep[..., 0] = True
+        bias = cudnn_bias(keep if bias_kind == "bool" else torch.where(keep, 0.0, -1e4), q.dtype)
+    raw = _cudnn_or_skip(q, k, v, bias)[0]
+    # what this torch + cuDNN writes (reported; the extern copies where it differs)
+    print(f"cuDNN output strides {raw.stride()} for a query of strides {q.stride()}")
+    out = _check(prims.extern.sdpa_cudnn, (q, k, v, bias, False), {"scale": 0.125})
+    fixed = in_cudnn_layout(raw, q)
+    assert fixed.stride() == out.stride() and torch.equal(fixed, raw)
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                          attn_mask=None if bias is None else bias.float(),
+                                          scale=0.125)  # fmt: skip
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
