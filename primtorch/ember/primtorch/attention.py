@@ -11,8 +11,8 @@ extern) whenever it takes them, and leaves every other call to torch.
 Before that, an inference call that torch itself would run on cuDNN's fused attention (asked with
 cuDNN enabled as the user had it: the tracer turns it off for torch's own dispatch, whose cuDNN
 call returns outputs a training graph would need and we have no extern for) is recorded as
-`extern.sdpa_cudnn` (`cudnn_attention`), so compiled inference runs the kernel eager and
-torch.compile run. `config.cudnn_attention = False` turns that off.
+`extern.sdpa_cudnn` (`cudnn_attention`), so compiled inference runs the kernel that eager (and
+torch's own compiler) runs. `config.cudnn_attention = False` turns that off.
 """
 
 from __future__ import annotations
