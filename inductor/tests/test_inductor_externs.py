@@ -163,3 +163,38 @@ def test_cudnn_attention_lowers_to_one_extern_call_in_its_declared_layout():
     assert tuple(int(s) for s in ext.layout.strides) == (77 * 3 * 16, 16, 3 * 16, 1)
     (step,) = [s for s in art.steps if s.kind == "extern"]
     assert step.target == "extern.sdpa_cudnn" and step.kwargs == {"scale": 0.25}
+
+
+def test_cudnn_attention_through_aot_autograd_and_the_wrapper(monkeypatch):
+    # compile_fx end to end (functionalize, the tracer, lowering, the wrapper) on the CPU, with
+    # torch's choice stubbed to cuDNN and the kernel stood in by eager attention of its call
+    import torch.fx as fx
+    import torch.nn.functional as F
+    from ember.inductor import compile_fx, config
+    from ember.primtorch import attention
+    from torch.nn.attention import SDPBackend
+
+    calls = []
+
+    def ref(query, key, value, attn_bias=None, is_causal=False, *, scale=None):
+        calls.append(attn_bias.stride())
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_bias, scale=scale)
+
+    monkeypatch.setattr(attention, "torch_choice",
+                        lambda *a, cudnn=None: SDPBackend.CUDNN_ATTENTION)  # fmt: skip
+    monkeypatch.setattr(prims.extern.sdpa_cudnn, "ref", ref)
+    monkeypatch.setattr(config, "cache", False)
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, keep):
+            return F.scaled_dot_product_attention(q * 2, k, v, attn_mask=keep)
+
+    q, k, v = (torch.randn(2, 4, 77, 16, dtype=torch.bfloat16) for _ in range(3))
+    keep = torch.rand(2, 1, 77, 77) > 0.3
+    keep[..., 0] = True
+    with torch.no_grad():
+        got = compile_fx(fx.symbolic_trace(Attend()), [q, k, v, keep])(q, k, v, keep)
+        want = Attend()(q, k, v, keep)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    assert calls == [(77 * 80, 77 * 80, 80, 1)] * 2  # traced, then run: rows of 80
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)

@@ -208,25 +208,14 @@ def test_a_float_mask_is_lifted_to_4d_with_broadcast_dims_of_size_1():
     assert torch.equal(bias[0, 0], mask.half())
 
 
-def test_cudnn_attention_records_the_extern_with_the_bias(monkeypatch):
-    # on CPU the kernel cannot run: a stand-in reference records the call the tracer would make
-    seen = []
-
-    def ref(query, key, value, attn_bias=None, is_causal=False, *, scale=None):
-        seen.append((attn_bias, is_causal, scale))
-        return torch.zeros(query.shape[:3] + value.shape[3:], dtype=query.dtype)
-
-    monkeypatch.setattr(prims.extern.sdpa_cudnn, "ref", ref)
+def test_cudnn_attention_leaves_what_torch_would_not_run_on_cudnn_to_the_other_paths():
     q, k, v = _bhle(), _bhle(S), _bhle(S)
     keep = torch.rand(L, S) > 0.5
     with torch.no_grad():
-        out = cudnn_attention(q, k, v, keep, scale=0.3, cudnn_enabled=True, ask=_Ask())
-        assert out.shape == (B, H, L, E)
-        (bias, causal, scale), = seen
-        assert bias.shape == (1, 1, L, S) and not causal and scale == 0.3
-        assert torch.equal(bias[0, 0] == CUDNN_MASKED, ~keep)
         refused = _Ask(SDPBackend.EFFICIENT_ATTENTION)
         assert cudnn_attention(q, k, v, keep, cudnn_enabled=True, ask=refused) is None
+        # and where the kernel itself refuses (here: no CUDA), torch's choice decides as before
+        assert cudnn_attention(q, k, v, keep, cudnn_enabled=True, ask=_Ask()) is None
 
 
 # --- in the tracer --------------------------------------------------------------------------------
@@ -302,6 +291,21 @@ def test_where_torch_would_not_choose_cudnn_the_trace_is_todays(monkeypatch):
     _stub_cudnn(monkeypatch)
     _, calls = _trace(_sliding_window, x, w)
     assert not calls
+
+
+def test_the_tracer_records_only_the_inference_form_of_the_aten_op(monkeypatch):
+    # a training call (log-sum-exp for the backward) has no extern: not decomposable, as before
+    from ember.primtorch.errors import NotDecomposableError
+
+    _stub_cudnn(monkeypatch)
+    q, k, v = _bhle(), _bhle(S), _bhle(S)
+    aten = torch.ops.aten
+    gm, (call,) = _trace(lambda q, k, v: aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, False, 0.0, True, False, scale=0.5)[0], q, k, v)
+    assert call.args[3:] == (None, True) and call.kwargs == {"scale": 0.5}
+    with pytest.raises(NotDecomposableError):
+        _trace(lambda q, k, v: aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, False, False)[0], q, k, v)
 
 
 def test_the_tracer_asks_with_cudnn_as_the_user_had_it(monkeypatch):

@@ -354,13 +354,32 @@ def cudnn_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     if not choose_cudnn(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                         cudnn_enabled=cudnn_enabled, ask=ask):  # fmt: skip
         return None
-    from .prims import extern
-
     amp = _amp_dtype(query.device.type)
     q, k, v = (autocast_input(t, amp) for t in (query, key, value))
     bias = None if attn_mask is None else cudnn_bias(attn_mask, q.dtype)
     try:
+        # the ATen op, not the extern: under aot_autograd these are functionalize's wrappers,
+        # and the tracer below them records this inference form as extern.sdpa_cudnn
         with torch.autocast(query.device.type, enabled=False):
-            return extern.sdpa_cudnn(q, k, v, bias, is_causal, scale=scale)
+            return aten._scaled_dot_product_cudnn_attention(
+                q, k, v, bias, False, 0.0, is_causal, False, scale=scale
+            )[0]
     except RuntimeError:
         return None  # the kernel refused these arguments: the other kernels' path decides
+
+
+_CUDNN_ARGS = ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p",
+               "is_causal", "return_debug_mask")  # fmt: skip
+
+
+def cudnn_inference_arguments(args, kwargs):
+    """(args, kwargs) of extern.sdpa_cudnn for a `_scaled_dot_product_cudnn_attention` call in
+    its inference form (no log-sum-exp, dropout or debug mask: what cudnn_attention calls), else
+    None (a training call: the extern has no backward)."""
+    bound = dict(zip(_CUDNN_ARGS, args), **kwargs)
+    if bound.get("compute_log_sumexp") or bound.get("return_debug_mask"):
+        return None
+    if bound.get("dropout_p", 0.0) != 0.0:
+        return None
+    extern_args = tuple(bound[n] for n in ("query", "key", "value", "attn_bias"))
+    return (*extern_args, bool(bound.get("is_causal", False))), {"scale": bound.get("scale")}

@@ -40,6 +40,7 @@ from .attention import (
     constant_cpu_mask_kind,
     constant_mask_kind,
     cpu_flash_arguments,
+    cudnn_inference_arguments,
 )
 from .errors import DataDependentError, NotDecomposableError, TraceError
 from .prims import core
@@ -269,6 +270,10 @@ class Tracer(TorchDispatchMode):
                 q, k, v = bound["query"], bound["key"], bound["value"]
                 return self.dispatch(func, (q, k, v, 0.0, kind == "causal"),
                                      {"scale": bound.get("scale")})
+        if func is aten._scaled_dot_product_cudnn_attention.default and self.allow_extern:
+            res = self._cudnn_for_inference(args, kwargs)
+            if res is not None:
+                return res
         if self.allow_extern and func in ATEN_TO_EXTERN and func not in self.no_extern:
             p, adapt = ATEN_TO_EXTERN[func]
             if adapt is not None:
@@ -306,6 +311,23 @@ class Tracer(TorchDispatchMode):
         except RuntimeError:
             return None  # the flash kernel refused these arguments
         return res[0], res[1], res[6], res[7]  # as the efficient op: out, lse, seed, offset
+
+    def _cudnn_for_inference(self, args, kwargs):
+        """extern.sdpa_cudnn for cuDNN attention's inference form (attention.cudnn_attention
+        calls it), with the ATen op's nine results around its output; the other eight are
+        unrecorded placeholders that nothing reads. None for any other form of the call."""
+        bound = cudnn_inference_arguments(args, kwargs)
+        if bound is None:
+            return None
+        from .prims.extern import sdpa_cudnn
+
+        out = self.record_prim(sdpa_cudnn, *bound)
+        q, k = args[0], args[1]
+        with self._suspend():
+            nothing = torch.empty(0, device=q.device)
+            seed = torch.empty((), dtype=torch.int64, device=q.device)
+        return (out, nothing, None, None, q.shape[2], k.shape[2], seed, seed.clone(),
+                nothing.clone())  # fmt: skip
 
     def _check_data_dependence(self, func):
         if func is aten._local_scalar_dense.default:

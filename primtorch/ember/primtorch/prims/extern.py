@@ -420,8 +420,9 @@ def _sdpa_cudnn_ref(query, key, value, attn_bias=None, is_causal=False, *, scale
     return in_cudnn_layout(res[0], query)
 
 
-# The tracer records it where attention.py chooses cuDNN (inference only), never for an ATen call
-# of the op: that returns nine values of which this is the first, and may be a training call.
+# Not in ATEN_TO_EXTERN: the ATen op returns nine values of which this is the first, and may be a
+# training call. The tracer records it for the op's inference form alone (Tracer.
+# _cudnn_for_inference), which attention.py calls where it chooses cuDNN.
 sdpa_cudnn = _extern(
     "sdpa_cudnn",
     "(Tensor query, Tensor key, Tensor value, Optional[Tensor] attn_bias=None, "
