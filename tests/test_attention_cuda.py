@@ -171,3 +171,25 @@ def test_symbolic_lm_head_without_bias_under_autocast_is_one_graph(monkeypatch, 
             got, want = compiled(x), head(x)
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     assert capsys.readouterr().out.count("def call(") == 1, "recompiled for a length"
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float", None])
+def test_inference_attention_runs_on_cudnn_where_torch_would(monkeypatch, capsys, mask_kind):
+    """ember.compile (dynamo, aot_autograd's functionalize, the tracer) records extern.sdpa_cudnn
+    exactly where torch itself picks cuDNN for the call, and matches eager."""
+    from torch.nn.attention import SDPBackend
+
+    from ember.primtorch.attention import torch_choice
+
+    q, k, v, mask = _inputs(128, torch.bfloat16, mask_kind or "bool")
+    fn, args = (attention, (q, k, v, mask)) if mask_kind else (causal_attention, (q, k, v))
+    picks = torch_choice(q, k, v, mask if mask_kind else None, 0.0, not mask_kind, None, False)
+    monkeypatch.setattr(config, "output_code", True)
+    with torch.no_grad():
+        got = ember.compile(fn, fullgraph=True)(*args)
+        want = fn(*args)
+    code = capsys.readouterr().out
+    print(f"torch picks {picks.name}")
+    on_cudnn = "extern.sdpa_cudnn'" in code
+    assert on_cudnn == (picks == SDPBackend.CUDNN_ATTENTION), code[-3000:]
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
