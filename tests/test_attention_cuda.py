@@ -176,10 +176,15 @@ def test_symbolic_lm_head_without_bias_under_autocast_is_one_graph(monkeypatch, 
 @pytest.mark.parametrize("mask_kind", ["bool", "float", None])
 def test_inference_attention_runs_on_cudnn_where_torch_would(monkeypatch, capsys, mask_kind):
     """ember.compile (dynamo, aot_autograd's functionalize, the tracer) records extern.sdpa_cudnn
-    exactly where torch itself picks cuDNN for the call, and matches eager."""
+    exactly where torch itself picks cuDNN for the call, and matches eager. Static sizes: earlier
+    tests compile the same functions at other lengths, which would make these sizes symbolic, and
+    symbolic traces keep the flash and memory-efficient kernels."""
     from torch.nn.attention import SDPBackend
 
+    import ember.dynamo
     from ember.primtorch.attention import torch_choice
+
+    ember.dynamo.reset()
 
     q, k, v, mask = _inputs(128, torch.bfloat16, mask_kind or "bool")
     fn, args = (attention, (q, k, v, mask)) if mask_kind else (causal_attention, (q, k, v))
