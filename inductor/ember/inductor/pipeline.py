@@ -30,6 +30,7 @@ from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs
 from .config import config
 from .cudagraphs import MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize, host_work, varying_inputs
+from .device_constants import fold_device_constants
 from .loop_ir import verify
 from .lowering import lower_graph
 from .scheduler import Kernel, schedule
@@ -121,7 +122,8 @@ def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
     key = cache.graph_key(gm, example_inputs)
     program, constants = cache.load(key), {}
     if program is None:
-        gm = _small_matmuls_as_reductions(gm)  # 0. matrix-vector products: generated kernels
+        gm = fold_device_constants(gm)  # 0. scalars made on the CPU from constants: constants
+        gm = _small_matmuls_as_reductions(gm)  # matrix-vector products: generated kernels
         gm = merge_common_subexpressions(gm)  # each layer's copy of a mask's bias, computed once
         lowered = lower_graph(gm, example_inputs)  # 1. prims -> loop-IR buffers
         verify([b for b in lowered.inputs if b is not None] + lowered.buffers,
