@@ -174,6 +174,55 @@ def _manifest_mutation(name, doc, expect="error") -> Mutation:
     return Mutation(f"manifest.json: {name}", expect, {"manifest.json": text.encode()})
 
 
+# What the loader reads from a manifest (format 1); anything else is ignored. Of these,
+# ir_version_written_by and the symbols' ranges are descriptive: the library enforces its ranges.
+KNOWN_KEYS = {
+    "format", "format_version", "abi_version", "model_abi_version", "ir_version", "device",
+    "isa", "artifact_hash", "library", "weights", "inputs", "outputs", "symbols", "constants",
+    "file", "size", "sha256", "name", "dtype", "shape", "strides", "storage_offset", "offset",
+    "nbytes",
+}  # fmt: skip
+
+
+def _meaningful(doc):
+    """The manifest without what the loader ignores or only checks the form of."""
+    if isinstance(doc, dict):
+        return {k: _meaningful(v) for k, v in doc.items() if k in KNOWN_KEYS}
+    if isinstance(doc, list):
+        return [_meaningful(v) for v in doc]
+    return doc
+
+
+def _no_duplicates(pairs):
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("duplicate key")
+    return dict(pairs)
+
+
+def manifest_expectation(original: dict, data: bytes) -> str:
+    """What a loader must do with manifest bytes `data`: "ok" for the same document, "either"
+    when only ignored or descriptive fields differ, else "error"."""
+    try:
+        doc = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError included
+        return "error"
+    canon = lambda d: json.dumps(d, sort_keys=True)  # noqa: E731 (1 and 1.0 and true differ)
+    if canon(doc) == canon(original):
+        return "ok"
+    if canon(_meaningful(doc)) == canon(_meaningful(original)):
+        return "either"
+    return "error"
+
+
+def classify_manifest_mutations(original: dict, mutations: list[Mutation]) -> list[Mutation]:
+    """Set the expectation of mutations of manifest.json alone from what their bytes mean."""
+    for m in mutations:
+        if set(m.files) == {"manifest.json"} and m.files["manifest.json"] is not None:
+            m.expect = manifest_expectation(original, m.files["manifest.json"])
+    return mutations
+
+
 def manifest_text_mutations(text: str) -> list[Mutation]:
     """Malformed JSON, and rewritings that keep the document's meaning (which must run)."""
     doc = json.loads(text)

@@ -50,7 +50,8 @@ class Subject:
             out += M.byte_flips(name, data, rng, 10 * scale)
         out += M.resizes("weights.bin", files["weights.bin"]) + M.resizes("model.so", files["model.so"])
         out += M.manifest_field_mutations(json.loads(self.manifest_text))
-        out += M.manifest_text_mutations(self.manifest_text)
+        out = M.classify_manifest_mutations(json.loads(self.manifest_text), out)
+        out += M.manifest_text_mutations(self.manifest_text)  # expectations of their own
         out += M.filesystem_mutations()
         out += M.npy_mutations(self.x, rng, wrong_shapes, good_shapes)
         return [(self, m) for m in out]
@@ -129,7 +130,9 @@ def run_mutations(exe: Path, cases, work: Path, env=None) -> list[str]:
         outs = [root / f"out{k}.npy" for k in range(subject.n_out)]
         cmd = [str(exe), str(pkg), *map(str, ins), *map(str, outs)]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, errors="replace", timeout=60, env=env
+            )
             verdict = _verdict(subject, m, proc, outs)
         except subprocess.TimeoutExpired:
             verdict = "hung (60 s)"
