@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -281,7 +282,7 @@ void check_interface(const Json& manifest, const char* key, const ember_abi::Ten
 }
 
 // Symbols are descriptive (the library enforces the ranges it was compiled with): their form
-// is checked, and they must name each dynamic size of the library's inputs exactly once.
+// is checked, and they must name each symbolic size of the library's inputs exactly once.
 void check_symbols(const Json& manifest, const ember_abi::ModelDesc& d) {
   std::vector<std::string> dynamic;  // the library's dynamic size names, each once
   for (int k = 0; k < d.num_inputs; ++k) {
@@ -308,7 +309,12 @@ void check_symbols(const Json& manifest, const ember_abi::ModelDesc& d) {
     if (std::find(named.begin(), named.end(), name) != named.end()) bad(where + " repeats " + shown(name));
     named.push_back(name);
   }
-  if (named.size() != dynamic.size()) bad("symbols does not list every dynamic size of the inputs");
+  for (const std::string& name : dynamic) {  // sizes like "2*s0" are expressions, not symbols
+    bool symbol = std::all_of(name.begin(), name.end(), [](char c) { return isalnum(c) || c == '_'; });
+    if (symbol && std::find(named.begin(), named.end(), name) == named.end()) {
+      bad("symbols does not list the dynamic size " + shown(name));
+    }
+  }
 }
 
 // The constants' entries, checked against the library and laid over the mapped weights. Each
