@@ -90,10 +90,16 @@ def build_runtime_library() -> Path:
     )
 
 
-def _flags() -> list[str]:
+# AddressSanitizer + UndefinedBehaviorSanitizer: for the loader's tests on hostile packages
+# (tests/test_package_mutations.py). Frame pointers and -g make the reports point at a line.
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
+
+
+def _flags(sanitize: bool = False) -> list[str]:
     return [
         "-std=c++17",
-        toolchain.config.opt,
+        "-O1" if sanitize else toolchain.config.opt,
+        *(SANITIZE_FLAGS if sanitize else []),
         "-fvisibility=hidden",
         "-fno-strict-aliasing",
         "-fopenmp",
@@ -132,10 +138,29 @@ def _cached(folder: str, key: str, name: str, build) -> Path:
         return cache_files.publish_dir(entry, key, {name: built}) / name
 
 
-def build_runtime_archive() -> Path:
-    """libember_runtime.a: the runtime's objects, compiled once (cached), linked into programs."""
+@functools.lru_cache(maxsize=None)
+def sanitizer_unavailable() -> str | None:
+    """Why the compiler cannot build and run a sanitized program here, or None when it can."""
     cxx = toolchain.config.cxx
-    flags = _flags()
+    with tempfile.TemporaryDirectory(prefix="ember-asan-") as tmp:
+        src, exe = Path(tmp) / "probe.cc", Path(tmp) / "probe"
+        src.write_text("#include <vector>\nint main() { std::vector<int> v(3); return v[1]; }\n")
+        proc = subprocess.run(
+            [cxx, *SANITIZE_FLAGS, str(src), "-o", str(exe)], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            return f"{cxx} {' '.join(SANITIZE_FLAGS)} fails: {proc.stderr[-500:]}"
+        proc = subprocess.run([str(exe)], capture_output=True, text=True)
+        if proc.returncode != 0:  # e.g. ASan cannot map its shadow memory under this kernel
+            return f"a sanitized program does not run: {proc.stderr[-500:]}"
+    return None
+
+
+def build_runtime_archive(sanitize: bool = False) -> Path:
+    """libember_runtime.a: the runtime's objects, compiled once (cached), linked into programs.
+    `sanitize` builds them with AddressSanitizer and UBSan (a separate cache entry)."""
+    cxx = toolchain.config.cxx
+    flags = _flags(sanitize)
     key = _key(
         cxx.encode(),
         toolchain._compiler_id(cxx).encode(),
@@ -156,15 +181,16 @@ def build_runtime_archive() -> Path:
     return _cached("lib", key, "libember_runtime.a", build)
 
 
-def compile_program(name: str, sources: Sequence[Path]) -> Path:
+def compile_program(name: str, sources: Sequence[Path], sanitize: bool = False) -> Path:
     """Compile an executable from `sources` and link it with the runtime archive (cached).
 
     Flags follow the compiler driver's (its compiler, -O3, hidden visibility, OpenMP); the program
-    links only libc, libstdc++, libm, libdl and libgomp (never libtorch or libpython).
+    links only libc, libstdc++, libm, libdl and libgomp (never libtorch or libpython). `sanitize`:
+    built and linked with AddressSanitizer and UBSan (which add their own runtime libraries).
     """
     cxx = toolchain.config.cxx
-    archive = build_runtime_archive()
-    flags = _flags()
+    archive = build_runtime_archive(sanitize)
+    flags = _flags(sanitize)
     key = _key(
         name.encode(),
         cxx.encode(),
@@ -184,9 +210,10 @@ def compile_program(name: str, sources: Sequence[Path]) -> Path:
     return _cached("bin", key, name, build)
 
 
-def build_run_package() -> Path:
-    """The run_package program (the runtime linked in statically), cached."""
-    return compile_program("run_package", [RUN_PACKAGE_SOURCE])
+def build_run_package(sanitize: bool = False) -> Path:
+    """The run_package program (the runtime linked in statically), cached; `sanitize`: an
+    AddressSanitizer + UBSan build for tests."""
+    return compile_program("run_package", [RUN_PACKAGE_SOURCE], sanitize)
 
 
 def build_cpp_test(name: str) -> Path:

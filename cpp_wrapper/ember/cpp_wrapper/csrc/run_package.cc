@@ -211,6 +211,12 @@ int main(int argc, char** argv) {
   } catch (const ember::Error& e) {
     fprintf(stderr, "run_package: %s: %s\n", ember_status_name(e.status()), e.what());
     rc = int(e.status());
+  } catch (const std::bad_alloc&) {  // an input larger than memory: a status, never an abort
+    fprintf(stderr, "run_package: EMBER_ERR_OUT_OF_MEMORY: out of memory\n");
+    rc = EMBER_ERR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    fprintf(stderr, "run_package: EMBER_ERR_RUNTIME: %s\n", e.what());
+    rc = EMBER_ERR_RUNTIME;
   }
   release(outputs);
   release(device_inputs);

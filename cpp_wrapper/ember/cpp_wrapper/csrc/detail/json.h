@@ -19,6 +19,7 @@ class Json {
 
   Kind kind() const { return kind_; }
   bool is_null() const { return kind_ == kNull; }
+  bool is_integer() const { return kind_ == kNumber && is_int_; }  // fits int64, no fraction
   // Typed accessors throw EMBER_ERR_PACKAGE on a kind mismatch.
   bool as_bool() const;
   double as_number() const;

@@ -2,6 +2,7 @@
 #ifndef EMBER_DETAIL_MODEL_H_
 #define EMBER_DETAIL_MODEL_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,10 @@ struct ConstantArg {
   DLTensor tensor;  // borrowed
 };
 
+// The constants for a library, made once its description is known (a package checks its
+// manifest against the library before it points any tensor into its weights).
+using ConstantsFor = std::function<std::vector<ConstantArg>(const ember_abi::ModelDesc&)>;
+
 class Model {
  public:
   // Open a model library and bind its constants (by name). `keepalive` owns whatever the
@@ -28,6 +33,12 @@ class Model {
                                      const EmberLoadOptions& options,
                                      std::shared_ptr<void> keepalive = nullptr,
                                      const std::string& expected_hash = "");
+  // The same, with the constants made from the library's description; `expected_hash` must
+  // then be given (a package always names its library).
+  static std::unique_ptr<Model> open(const std::string& library, const ConstantsFor& constants,
+                                     const EmberLoadOptions& options,
+                                     std::shared_ptr<void> keepalive,
+                                     const std::string& expected_hash);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;

@@ -64,6 +64,9 @@ class JsonParser {
         skip_ws();
         std::string key = string();
         expect(':');
+        // Readers disagree on which duplicate wins, so a duplicate could show one tool a value
+        // and the loader another: rejected.
+        if (v.obj_.count(key)) error("duplicate key '" + key.substr(0, 64) + "'");
         v.obj_[key] = value(depth + 1);
       } while (consume(','));
       expect('}');
@@ -91,23 +94,30 @@ class JsonParser {
     return v;
   }
 
+  // RFC 8259 numbers only: no leading zeros, digits after '.' and after an exponent.
   void number(Json& v) {
     size_t start = i_;
+    auto digits = [&]() {
+      size_t from = i_;
+      while (i_ < s_.size() && isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+      return i_ - from;
+    };
     if (i_ < s_.size() && s_[i_] == '-') ++i_;
     bool integral = true;
-    size_t digits = i_;
-    while (i_ < s_.size() && isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
-    if (i_ == digits) error("unexpected character");
+    size_t first = i_;
+    size_t n = digits();
+    if (n == 0) error("unexpected character");
+    if (n > 1 && s_[first] == '0') error("leading zero in a number");
     if (i_ < s_.size() && s_[i_] == '.') {
       integral = false;
       ++i_;
-      while (i_ < s_.size() && isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+      if (digits() == 0) error("no digits after '.'");
     }
     if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
       integral = false;
       ++i_;
       if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
-      while (i_ < s_.size() && isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+      if (digits() == 0) error("no digits in an exponent");
     }
     std::string text = s_.substr(start, i_ - start);
     v.kind_ = Json::kNumber;
@@ -115,7 +125,7 @@ class JsonParser {
     if (integral) {
       errno = 0;
       long long x = strtoll(text.c_str(), nullptr, 10);
-      if (errno == 0) {
+      if (errno == 0) {  // beyond int64 it stays a number, never an integer
         v.is_int_ = true;
         v.int_ = x;
       }
@@ -168,9 +178,11 @@ class JsonParser {
       return v;
     };
     unsigned cp = hex4();
+    if (cp >= 0xDC00 && cp <= 0xDFFF) error("lone surrogate");
     if (cp >= 0xD800 && cp <= 0xDBFF) {
       if (!literal("\\u")) error("lone surrogate");
       unsigned lo = hex4();
+      if (lo < 0xDC00 || lo > 0xDFFF) error("lone surrogate");
       cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
     }
     if (cp < 0x80) {

@@ -220,6 +220,13 @@ std::unique_ptr<Model> Model::open(const std::string& library,
                                    const std::vector<ConstantArg>& constants,
                                    const EmberLoadOptions& options, std::shared_ptr<void> keepalive,
                                    const std::string& expected_hash) {
+  auto given = [&](const ember_abi::ModelDesc&) { return constants; };
+  return open(library, given, options, std::move(keepalive), expected_hash);
+}
+
+std::unique_ptr<Model> Model::open(const std::string& library, const ConstantsFor& constants,
+                                   const EmberLoadOptions& options, std::shared_ptr<void> keepalive,
+                                   const std::string& expected_hash) {
   std::unique_ptr<Model> m(new Model());
   m->keepalive_ = std::move(keepalive);
   m->library_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -250,7 +257,7 @@ std::unique_ptr<Model> Model::open(const std::string& library,
   }
   m->pool_ = std::make_shared<Pool>(m->device_, options.allocator);
   if (options.cublas_path) m->cublas_path_ = options.cublas_path;
-  m->bind_constants(constants);
+  m->bind_constants(constants(d));
   m->resolve_kernels();
   auto info = [&](const ember_abi::TensorDesc& t) {
     return EmberTensorInfo{t.name, t.dtype, d.device_type, t.ndim, 0, t.shape, t.dim_names};

@@ -1,17 +1,26 @@
 // AOT packages: manifest.json + model.so + weights.bin, verified before anything is mapped.
 //
-// Order matters: the manifest is parsed and its versions checked, then both files' sizes and
-// SHA-256 are compared with the manifest, and only then is the library dlopen'ed (a truncated
-// shared object can crash the dynamic loader) and the weights mapped.
+// A package is untrusted input. Order matters: the manifest is parsed and its versions checked;
+// each file it names (a plain name inside the package, never a symlink) is opened once, and its
+// size and SHA-256 are compared with the manifest through that descriptor; only then is the
+// library dlopen'ed (through /proc/self/fd, so what is loaded is the inode that was hashed: a
+// truncated or swapped shared object can crash the dynamic loader or run foreign code) and the
+// weights mapped. Every field then read is checked against the library's own description (the
+// hashed native code is the ground truth): inputs, outputs, and each constant's dtype, shape,
+// strides, storage offset and byte range, which must tile weights.bin exactly as the writer
+// (package.py) lays it out, so no offset can point a constant at other bytes.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <memory>
-#include <sstream>
+#include <vector>
 
 #include "detail/common.h"
 #include "detail/json.h"
@@ -27,48 +36,157 @@ namespace {
 constexpr const char* kFormat = "ember-package";
 constexpr int64_t kFormatVersion = 1;
 constexpr int64_t kIrVersion = 1;  // the IR versions whose artifacts this runtime runs
+constexpr int64_t kMaxManifest = int64_t(64) << 20;
+constexpr int64_t kMaxFile = int64_t(1) << 44;  // 16 TiB: any real size; keeps sums far from overflow
+constexpr size_t kMaxEntries = 1 << 16;        // inputs, outputs, constants, symbols
+constexpr int64_t kAlign = 64;                 // package.py's ALIGN
 
-int64_t file_size(const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return -1;
-  return int64_t(st.st_size);
+[[noreturn]] void bad(const std::string& why) { fail(EMBER_ERR_PACKAGE, "manifest: " + why); }
+
+// A manifest string as messages show it: printable ASCII, at most 80 characters.
+std::string shown(const std::string& s) {
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < 80; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out.push_back(char(c));
+    } else {
+      char hex[8];
+      snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out + (s.size() > 80 ? "...'" : "'");
 }
 
-// A file named by the manifest: a plain name inside the package, of the recorded size and hash.
-std::string verified_file(const std::string& dir, const Json& entry) {
-  const std::string& name = entry["file"].as_string();
-  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
-    fail(EMBER_ERR_PACKAGE, "manifest names an invalid file '" + name + "'");
+const Json& member(const Json& obj, const char* key, Json::Kind kind, const std::string& where) {
+  static const char* kinds[] = {"null", "boolean", "number", "string", "array", "object"};
+  if (obj.kind() != Json::kObject) bad(where + " must be an object");
+  if (!obj.has(key)) bad(where + "." + key + " is missing");
+  const Json& v = obj[key];
+  if (v.kind() != kind) bad(where + "." + key + " must be a " + kinds[kind]);
+  return v;
+}
+
+int64_t int_member(const Json& obj, const char* key, int64_t lo, int64_t hi,
+                   const std::string& where) {
+  const Json& v = member(obj, key, Json::kNumber, where);
+  if (!v.is_integer() || v.as_int() < lo || v.as_int() > hi) {
+    bad(where + "." + key + " must be an integer in [" + std::to_string(lo) + ", " +
+        std::to_string(hi) + "]");
   }
-  std::string path = dir + "/" + name;
-  int64_t want = entry["size"].as_int(), got = file_size(path);
-  if (got < 0) fail(EMBER_ERR_PACKAGE, "package file " + name + " is missing");
-  if (got != want) {
-    fail(EMBER_ERR_PACKAGE, "package file " + name + " has " + std::to_string(got) +
+  return v.as_int();
+}
+
+const std::string& str_member(const Json& obj, const char* key, const std::string& where) {
+  const std::string& s = member(obj, key, Json::kString, where).as_string();
+  if (s.empty() || s.size() > 4096 || s.find('\0') != std::string::npos) {
+    bad(where + "." + key + " must be a non-empty string without NUL, at most 4096 bytes");
+  }
+  return s;
+}
+
+const std::vector<Json>& array_member(const Json& obj, const char* key, size_t max,
+                                      const std::string& where) {
+  const auto& a = member(obj, key, Json::kArray, where).as_array();
+  if (a.size() > max) bad(where + "." + key + " has more than " + std::to_string(max) + " items");
+  return a;
+}
+
+// An open file of the package: the descriptor its checks were made through.
+struct File {
+  int fd = -1;
+  int64_t size = 0;
+  std::string path;
+  File() = default;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File() {
+    if (fd >= 0) ::close(fd);
+  }
+  // A path that names this very inode (for dlopen), where /proc is mounted.
+  std::string stable_path() const {
+    std::string p = "/proc/self/fd/" + std::to_string(fd);
+    return access(p.c_str(), R_OK) == 0 ? p : path;
+  }
+};
+
+// Open `name` in `dir` as a regular file (no symlink, FIFO or device: O_NONBLOCK so a FIFO
+// cannot block the open). Returns false when there is no such entry.
+bool open_regular(const std::string& dir, const std::string& name, File* f) {
+  f->path = dir + "/" + name;
+  f->fd = ::open(f->path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (f->fd < 0) {
+    if (errno == ENOENT) return false;
+    fail(EMBER_ERR_PACKAGE, "cannot open package file " + shown(name) + ": " +
+                                (errno == ELOOP ? "it is a symlink" : strerror(errno)));
+  }
+  struct stat st;
+  if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    fail(EMBER_ERR_PACKAGE, "package file " + shown(name) + " is not a regular file");
+  }
+  f->size = int64_t(st.st_size);
+  return true;
+}
+
+// Read from the descriptor, from its start, exactly `size` bytes into `sink` (chunked).
+template <typename Sink>
+void read_all(const File& f, int64_t size, Sink sink) {
+  std::vector<char> buf(size_t(1) << 20);
+  int64_t done = 0;
+  while (done < size) {
+    size_t want = size_t(std::min<int64_t>(size - done, int64_t(buf.size())));
+    ssize_t got = pread(f.fd, buf.data(), want, done);
+    if (got <= 0) fail(EMBER_ERR_PACKAGE, f.path + " is truncated or unreadable");
+    sink(buf.data(), size_t(got));
+    done += got;
+  }
+}
+
+// A plain file name: it cannot leave the package directory or name a hidden file.
+void check_name(const std::string& name, const std::string& where) {
+  if (name.size() > 255 || name.find('/') != std::string::npos || name[0] == '.') {
+    bad(where + " names an invalid file " + shown(name) + " (a plain name inside the package)");
+  }
+}
+
+// The file an entry {file, size, sha256} names, of the recorded size and hash.
+void verified_file(const std::string& dir, const Json& manifest, const char* key, File* f) {
+  const Json& entry = member(manifest, key, Json::kObject, "manifest");
+  std::string where = key;
+  const std::string& name = str_member(entry, "file", where);
+  check_name(name, where + ".file");
+  if (name == "manifest.json") bad(where + ".file names the manifest itself");
+  int64_t want = int_member(entry, "size", 0, kMaxFile, where);
+  const std::string& digest = str_member(entry, "sha256", where);
+  if (!open_regular(dir, name, f)) fail(EMBER_ERR_PACKAGE, "package file " + name + " is missing");
+  if (f->size != want) {
+    fail(EMBER_ERR_PACKAGE, "package file " + name + " has " + std::to_string(f->size) +
                                 " bytes, the manifest says " + std::to_string(want) +
                                 " (truncated or replaced?)");
   }
-  if (sha256_file(path, uint64_t(want)) != entry["sha256"].as_string()) {
+  Sha256 h;
+  read_all(*f, want, [&](const char* p, size_t n) { h.update(p, n); });
+  if (h.hexdigest() != digest) {
     fail(EMBER_ERR_PACKAGE, "package file " + name + " fails its SHA-256 check (corrupt?)");
   }
-  return path;
 }
 
 Json read_manifest(const std::string& dir) {
-  std::string path = dir + "/manifest.json";
-  int64_t size = file_size(path);
-  if (size < 0) fail(EMBER_ERR_PACKAGE, dir + " is not an Ember package (no manifest.json)");
-  if (size > (int64_t(64) << 20)) fail(EMBER_ERR_PACKAGE, "manifest.json is implausibly large");
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  Json m = Json::parse(ss.str(), path);
+  File f;
+  if (!open_regular(dir, "manifest.json", &f)) {
+    fail(EMBER_ERR_PACKAGE, dir + " is not an Ember package (no manifest.json)");
+  }
+  if (f.size > kMaxManifest) fail(EMBER_ERR_PACKAGE, "manifest.json is implausibly large");
+  std::string text;
+  read_all(f, f.size, [&](const char* p, size_t n) { text.append(p, n); });
+  Json m = Json::parse(text, f.path);
   if (m.kind() != Json::kObject || !m.has("format") || m["format"].kind() != Json::kString ||
       m["format"].as_string() != kFormat) {
     fail(EMBER_ERR_PACKAGE, dir + " is not an Ember package (foreign manifest)");
   }
   auto check = [&](const char* key, int64_t want) {
-    int64_t got = m[key].as_int();
+    int64_t got = int_member(m, key, INT64_MIN, INT64_MAX, "manifest");
     if (got != want) {
       fail(EMBER_ERR_VERSION, std::string("package ") + key + " is " + std::to_string(got) +
                                   "; this runtime reads " + std::to_string(want));
@@ -78,6 +196,9 @@ Json read_manifest(const std::string& dir) {
   check("abi_version", EMBER_ABI_VERSION);
   check("model_abi_version", EMBER_MODEL_ABI_VERSION);
   check("ir_version", kIrVersion);
+  if (m.has("ir_version_written_by")) {  // descriptive only: which ember.ir wrote the package
+    int_member(m, "ir_version_written_by", 0, INT32_MAX, "manifest");
+  }
   return m;
 }
 
@@ -100,15 +221,12 @@ struct Weights {
   }
 };
 
-std::shared_ptr<Weights> map_weights(const std::string& path, size_t size, bool cuda,
-                                     int device_id) {
+std::shared_ptr<Weights> map_weights(const File& f, bool cuda, int device_id) {
   auto w = std::make_shared<Weights>();
-  if (size == 0) return w;
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) fail(EMBER_ERR_PACKAGE, "cannot open " + path);
-  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) fail(EMBER_ERR_PACKAGE, "cannot map " + path);
+  if (f.size == 0) return w;
+  size_t size = size_t(f.size);
+  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, f.fd, 0);
+  if (p == MAP_FAILED) fail(EMBER_ERR_PACKAGE, "cannot map " + f.path);
   w->host = p;
   w->size = size;
   if (cuda) {
@@ -122,32 +240,144 @@ std::shared_ptr<Weights> map_weights(const std::string& path, size_t size, bool 
   return w;
 }
 
-std::vector<ConstantArg> constants_of(const Json& manifest, Weights& w, DLDevice device) {
+// One dimension list (shape or strides) of a manifest tensor against the library's: static
+// entries must be equal integers, symbolic ones (-1) a string (the symbol's name when given).
+void check_dims(const Json& t, const char* key, const ember_abi::TensorDesc& want,
+                const int64_t* dims, const std::string& where) {
+  const auto& got = array_member(t, key, EMBER_MAX_DIMS, where);
+  if (int64_t(got.size()) != want.ndim) {
+    bad(where + "." + key + " has " + std::to_string(got.size()) + " dimensions; the library's " +
+        std::to_string(want.ndim));
+  }
+  for (int d = 0; d < want.ndim; ++d) {
+    const Json& g = got[size_t(d)];
+    bool ok = dims[d] >= 0 ? g.is_integer() && g.as_int() == dims[d]
+                           : g.kind() == Json::kString && g.as_string().size() <= 4096 &&
+                                 (dims != want.shape || !want.dim_names || !want.dim_names[d] ||
+                                  g.as_string() == want.dim_names[d]);
+    if (!ok) bad(where + "." + key + "[" + std::to_string(d) + "] differs from the library's");
+  }
+}
+
+// The inputs' or outputs' entries name, in order, the library's tensors with their dtypes,
+// shapes and strides.
+void check_interface(const Json& manifest, const char* key, const ember_abi::TensorDesc* descs,
+                     int32_t n) {
+  const auto& list = array_member(manifest, key, kMaxEntries, "manifest");
+  if (int64_t(list.size()) != n) {
+    bad(std::string(key) + " lists " + std::to_string(list.size()) + " tensors; the library has " +
+        std::to_string(n));
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    const Json& t = list[size_t(i)];
+    std::string where = std::string(key) + "[" + std::to_string(i) + "]";
+    const ember_abi::TensorDesc& want = descs[i];
+    if (str_member(t, "name", where) != want.name) bad(where + ".name differs from the library's");
+    if (str_member(t, "dtype", where) != dtype_name(want.dtype)) {
+      bad(where + ".dtype differs from the library's (" + dtype_name(want.dtype) + ")");
+    }
+    check_dims(t, "shape", want, want.shape, where);
+    check_dims(t, "strides", want, want.strides, where);
+  }
+}
+
+// Symbols are descriptive (the library enforces the ranges it was compiled with): their form
+// is checked, and they must name each symbolic size of the library's inputs exactly once.
+void check_symbols(const Json& manifest, const ember_abi::ModelDesc& d) {
+  std::vector<std::string> dynamic;  // the library's dynamic size names, each once
+  for (int k = 0; k < d.num_inputs; ++k) {
+    const auto& t = d.inputs[k];
+    for (int j = 0; t.dim_names && j < t.ndim; ++j) {
+      if (t.dim_names[j] && std::find(dynamic.begin(), dynamic.end(), t.dim_names[j]) == dynamic.end()) {
+        dynamic.push_back(t.dim_names[j]);
+      }
+    }
+  }
+  const auto& list = array_member(manifest, "symbols", kMaxEntries, "manifest");
+  std::vector<std::string> named;
+  for (size_t i = 0; i < list.size(); ++i) {
+    std::string where = "symbols[" + std::to_string(i) + "]";
+    const std::string& name = str_member(list[i], "name", where);
+    int64_t lower = int_member(list[i], "lower", 0, INT64_MAX, where);
+    const Json& upper = list[i]["upper"];  // an object: str_member checked it
+    if (!upper.is_null() && !(upper.is_integer() && upper.as_int() >= lower)) {
+      bad(where + ".upper must be null or an integer >= lower");
+    }
+    if (std::find(dynamic.begin(), dynamic.end(), name) == dynamic.end()) {
+      bad(where + " names " + shown(name) + ", no dynamic size of the library's inputs");
+    }
+    if (std::find(named.begin(), named.end(), name) != named.end()) bad(where + " repeats " + shown(name));
+    named.push_back(name);
+  }
+  for (const std::string& name : dynamic) {  // sizes like "2*s0" are expressions, not symbols
+    bool symbol = std::all_of(name.begin(), name.end(), [](char c) { return isalnum(c) || c == '_'; });
+    if (symbol && std::find(named.begin(), named.end(), name) == named.end()) {
+      bad("symbols does not list the dynamic size " + shown(name));
+    }
+  }
+}
+
+// The constants' entries, checked against the library and laid over the mapped weights. Each
+// names the library's constant of the same index, with its dtype, shape, strides and storage
+// offset, and spans exactly its storage bytes at the next 64-byte boundary after the previous
+// one; together they end where weights.bin ends. Offsets are then never trusted, only checked.
+std::vector<ConstantArg> constants_of(const Json& manifest, const ember_abi::ModelDesc& d,
+                                      Weights& w, DLDevice device) {
+  const auto& list = array_member(manifest, "constants", kMaxEntries, "manifest");
+  if (int64_t(list.size()) != d.num_constants) {
+    bad("constants lists " + std::to_string(list.size()) + " tensors; the library has " +
+        std::to_string(d.num_constants));
+  }
   std::vector<ConstantArg> out;
-  const auto& list = manifest["constants"].as_array();
-  w.shapes.resize(list.size());
-  w.strides.resize(list.size());
+  w.shapes.assign(list.size(), {});
+  w.strides.assign(list.size(), {});
+  int64_t end = 0;  // bytes of weights.bin accounted for so far
   for (size_t i = 0; i < list.size(); ++i) {
     const Json& c = list[i];
-    DLDataType dtype = dtype_from_name(c["dtype"].as_string());
-    for (const Json& s : c["shape"].as_array()) w.shapes[i].push_back(s.as_int());
-    for (const Json& s : c["strides"].as_array()) w.strides[i].push_back(s.as_int());
-    int64_t offset = c["offset"].as_int(), nbytes = c["nbytes"].as_int();
-    int64_t storage_offset = c["storage_offset"].as_int();
-    if (offset < 0 || nbytes < 0 || uint64_t(offset + nbytes) > w.size ||
-        w.shapes[i].size() != w.strides[i].size() || storage_offset < 0) {
-      fail(EMBER_ERR_PACKAGE, "constant '" + c["name"].as_string() + "' lies outside weights.bin");
+    const ember_abi::TensorDesc& want = d.constants[i];
+    std::string where = "constants[" + std::to_string(i) + "]";
+    const std::string& name = str_member(c, "name", where);
+    if (name != want.name) bad(where + ".name is " + shown(name) + "; the library's is " + shown(want.name));
+    where = "constant '" + name + "'";
+    DLDataType dtype = dtype_from_name(str_member(c, "dtype", where));
+    if (dtype.code != want.dtype.code || dtype.bits != want.dtype.bits) {
+      bad(where + " has dtype " + dtype_name(dtype) + "; the library's is " + dtype_name(want.dtype));
     }
+    check_dims(c, "shape", want, want.shape, where);
+    check_dims(c, "strides", want, want.strides, where);
+    for (int k = 0; k < want.ndim; ++k) {
+      w.shapes[i].push_back(want.shape[k]);
+      w.strides[i].push_back(want.strides[k]);
+    }
+    int64_t storage_offset = int_member(c, "storage_offset", 0, kMaxFile, where);
+    int64_t offset = int_member(c, "offset", 0, kMaxFile, where);
+    int64_t nbytes = int_member(c, "nbytes", 0, kMaxFile, where);
+    if (storage_offset != want.storage_offset) bad(where + ": storage_offset differs from the library's");
+    if (want.storage_nbytes < 0 || nbytes != want.storage_nbytes) {
+      bad(where + " spans " + std::to_string(nbytes) + " bytes; the library reads " +
+          std::to_string(want.storage_nbytes));
+    }
+    int64_t expected = (end + kAlign - 1) / kAlign * kAlign;  // package.py pads before each one
+    if (offset != expected) {
+      bad(where + " is at byte " + std::to_string(offset) + " of weights.bin; the layout puts it at " +
+          std::to_string(expected));
+    }
+    end = offset + nbytes;  // both below 2^44: no overflow
+    if (end > int64_t(w.size)) bad(where + " lies outside weights.bin");
     DLTensor t{};
     char* base = w.device ? reinterpret_cast<char*>(w.device) : static_cast<char*>(w.host);
     t.data = nbytes ? base + offset : base;
     t.device = device;
-    t.ndim = int32_t(w.shapes[i].size());
+    t.ndim = want.ndim;
     t.dtype = dtype;
     t.shape = w.shapes[i].data();
     t.strides = w.strides[i].data();
-    t.byte_offset = uint64_t(storage_offset * itemsize(dtype));
-    out.push_back({c["name"].as_string(), t});
+    t.byte_offset = uint64_t(storage_offset) * uint64_t(itemsize(dtype));
+    out.push_back({name, t});
+  }
+  if (end != int64_t(w.size)) {
+    bad("the constants cover " + std::to_string(end) + " bytes of weights.bin's " +
+        std::to_string(w.size));
   }
   return out;
 }
@@ -156,20 +386,33 @@ std::vector<ConstantArg> constants_of(const Json& manifest, Weights& w, DLDevice
 
 std::unique_ptr<Model> load_package(const std::string& dir, const EmberLoadOptions& options) {
   Json manifest = read_manifest(dir);
-  std::string library = verified_file(dir, manifest["library"]);
-  std::string weights_path = verified_file(dir, manifest["weights"]);
-  const std::string& isa = manifest["isa"].as_string();
-  if (!cpu_supports_isa(isa)) {
-    fail(EMBER_ERR_UNSUPPORTED, "the package was built for " + isa + ", which this CPU lacks");
+  File library, weights_file;
+  verified_file(dir, manifest, "library", &library);
+  verified_file(dir, manifest, "weights", &weights_file);
+  if (str_member(manifest["library"], "file", "library") ==
+      str_member(manifest["weights"], "file", "weights")) {
+    bad("library and weights name the same file");
   }
-  const std::string& device_name = manifest["device"].as_string();
+  const std::string& isa = str_member(manifest, "isa", "manifest");
+  if (!cpu_supports_isa(isa)) {
+    fail(EMBER_ERR_UNSUPPORTED, "the package was built for " + shown(isa) + ", which this CPU lacks");
+  }
+  const std::string& device_name = str_member(manifest, "device", "manifest");
   bool cuda = device_name == "cuda";
-  if (!cuda && device_name != "cpu") fail(EMBER_ERR_UNSUPPORTED, "package device " + device_name);
+  if (!cuda && device_name != "cpu") fail(EMBER_ERR_UNSUPPORTED, "package device " + shown(device_name));
+  const std::string& hash = str_member(manifest, "artifact_hash", "manifest");
   DLDevice device{cuda ? kDLCUDA : kDLCPU, cuda ? options.device_id : 0};
-  auto weights = map_weights(weights_path, size_t(manifest["weights"]["size"].as_int()), cuda,
-                             options.device_id);
-  auto constants = constants_of(manifest, *weights, device);
-  return Model::open(library, constants, options, weights, manifest["artifact_hash"].as_string());
+  auto weights = map_weights(weights_file, cuda, options.device_id);
+  auto constants = [&](const ember_abi::ModelDesc& d) {
+    if (isa != d.isa) bad("isa " + shown(isa) + " differs from the library's (" + d.isa + ")");
+    if ((d.device_type == kDLCUDA) != cuda) bad("device differs from the library's");
+    check_interface(manifest, "inputs", d.inputs, d.num_inputs);
+    check_interface(manifest, "outputs", d.outputs, d.num_outputs);
+    check_symbols(manifest, d);
+    return constants_of(manifest, d, *weights, device);
+  };
+  // The descriptor stays open until the library is loaded: /proc/self/fd/N names the hashed inode.
+  return Model::open(library.stable_path(), constants, options, weights, hash);
 }
 
 }  // namespace ember
