@@ -29,10 +29,12 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _paths  # noqa: E402,F401  (this checkout's components first on sys.path)
 import family_models  # noqa: E402
 
-_MOVES = {"load", "to_dtype", "index_expr", "constant", "masked", "masked_result", "where", "lt",
-          "le", "ge", "gt", "eq", "logical_and", "store"}  # fmt: skip
+_MOVES = {"load", "to_dtype", "constant", "store"}
+# a concatenation's pieces: each load masked to its range, picked by index comparisons
+_PIECES = {"index_expr", "masked", "masked_result", "where", "lt", "le", "ge", "gt", "logical_and"}
 _OP = re.compile(r"^\s*(?:tmp\d+ = )?(\w+)\(")
 
 
@@ -43,6 +45,7 @@ class KernelCensus:
         self.kinds: collections.Counter = collections.Counter()
         self.externs: collections.Counter = collections.Counter()
         self.copies: list[str] = []
+        self.written = 0  # bytes the generated kernels store
 
     @contextlib.contextmanager
     def installed(self):
@@ -55,6 +58,10 @@ class KernelCensus:
             for s in steps:
                 if isinstance(s, pipeline.Kernel):
                     kind = self.classify(s, buffers)
+                    for m in s.members:
+                        if m.node.name not in s.local:
+                            lay = m.node.layout
+                            self.written += int(lay.numel()) * lay.dtype.itemsize
                     self.kinds[kind] += 1
                     if kind == "copy":
                         self.copies.append(self.describe(s))
@@ -87,7 +94,7 @@ class KernelCensus:
                 src = buffers.get(name)
                 if src is not None and src.layout.dtype != node.layout.dtype:
                     cast = True
-        if used - _MOVES:
+        if used - _MOVES - (_PIECES if masked else set()):
             return "compute"
         return "cast" if cast else "cat" if masked else "copy"
 
@@ -99,7 +106,8 @@ class KernelCensus:
     def summary(self) -> str:
         kinds = " ".join(f"{k}={self.kinds[k]}" for k in ("compute", "copy", "cast", "cat"))
         ext = " ".join(f"{k}={v}" for k, v in sorted(self.externs.items()))
-        return f"kernels={sum(self.kinds.values())} ({kinds}) externs: {ext}"
+        return (f"kernels={sum(self.kinds.values())} ({kinds}) "
+                f"written={self.written / 2**20:.2f}MiB externs: {ext}")
 
 
 def _sync(device):
