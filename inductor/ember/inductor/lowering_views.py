@@ -11,7 +11,7 @@ from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known
                                   make_channels_last_strides_for)  # fmt: skip
 
 from .config import config
-from .loop_ir import compute_dtype, ops
+from .loop_ir import SketchHandler, compute_dtype, loop_vars, ops, set_handler
 from .lowering import (
     Lazy,
     View,
@@ -456,6 +456,9 @@ def _matmul(name):
         for pos, a in enumerate(args):  # in argument order, as L.extern would realize them
             if isinstance(a, Lazy) and pos not in required:
                 matrix = pos in _MATRICES[name] and len(a.sizes) in (2, 3)
+                if matrix and len(a.sizes) == 3 and _same_in_every_batch(a):
+                    args[pos] = _one_matrix_for_all_batches(L, a)
+                    continue
                 args[pos] = L.realize(a, read_order_strides(a) if matrix else None)
         if not n_pad:
             return L.extern(name, EXTERN_KERNELS[name], args, kwargs)
@@ -470,6 +473,43 @@ def _matmul(name):
 
 for _name in _MATRICES:
     register(_name)(_matmul(_name))
+
+
+def _same_in_every_batch(a: Lazy) -> bool:
+    """Whether a batched operand's elements do not depend on the batch index: a weight that
+    matmul broadcast over the batch (a Linear over `x.transpose(1, 2)`, MLP-Mixer's token MLP,
+    is a bmm with the weight expanded), under autocast computed by a cast."""
+    if S(a.sizes[0]) == 1:
+        return False
+    batch, *rest = loop_vars("i", 3)
+    with set_handler(_IndexRecorder()) as rec:
+        a.fn([batch, *rest])
+    return bool(rec.indices) and all(batch not in S(e).free_symbols for e in rec.indices)
+
+
+def _one_matrix_for_all_batches(L, a: Lazy) -> View:
+    """`a` computed once as one matrix (in the order it reads its source) and read by every
+    batch through a batch stride of 0, as eager's matmul passes an expanded weight to bmm;
+    computed per batch it was written batch-size times."""
+    matrix = Lazy(a.sizes[1:], a.dtype, a.device, lambda idx: a.fn([sympy.S.Zero, *idx]))
+    one = L.realize(matrix, read_order_strides(matrix))
+    return View(one.buffer, a.sizes, (sympy.S.Zero, *one.strides), one.offset)
+
+
+class _IndexRecorder(SketchHandler):
+    """Every load index and index expression of a body."""
+
+    def __init__(self):
+        super().__init__()
+        self.indices: list = []
+
+    def load(self, name, index):
+        self.indices.append(index)
+        return super().load(name, index)
+
+    def index_expr(self, expr, dtype):
+        self.indices.append(expr)
+        return super().index_expr(expr, dtype)
 
 
 def _pad_mm_on(device) -> bool:
