@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from ember.inductor import compile_prims, metrics
 from ember.inductor.lowering import lower_graph
 from ember.inductor.scheduler import Kernel, schedule
-from ember.primtorch import prims
+from ember.primtorch import prims, trace_to_prims
 from inductor_helpers import PrimGraph, check, layer_norm_graph, softmax_graph
 
 
@@ -181,3 +181,23 @@ def test_a_computation_repeated_by_the_program_is_computed_once():
     assert a.data_ptr() != b.data_ptr()  # outputs stay distinct tensors
     signed = trace_to_prims(lambda x: (x * 0.0 + 1, x * -0.0 + 1), x)
     assert merge_common_subexpressions(signed) is signed  # 0.0 and -0.0 are different scalars
+
+
+def _residual_norm_over_channels(a, r, w, b):
+    """SqueezeBERT's residual + LayerNorm on (B, C, L): the sum is stored in the order eager
+    lays it out, the norm reduces over C through a permute (ConvNeXt's NCHW norms alike)."""
+    x = a + r
+    return F.layer_norm(x.permute(0, 2, 1), (a.shape[1],), w, b), x
+
+
+def test_a_pointwise_kernel_in_another_loop_order_takes_the_reduction():
+    """The residual sum's kernel runs its loops in (B, C, L) order, the norm's in (B, L) x C: the
+    sum's loops are reordered as the norm's and both are one kernel (they were two, the sum
+    written in float32 and read back twice). C == L too, where both orders have equal sizes."""
+    for c, l in ((48, 40), (32, 32)):
+        args = torch.randn(2, c, l), torch.randn(2, c, l), torch.randn(c), torch.randn(c)
+        compiled = compile_prims(trace_to_prims(_residual_norm_over_channels, *args), list(args))
+        assert len(compiled.program.kernels) == 1, compiled.source
+        # values only: the norm's strides over a permuted input are primtorch's, not eager's
+        for got, want in zip(compiled(*args), _residual_norm_over_channels(*args)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
