@@ -201,3 +201,35 @@ def test_a_pointwise_kernel_in_another_loop_order_takes_the_reduction():
         # values only: the norm's strides over a permuted input are primtorch's, not eager's
         for got, want in zip(compiled(*args), _residual_norm_over_channels(*args)):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def _bn_relu_branches(x, y, m, s, w, b):
+    """Two branches' inference batch norms (five loads each), each ReLU'd, concatenated: an
+    Inception/HRNet block's output."""
+    def bn_relu(t):
+        return torch.relu((t - m[:, None, None]) * s[:, None, None] * w[:, None, None]
+                          + b[:, None, None])  # fmt: skip
+
+    return torch.cat([bn_relu(x), bn_relu(y)], 1)
+
+
+def test_an_activation_reading_its_input_twice_does_not_store_a_heavy_producer():
+    """ReLU is where(x <= 0, 0, x): two fx users of x, one expression. Each heavy batch norm is
+    inlined into the concatenation (one kernel); it was stored first (three kernels)."""
+    x, y = torch.randn(2, 4, 5, 5), torch.randn(2, 4, 5, 5)
+    m, s, w, b = torch.randn(4), torch.rand(4) + 0.5, torch.randn(4), torch.randn(4)
+    check(_bn_relu_branches, x, y, m, s, w, b, kernels=1)
+    check(lambda x, m, s, w, b: F.gelu(_bn_relu_branches(x, x, m, s, w, b)[:, :4] * 3) + x,
+          x, m, s, w, b, kernels=1, atol=1e-5, rtol=1e-4)  # fmt: skip
+
+
+def test_a_heavy_value_two_separate_consumers_read_is_stored_once():
+    """x reaches a sum and a pointwise output by separate paths: stored once, not inlined."""
+    a, b, c, d, e = (torch.randn(8, 16) for _ in range(5))
+
+    def fn(a, b, c, d, e):
+        x = a * b + c * d + e
+        return x.sum(1), torch.exp(x) * 2
+
+    compiled = check(fn, a, b, c, d, e)
+    assert len(compiled.program.kernels) == 1, compiled.source  # one kernel, x computed once
