@@ -243,3 +243,17 @@ def test_an_operand_that_varies_with_the_batch_is_computed_per_batch():
     ops = _bmm_operands(lambda a, b: a @ (b * 2), a, b)
     assert ops[1] == ((3, 16, 4), (64, 4, 1), 3 * 16 * 4), ops
     check(lambda a, b: a @ (b * 2), a, b)
+
+
+def test_a_weight_expanded_over_a_reshaped_batch_is_cast_once():
+    """A Linear over a strided 4-D input (B, H, W, C) is a bmm over B*H batches, the weight
+    expanded over (B, H) and reshaped: still one matrix, read with batch stride 0."""
+    x, w = torch.randn(2, 3, 5, 16), torch.randn(8, 16)
+
+    def linear_4d(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(x.transpose(1, 2), w)  # (2, 5, 3, 16), not foldable into rows
+
+    ops = _bmm_operands(linear_4d, x, w)
+    assert ops[1][1][0] == 0 and ops[1][2] == 16 * 8, ops
+    check(linear_4d, x, w, atol=2e-2, rtol=2e-2)

@@ -11,6 +11,7 @@ from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known
                                   make_channels_last_strides_for)  # fmt: skip
 
 from .config import config
+from .index_simplify import simplify_index
 from .loop_ir import SketchHandler, compute_dtype, loop_vars, ops, set_handler
 from .lowering import (
     Lazy,
@@ -481,10 +482,15 @@ def _same_in_every_batch(a: Lazy) -> bool:
     is a bmm with the weight expanded), under autocast computed by a cast."""
     if S(a.sizes[0]) == 1:
         return False
-    batch, *rest = loop_vars("i", 3)
+    vs = loop_vars("i", 3)
     with set_handler(_IndexRecorder()) as rec:
-        a.fn([batch, *rest])
-    return bool(rec.indices) and all(batch not in S(e).free_symbols for e in rec.indices)
+        a.fn(list(vs))
+    # within the loop ranges: an expand reshaped over (B, H) reads ModularIndexing(4096*i0 +
+    # 128*i1 + i2, 128, 32), which is i1
+    ranges = dict(zip(vs, a.sizes))
+    return bool(rec.indices) and all(
+        vs[0] not in S(simplify_index(e, ranges)).free_symbols for e in rec.indices
+    )
 
 
 def _one_matrix_for_all_batches(L, a: Lazy) -> View:
