@@ -5,7 +5,8 @@ On a GPU host (bf16 autocast inference, batch 32 images / 8x512 tokens):
     python bench/family_probe.py                       # every family
     python bench/family_probe.py --only mixer,densenet --replays 50
 On this CPU-only machine, counting what the CUDA path would generate (Triton rendered under the
-interpreter, channels-last convolutions and padded matmuls forced on as on CUDA, no timing):
+interpreter, channels-last convolutions and padded matmuls forced on as on CUDA, no kernel
+hoisted ahead of an extern as at real sizes, no timing):
     TRITON_INTERPRET=1 python bench/family_probe.py --device cpu --small --analyze
 `--device cpu --small` without --analyze times the C++ path instead.
 
@@ -148,9 +149,11 @@ def analyze(name, small, device):
     from ember.inductor.config import config
 
     saved = {k: getattr(config, k) for k in ("cpu_backend", "conv_channels_last", "pad_mm",
-                                             "cache", "fx_cache")}  # fmt: skip
+                                             "cache", "fx_cache", "hoist_max_bytes")}  # fmt: skip
     config.cpu_backend, config.conv_channels_last, config.pad_mm = "triton", True, True
     config.cache = config.fx_cache = False
+    if small:  # as at real sizes, where every buffer is larger than hoist_max_bytes
+        config.hoist_max_bytes = 0
     try:
         model, inputs = family_models.build(name, small)
         model = model.eval().to(device)
