@@ -233,3 +233,11 @@ def test_a_heavy_value_two_separate_consumers_read_is_stored_once():
 
     compiled = check(fn, a, b, c, d, e)
     assert len(compiled.program.kernels) == 1, compiled.source  # one kernel, x computed once
+
+
+def test_a_column_reduction_does_not_reorder_a_pointwise_kernel():
+    """Batch-norm statistics (few long rows over (B, H, W)) keep their own kernel: reordered to
+    run them, the pointwise kernel would be left a handful of parallel rows."""
+    x = torch.randn(4, 3, 10, 10)  # exp(x) is stored first (two readers), then summed
+    compiled = check(lambda x: (torch.exp(x).sum((0, 2, 3)), torch.exp(x)), x)
+    assert len(compiled.program.kernels) == 2, compiled.source

@@ -204,7 +204,7 @@ def _candidates(kernel: Kernel, node: ComputedBuffer) -> list:
         full = node.ranges + node.reduction_ranges
         if not kernel.rsizes and kernel.xsizes == full:
             out.append(("red", ident, node.ranges, node.reduction_ranges))  # x members become xr
-        if not kernel.rsizes and len(kernel.xsizes) == len(full) <= 5:
+        if not kernel.rsizes and len(kernel.xsizes) == len(full) <= 5 and _norm_like(node):
             # A pointwise kernel whose loops run in another order than the reduction's (a residual
             # add stored as (B, C, L), then a LayerNorm over C: SqueezeBERT, ConvNeXt's NCHW
             # norms): its loops reordered as the reduction's, its members' values are the same
@@ -243,6 +243,18 @@ def _retarget(kernel: Kernel, xsizes, rsizes) -> Kernel:
         for name, index in k.record(m).stores:
             k.stores[name] = index
     return k
+
+
+def _norm_like(node: ComputedBuffer) -> bool:
+    """A reduction of many short rows, each within one block (a LayerNorm's): a pointwise kernel
+    reordered to run it keeps its parallelism. Not one of a few long rows (a batch norm's
+    statistics over (B, H, W) per channel), which would leave the reordered kernel a handful of
+    rows, and its outputs alive across the whole reduction (a training step's peak rose)."""
+    try:
+        rows, row = int(sympy.Mul(*node.ranges)), int(sympy.Mul(*node.reduction_ranges))
+    except TypeError:
+        return False
+    return row <= config.persistent_reduction_max and rows >= row
 
 
 def _reordered(kernel: Kernel, order) -> Kernel:
