@@ -241,3 +241,15 @@ def test_a_column_reduction_does_not_reorder_a_pointwise_kernel():
     x = torch.randn(4, 3, 10, 10)  # exp(x) is stored first (two readers), then summed
     compiled = check(lambda x: (torch.exp(x).sum((0, 2, 3)), torch.exp(x)), x)
     assert len(compiled.program.kernels) == 2, compiled.source
+
+
+def test_an_inference_batch_norm_is_one_kernel():
+    """rsqrt(running_var + eps) reads only inputs: each element computes it again (two cached
+    loads) rather than a kernel of its own per norm (two kernels before). A statistic of a
+    computed reduction still is computed once per row, in the reduction's kernel."""
+    x, m, v = torch.randn(2, 6, 5, 5), torch.randn(6), torch.rand(6) + 0.1
+    w, b = torch.randn(6), torch.randn(6)
+    bn = lambda x, m, v, w, b: torch.relu(F.batch_norm(x, m, v, w, b, False, 0.1, 1e-5))  # noqa: E731
+    check(bn, x, m, v, w, b, kernels=1, atol=1e-5, rtol=1e-4)
+    check(lambda x, w, b: F.layer_norm(x, (5,), w[:5], b[:5]), x, w, b, kernels=1, atol=1e-5,
+          rtol=1e-4)  # fmt: skip

@@ -12,7 +12,7 @@ from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known
 
 from .config import config
 from .index_simplify import simplify_index
-from .loop_ir import SketchHandler, compute_dtype, loop_vars, ops, set_handler
+from .loop_ir import InputBuffer, SketchHandler, compute_dtype, loop_vars, ops, set_handler
 from .lowering import (
     Lazy,
     View,
@@ -37,8 +37,13 @@ def _broadcast_in_dim(L, a, shape, broadcast_dimensions):
         isinstance(a, Lazy)
         and a.cost()[0] > a.cost()[1] + 1
         and sympy.Mul(*shape) != sympy.Mul(*a.sizes)
+        and _reads_computed(L, a)
     ):
-        # computing a row statistic (rsqrt(var + eps)) once per row, not once per element
+        # computing a row statistic (rsqrt(var + eps)) once per row, not once per element: in
+        # the kernel of the reduction it reads, as that kernel's row-level epilogue. One of the
+        # graph's inputs alone (an inference batch norm's rsqrt(running_var + eps)) would be a
+        # kernel of its own for every norm (densenet121: 120 launches); each element computes
+        # it again instead, from two loads of one cached row.
         a = L.realize(a)
 
     def remap(idx):
@@ -46,6 +51,12 @@ def _broadcast_in_dim(L, a, shape, broadcast_dimensions):
                 for j, d in enumerate(broadcast_dimensions)]  # fmt: skip
 
     return remap_view(a, shape, remap)
+
+
+def _reads_computed(L, a: Lazy) -> bool:
+    """Whether `a` reads a buffer this graph computes (not only inputs and constants)."""
+    names = a.loaded()
+    return any(not isinstance(b, InputBuffer) for b in L.buffers if b.name in names)
 
 
 @register("expand")
