@@ -257,3 +257,36 @@ def test_a_weight_expanded_over_a_reshaped_batch_is_cast_once():
     ops = _bmm_operands(linear_4d, x, w)
     assert ops[1][1][0] == 0 and ops[1][2] == 16 * 8, ops
     check(linear_4d, x, w, atol=2e-2, rtol=2e-2)
+
+
+def test_a_cast_bias_is_added_by_the_kernel_that_reads_the_product():
+    """Under autocast a Linear's bias is cast in the graph: an addmm whose product only
+    elementwise ops read (GELU; a residual add through a view) becomes mm + the bias added in
+    that epilogue, so the bias's cast is no kernel of its own (4 kernels before, now 3)."""
+    x, w, b, r = torch.randn(32, 64), torch.randn(48, 64), torch.randn(48), torch.randn(4, 8, 48)
+
+    def linear_gelu(x, w, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.gelu(F.linear(x, w, b))
+
+    def linear_residual(x, w, b, r):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(x, w, b).view(4, 8, 48) + r
+
+    for fn, args in ((linear_gelu, (x, w, b)), (linear_residual, (x, w, b, r))):
+        compiled = check(fn, *args, atol=3e-2, rtol=3e-2)
+        assert "extern_addmm(" not in compiled.source and "extern_mm(" in compiled.source
+        # the casts of x and of the weight, then the epilogue
+        assert len(compiled.program.kernels) == 3, compiled.source
+
+
+def test_an_addmm_read_by_another_matmul_keeps_its_bias():
+    """A product an extern reads (or the graph returns) keeps cuBLAS's own bias epilogue."""
+    x, w, b = torch.randn(32, 64), torch.randn(48, 64), torch.randn(48)
+
+    def two_linears(x, w, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(F.linear(x, w, b), w[:, :48], b)
+
+    compiled = check(two_linears, x, w, b, atol=5e-2, rtol=5e-2)
+    assert compiled.source.count("extern_addmm(") == 2, compiled.source

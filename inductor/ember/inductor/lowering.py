@@ -527,7 +527,7 @@ class Lowerer(fx.Interpreter):
 
 
 # Elementwise prims: a chain of them is inlined into one expression (see `readers`).
-_ELEMENTWISE = {f"prims.{op}" for op in (*UNARY_OPS, *BINARY_OPS)} | {
+ELEMENTWISE = {f"prims.{op}" for op in (*UNARY_OPS, *BINARY_OPS)} | {
     "prims.div", "prims.where", "prims.convert_element_type", "prims.sgn",
     "prims.floor_div", "prims.trunc_div", "prims.frac"}  # fmt: skip
 _CHAIN_DEPTH = 16
@@ -545,7 +545,7 @@ def readers(n: fx.Node) -> int:
     ends = set()
     for u in n.users:
         for _ in range(_CHAIN_DEPTH):
-            if (u.op != "call_function" or target_name(u.target) not in _ELEMENTWISE
+            if (u.op != "call_function" or target_name(u.target) not in ELEMENTWISE
                     or len(u.users) != 1):  # fmt: skip
                 break
             u = next(iter(u.users))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ember.ir import NODE_META_KEY, FloorDiv, ModularIndexing, TensorMeta, contiguous_strides
+from ember.ir import (NODE_META_KEY, FloorDiv, ModularIndexing, TensorMeta, contiguous_strides,
+                      target_name)  # fmt: skip
 from ember.primtorch.prims.extern import ARG_STRIDES
 from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known,
                                   make_channels_last_strides_for)  # fmt: skip
@@ -14,12 +15,14 @@ from .config import config
 from .index_simplify import simplify_index
 from .loop_ir import InputBuffer, SketchHandler, compute_dtype, loop_vars, ops, set_handler
 from .lowering import (
+    ELEMENTWISE,
     Lazy,
     View,
     _same_strides,
     broadcast_to,
     is_tensor,
     load_as,
+    make_pointwise,
     out_meta,
     pad_last_dim,
     read_order_strides,
@@ -460,6 +463,11 @@ def _matmul(name):
         transposed weight's cast is a straight copy, and cuBLAS gets a transposed operand. An
         mm with unaligned output rows multiplies a padded operand (config.pad_mm)."""
         args = list(args)
+        if name == "extern.addmm" and _bias_joins_the_epilogue(L, args, kwargs):
+            # mm, then the bias added by the pointwise kernel that reads the product anyway:
+            # the bias (a cast under autocast, a kernel of its own per Linear) is read there
+            product = _MATMUL_LOWERINGS["extern.mm"](L, args[1], args[2])
+            return make_pointwise(L, lambda p, b: ops.add(p, b), (product, args[0]))
         n_pad = _padded_columns(name, args)
         if n_pad:
             n = args[_MATRICES[name][1]].sizes[1]
@@ -483,8 +491,35 @@ def _matmul(name):
     return lower
 
 
-for _name in _MATRICES:
-    register(_name)(_matmul(_name))
+_MATMUL_LOWERINGS = {_name: _matmul(_name) for _name in _MATRICES}
+for _name, _lower in _MATMUL_LOWERINGS.items():
+    register(_name)(_lower)
+
+# Prims that only view their input: a product read through them is still read elementwise.
+_VIEWS = {f"prims.{n}" for n in ("reshape", "view", "collapse_view", "collapse", "split_dim",
+                                 "squeeze", "expand_dims", "unsqueeze", "transpose", "permute")}
+# ... and readers that copy it elementwise (attention's heads made contiguous)
+_COPIES = {"prims.clone", "prims.copy_strided", "prims.view_of"}  # fmt: skip
+
+
+def _bias_joins_the_epilogue(L, args, kwargs) -> bool:
+    """Whether an addmm's bias is better added by its readers: a plain addmm (beta = alpha = 1)
+    whose bias is computed in the graph (a cast under autocast) and whose product only
+    elementwise ops read, through views (a Linear's activation, a residual add): the bias
+    then costs no kernel of its own. torch.compile splits addmm so too."""
+    bias = args[0]
+    if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1 or not isinstance(bias, Lazy):
+        return False
+    pending, seen = list(L.current.users), 0
+    while pending:
+        user = pending.pop()
+        seen += 1
+        name = target_name(user.target) if user.op == "call_function" else ""
+        if name in _VIEWS and seen < 16:
+            pending.extend(user.users)
+        elif name not in ELEMENTWISE and name not in _COPIES:
+            return False
+    return seen > 0
 
 
 def _same_in_every_batch(a: Lazy) -> bool:
