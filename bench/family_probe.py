@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import importlib
 import os
 import re
 import statistics
@@ -47,6 +48,7 @@ class KernelCensus:
         self.externs: collections.Counter = collections.Counter()
         self.copies: list[str] = []
         self.written = 0  # bytes the generated kernels store
+        self.torch_kernels = None  # torch.compile's generated kernels, where it ran
 
     @contextlib.contextmanager
     def installed(self):
@@ -107,8 +109,9 @@ class KernelCensus:
     def summary(self) -> str:
         kinds = " ".join(f"{k}={self.kinds[k]}" for k in ("compute", "copy", "cast", "cat"))
         ext = " ".join(f"{k}={v}" for k, v in sorted(self.externs.items()))
+        theirs = "" if self.torch_kernels is None else f" torch.compile kernels={self.torch_kernels}"
         return (f"kernels={sum(self.kinds.values())} ({kinds}) "
-                f"written={self.written / 2**20:.2f}MiB externs: {ext}")
+                f"written={self.written / 2**20:.2f}MiB externs: {ext}{theirs}")
 
 
 def _sync(device):
@@ -196,11 +199,13 @@ def race(name, small, device, warmup, replays):
             check(compiled(*inputs), want)
         row["ember"] = time_replays(compiled, inputs, device, warmup, replays)
         if device.startswith("cuda"):
-            import torch._dynamo  # bench/ may race torch's compiler (ARCHITECTURE.md)
-
-            torch._dynamo.reset()
+            # bench/ may race torch's compiler (ARCHITECTURE.md)
+            importlib.import_module("torch._dynamo").reset()
+            torch_metrics = importlib.import_module("torch._inductor.metrics")
+            torch_metrics.reset()
             ro = torch.compile(model, mode="reduce-overhead")
             row["reduce-overhead"] = time_replays(ro, inputs, device, warmup, replays)
+            census.torch_kernels = torch_metrics.generated_kernel_count
     return row, census
 
 
