@@ -506,7 +506,7 @@ def _bias_joins_the_epilogue(L, args, kwargs) -> bool:
     """Whether an addmm's bias is better added by its readers: a plain addmm (beta = alpha = 1)
     whose bias is computed in the graph (a cast under autocast) and whose product only
     elementwise ops read, through views (a Linear's activation, a residual add): the bias
-    then costs no kernel of its own. torch.compile splits addmm so too."""
+    then costs no kernel of its own (PyTorch's own compiler splits addmm so too)."""
     bias = args[0]
     if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1 or not isinstance(bias, Lazy):
         return False
