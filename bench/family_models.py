@@ -38,7 +38,8 @@ class MixerBlock(nn.Module):
 class Affine(nn.Module):
     def __init__(self, dim):
         super().__init__()
-        self.alpha, self.beta = nn.Parameter(torch.ones(1, 1, dim)), nn.Parameter(torch.zeros(1, 1, dim))
+        self.alpha = nn.Parameter(torch.ones(1, 1, dim))
+        self.beta = nn.Parameter(torch.zeros(1, 1, dim))
 
     def forward(self, x):
         return torch.addcmul(self.beta, self.alpha, x)
@@ -51,7 +52,8 @@ class ResBlock(nn.Module):
         super().__init__()
         self.norm1, self.norm2 = Affine(dim), Affine(dim)
         self.linear_tokens, self.mlp_channels = nn.Linear(tokens, tokens), Mlp(dim, dim * 4)
-        self.ls1, self.ls2 = nn.Parameter(1e-4 * torch.ones(dim)), nn.Parameter(1e-4 * torch.ones(dim))
+        self.ls1 = nn.Parameter(1e-4 * torch.ones(dim))
+        self.ls2 = nn.Parameter(1e-4 * torch.ones(dim))
 
     def forward(self, x):
         x = x + self.ls1 * self.linear_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
@@ -72,7 +74,8 @@ class DenseLayer(nn.Module):
 
     def __init__(self, cin, growth, bn_size=4):
         super().__init__()
-        self.norm1, self.conv1 = nn.BatchNorm2d(cin), nn.Conv2d(cin, bn_size * growth, 1, bias=False)
+        self.norm1 = nn.BatchNorm2d(cin)
+        self.conv1 = nn.Conv2d(cin, bn_size * growth, 1, bias=False)
         self.norm2 = nn.BatchNorm2d(bn_size * growth)
         self.conv2 = nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False)
 
@@ -95,13 +98,15 @@ class DenseBlock(nn.Module):
 
 
 def conv_bn(cin, cout, k=1, stride=1, groups=1, relu=True):
-    layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    conv = nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False)
+    layers = [conv, nn.BatchNorm2d(cout)]
     return nn.Sequential(*layers, nn.ReLU()) if relu else nn.Sequential(*layers)
 
 
 class HRFuse(nn.Module):
     """HRNet's fuse layer over two resolutions: conv1x1-BN then nearest upsample + add, and a
-    strided conv3x3-BN down + add, each followed by ReLU; then an Inception-style cat of branches."""
+    strided conv3x3-BN down + add, each followed by ReLU; then an Inception-style cat of
+    branches."""
 
     def __init__(self, c):
         super().__init__()
@@ -211,7 +216,8 @@ def build(name: str, small: bool = False):
         return HRFuse(c), (torch.randn(b_img, c, hw, hw),)
     if name == "resnext":
         c, width, groups, hw = (32, 32, 4, 8) if small else (256, 256, 32, 56)
-        return Stacked([Bottleneck(c, width, groups) for _ in range(2)]), (torch.randn(b_img, c, hw, hw),)
+        blocks = Stacked([Bottleneck(c, width, groups) for _ in range(2)])
+        return blocks, (torch.randn(b_img, c, hw, hw),)
     if name == "convnext":
         c, hw = (32, 8) if small else (96, 56)
         return Stacked([ConvNeXtBlock(c) for _ in range(2)]), (torch.randn(b_img, c, hw, hw),)

@@ -109,7 +109,7 @@ class KernelCensus:
     def summary(self) -> str:
         kinds = " ".join(f"{k}={self.kinds[k]}" for k in ("compute", "copy", "cast", "cat"))
         ext = " ".join(f"{k}={v}" for k, v in sorted(self.externs.items()))
-        theirs = "" if self.torch_kernels is None else f" torch.compile kernels={self.torch_kernels}"
+        theirs = f" torch.compile kernels={self.torch_kernels}" if self.torch_kernels else ""
         return (f"kernels={sum(self.kinds.values())} ({kinds}) "
                 f"written={self.written / 2**20:.2f}MiB externs: {ext}{theirs}")
 

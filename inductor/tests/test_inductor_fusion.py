@@ -249,7 +249,9 @@ def test_an_inference_batch_norm_is_one_kernel():
     computed reduction still is computed once per row, in the reduction's kernel."""
     x, m, v = torch.randn(2, 6, 5, 5), torch.randn(6), torch.rand(6) + 0.1
     w, b = torch.randn(6), torch.randn(6)
-    bn = lambda x, m, v, w, b: torch.relu(F.batch_norm(x, m, v, w, b, False, 0.1, 1e-5))  # noqa: E731
+    def bn(x, m, v, w, b):
+        return torch.relu(F.batch_norm(x, m, v, w, b, False, 0.1, 1e-5))
+
     check(bn, x, m, v, w, b, kernels=1, atol=1e-5, rtol=1e-4)
     check(lambda x, w, b: F.layer_norm(x, (5,), w[:5], b[:5]), x, w, b, kernels=1, atol=1e-5,
           rtol=1e-4)  # fmt: skip

@@ -32,6 +32,7 @@ from ember.primtorch.utils import (
 
 from . import metrics
 from .config import config
+from .graph_reads import readers
 from .loop_ir import (
     BINARY_OPS,
     COMPARE_OPS,
@@ -524,35 +525,6 @@ class Lowerer(fx.Interpreter):
             outs.append(View.of(mo))
         ext.outputs = tuple(o.buffer.name for o in outs if o is not None)
         return tuple(outs)
-
-
-# Elementwise prims: a chain of them is inlined into one expression (see `readers`).
-ELEMENTWISE = {f"prims.{op}" for op in (*UNARY_OPS, *BINARY_OPS)} | {
-    "prims.div", "prims.where", "prims.convert_element_type", "prims.sgn",
-    "prims.floor_div", "prims.trunc_div", "prims.frac"}  # fmt: skip
-_CHAIN_DEPTH = 16
-
-
-def readers(n: fx.Node) -> int:
-    """How many separate consumers read `n`'s value: users whose single-user chains of
-    elementwise prims all end at one node count as one. ReLU is where(x <= 0, 0, x), GELU and
-    SiLU read x twice too: one expression, where inlining `n` costs nothing (the renderer's CSE
-    computes it once), but two fx users, which made a heavy producer (an inference batch norm,
-    five loads) a buffer of its own written before every ReLU whose reader is another kernel (a
-    concatenation of branches)."""
-    if len(n.users) <= 1:
-        return len(n.users)
-    ends = set()
-    for u in n.users:
-        for _ in range(_CHAIN_DEPTH):
-            if (u.op != "call_function" or target_name(u.target) not in ELEMENTWISE
-                    or len(u.users) != 1):  # fmt: skip
-                break
-            u = next(iter(u.users))
-        ends.add(u)
-        if len(ends) > 1:
-            return len(n.users)
-    return 1
 
 
 def pad_last_dim(x, n_pad) -> Lazy:

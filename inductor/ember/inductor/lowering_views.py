@@ -5,8 +5,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ember.ir import (NODE_META_KEY, FloorDiv, ModularIndexing, TensorMeta, contiguous_strides,
-                      target_name)  # fmt: skip
+from ember.ir import NODE_META_KEY, FloorDiv, ModularIndexing, TensorMeta, contiguous_strides
 from ember.primtorch.prims.extern import ARG_STRIDES
 from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known,
                                   make_channels_last_strides_for)  # fmt: skip
@@ -14,8 +13,8 @@ from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known
 from .config import config
 from .index_simplify import simplify_index
 from .loop_ir import InputBuffer, SketchHandler, compute_dtype, loop_vars, ops, set_handler
+from .graph_reads import read_elementwise
 from .lowering import (
-    ELEMENTWISE,
     Lazy,
     View,
     _same_strides,
@@ -495,13 +494,6 @@ _MATMUL_LOWERINGS = {_name: _matmul(_name) for _name in _MATRICES}
 for _name, _lower in _MATMUL_LOWERINGS.items():
     register(_name)(_lower)
 
-# Prims that only view their input: a product read through them is still read elementwise.
-_VIEWS = {f"prims.{n}" for n in ("reshape", "view", "collapse_view", "collapse", "split_dim",
-                                 "squeeze", "expand_dims", "unsqueeze", "transpose", "permute")}
-# ... and readers that copy it elementwise (attention's heads made contiguous)
-_COPIES = {"prims.clone", "prims.copy_strided", "prims.view_of"}  # fmt: skip
-
-
 def _bias_joins_the_epilogue(L, args, kwargs) -> bool:
     """Whether an addmm's bias is better added by its readers: a plain addmm (beta = alpha = 1)
     whose bias is computed in the graph (a cast under autocast) and whose product only
@@ -510,16 +502,7 @@ def _bias_joins_the_epilogue(L, args, kwargs) -> bool:
     bias = args[0]
     if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1 or not isinstance(bias, Lazy):
         return False
-    pending, seen = list(L.current.users), 0
-    while pending:
-        user = pending.pop()
-        seen += 1
-        name = target_name(user.target) if user.op == "call_function" else ""
-        if name in _VIEWS and seen < 16:
-            pending.extend(user.users)
-        elif name not in ELEMENTWISE and name not in _COPIES:
-            return False
-    return seen > 0
+    return read_elementwise(L.current)
 
 
 def _same_in_every_batch(a: Lazy) -> bool:
