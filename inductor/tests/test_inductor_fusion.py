@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from ember.inductor import compile_prims, metrics
 from ember.inductor.lowering import lower_graph
 from ember.inductor.scheduler import Kernel, schedule
-from ember.primtorch import prims
+from ember.primtorch import prims, trace_to_prims
 from inductor_helpers import PrimGraph, check, layer_norm_graph, softmax_graph
 
 
@@ -181,3 +181,77 @@ def test_a_computation_repeated_by_the_program_is_computed_once():
     assert a.data_ptr() != b.data_ptr()  # outputs stay distinct tensors
     signed = trace_to_prims(lambda x: (x * 0.0 + 1, x * -0.0 + 1), x)
     assert merge_common_subexpressions(signed) is signed  # 0.0 and -0.0 are different scalars
+
+
+def _residual_norm_over_channels(a, r, w, b):
+    """SqueezeBERT's residual + LayerNorm on (B, C, L): the sum is stored in the order eager
+    lays it out, the norm reduces over C through a permute (ConvNeXt's NCHW norms alike)."""
+    x = a + r
+    return F.layer_norm(x.permute(0, 2, 1), (a.shape[1],), w, b), x
+
+
+def test_a_pointwise_kernel_in_another_loop_order_takes_the_reduction():
+    """The residual sum's kernel runs its loops in (B, C, L) order, the norm's in (B, L) x C: the
+    sum's loops are reordered as the norm's and both are one kernel (they were two, the sum
+    written in float32 and read back twice). C == L too, where both orders have equal sizes."""
+    for c, l in ((48, 40), (32, 32)):
+        args = torch.randn(2, c, l), torch.randn(2, c, l), torch.randn(c), torch.randn(c)
+        compiled = compile_prims(trace_to_prims(_residual_norm_over_channels, *args), list(args))
+        assert len(compiled.program.kernels) == 1, compiled.source
+        # values only: the norm's strides over a permuted input are primtorch's, not eager's
+        for got, want in zip(compiled(*args), _residual_norm_over_channels(*args)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def _bn_relu_branches(x, y, m, s, w, b):
+    """Two branches' inference batch norms (five loads each), each ReLU'd, concatenated: an
+    Inception/HRNet block's output."""
+    def bn_relu(t):
+        return torch.relu((t - m[:, None, None]) * s[:, None, None] * w[:, None, None]
+                          + b[:, None, None])  # fmt: skip
+
+    return torch.cat([bn_relu(x), bn_relu(y)], 1)
+
+
+def test_an_activation_reading_its_input_twice_does_not_store_a_heavy_producer():
+    """ReLU is where(x <= 0, 0, x): two fx users of x, one expression. Each heavy batch norm is
+    inlined into the concatenation (one kernel); it was stored first (three kernels)."""
+    x, y = torch.randn(2, 4, 5, 5), torch.randn(2, 4, 5, 5)
+    m, s, w, b = torch.randn(4), torch.rand(4) + 0.5, torch.randn(4), torch.randn(4)
+    check(_bn_relu_branches, x, y, m, s, w, b, kernels=1)
+    check(lambda x, m, s, w, b: F.gelu(_bn_relu_branches(x, x, m, s, w, b)[:, :4] * 3) + x,
+          x, m, s, w, b, kernels=1, atol=1e-5, rtol=1e-4)  # fmt: skip
+
+
+def test_a_heavy_value_two_separate_consumers_read_is_stored_once():
+    """x reaches a sum and a pointwise output by separate paths: stored once, not inlined."""
+    a, b, c, d, e = (torch.randn(8, 16) for _ in range(5))
+
+    def fn(a, b, c, d, e):
+        x = a * b + c * d + e
+        return x.sum(1), torch.exp(x) * 2
+
+    compiled = check(fn, a, b, c, d, e)
+    assert len(compiled.program.kernels) == 1, compiled.source  # one kernel, x computed once
+
+
+def test_a_column_reduction_does_not_reorder_a_pointwise_kernel():
+    """Batch-norm statistics (few long rows over (B, H, W)) keep their own kernel: reordered to
+    run them, the pointwise kernel would be left a handful of parallel rows."""
+    x = torch.randn(4, 3, 10, 10)  # exp(x) is stored first (two readers), then summed
+    compiled = check(lambda x: (torch.exp(x).sum((0, 2, 3)), torch.exp(x)), x)
+    assert len(compiled.program.kernels) == 2, compiled.source
+
+
+def test_an_inference_batch_norm_is_one_kernel():
+    """rsqrt(running_var + eps) reads only inputs: each element computes it again (two cached
+    loads) rather than a kernel of its own per norm (two kernels before). A statistic of a
+    computed reduction still is computed once per row, in the reduction's kernel."""
+    x, m, v = torch.randn(2, 6, 5, 5), torch.randn(6), torch.rand(6) + 0.1
+    w, b = torch.randn(6), torch.randn(6)
+    def bn(x, m, v, w, b):
+        return torch.relu(F.batch_norm(x, m, v, w, b, False, 0.1, 1e-5))
+
+    check(bn, x, m, v, w, b, kernels=1, atol=1e-5, rtol=1e-4)
+    check(lambda x, w, b: F.layer_norm(x, (5,), w[:5], b[:5]), x, w, b, kernels=1, atol=1e-5,
+          rtol=1e-4)  # fmt: skip

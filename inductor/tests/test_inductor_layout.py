@@ -266,3 +266,41 @@ def test_rows_padded_to_a_multiple_are_recognised_with_symbolic_sizes():
     assert _padded_rows((2, 3, s, s + 16), contiguous_strides((2, 3, s, row))) is None  # row < size
     assert _padded_rows((4, 77), (80, 1)) == (4, 80)
     assert _padded_rows((4, 80), (80, 1)) is None
+
+
+class Branches(nn.Module):
+    """An Inception/HRNet fan-out: one ReLU'd feature map read by three branch convolutions."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.stem = nn.Conv2d(c, c, 3, padding=1)
+        self.b = nn.ModuleList(nn.Conv2d(c, c // 2, k, padding=k // 2) for k in (1, 3, 5))
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x) * 2)
+        return torch.cat([conv(y) for conv in self.b], 1)
+
+
+@pytest.mark.parametrize("nhwc", [False, True], ids=["nchw", "nhwc"])
+def test_a_value_read_by_several_convolutions_is_computed_once(nhwc, monkeypatch):
+    """relu(conv(x) * 2) feeds three convolutions: one buffer, one kernel, whichever layout (each
+    branch wrote its own copy before; here no kernel joins another ahead of an extern, as at real
+    sizes, so each copy was a kernel of its own)."""
+    monkeypatch.setattr(config, "conv_channels_last", nhwc)
+    monkeypatch.setattr(config, "hoist_max_bytes", 0)
+    torch.manual_seed(0)
+    model, x = Branches(8).eval(), torch.randn(2, 8, 6, 6)
+    with torch.no_grad():
+        gm = trace_to_prims(model, x)
+        compiled = compile_prims(gm, [x])
+        got = compiled(x)
+        got = got[0] if isinstance(got, (list, tuple)) else got
+        torch.testing.assert_close(got, model(x), atol=1e-4, rtol=1e-4)
+    # before: the ReLU kernel stored a copy per branch (2 more kernels, NCHW 4 / NHWC 8)
+    assert len(compiled.program.kernels) == (6 if nhwc else 2), compiled.source
+    convs = compiled.source.count("extern_convolution(")
+    assert convs == 4, compiled.source
+    # the stem's epilogue (x2, ReLU) is one kernel storing one buffer that all branches read
+    reads = [line for line in compiled.source.splitlines() if "extern_convolution(" in line]
+    branch_inputs = {line.split("extern_convolution(")[1].split(",")[0] for line in reads[1:]}
+    assert len(branch_inputs) == 1, compiled.source

@@ -201,3 +201,92 @@ def test_rows_that_vary_multiply_padded_columns_when_the_operand_is_computed(pad
     code, columns = capsys.readouterr().out, 1008 if cast else 1001
     assert code.count("def call(") == 1, code
     assert re.search(rf"extern_addmm\(.*\), \(s\d+ \* s\d+, {columns}\)", code), code
+
+
+def _bmm_operands(fn, *args):
+    """[(sizes, strides) of each matrix an extern.bmm of this graph reads, and the numel of the
+    kernel-computed buffer behind it (None for an input)]."""
+    from ember.inductor.loop_ir import AliasBuffer
+
+    low = lower_graph(trace_to_prims(fn, *args), list(args))
+    out = []
+    for b in low.buffers:
+        if isinstance(b, ExternBuffer) and b.op == "extern.bmm":
+            for m in b.args[:2]:
+                src = m.source if isinstance(m, AliasBuffer) else m
+                numel = int(src.layout.numel()) if isinstance(src, ComputedBuffer) else None
+                out.append((tuple(int(s) for s in m.layout.sizes),
+                            tuple(int(s) for s in m.layout.strides), numel))  # fmt: skip
+    return out
+
+
+def test_a_weight_broadcast_over_a_bmm_batch_is_cast_once():
+    """MLP-Mixer's token MLP: a Linear over x.transpose(1, 2) is a bmm with the weight expanded
+    over the batch. Under autocast its cast is one (K, N) matrix read with batch stride 0, not
+    one copy per batch (it was a (B, K, N) buffer)."""
+    x, w, b = torch.randn(4, 16, 24), torch.randn(8, 16), torch.randn(8)
+
+    def token_linear(x, w, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(x.transpose(1, 2), w, b).transpose(1, 2)
+
+    ops = _bmm_operands(token_linear, x, w, b)
+    assert len(ops) == 2, ops
+    (a_sizes, _, _), (w_sizes, w_strides, w_numel) = ops
+    assert a_sizes == (4, 24, 16) and w_sizes == (4, 16, 8)
+    assert w_strides == (0, 1, 16) and w_numel == 16 * 8, ops  # w's (8, 16) storage order
+    check(token_linear, x, w, b, atol=2e-2, rtol=2e-2)
+
+
+def test_an_operand_that_varies_with_the_batch_is_computed_per_batch():
+    a, b = torch.randn(3, 8, 16), torch.randn(3, 16, 4)
+    ops = _bmm_operands(lambda a, b: a @ (b * 2), a, b)
+    assert ops[1] == ((3, 16, 4), (64, 4, 1), 3 * 16 * 4), ops
+    check(lambda a, b: a @ (b * 2), a, b)
+
+
+def test_a_weight_expanded_over_a_reshaped_batch_is_cast_once():
+    """A Linear over a strided 4-D input (B, H, W, C) is a bmm over B*H batches, the weight
+    expanded over (B, H) and reshaped: still one matrix, read with batch stride 0."""
+    x, w = torch.randn(2, 3, 5, 16), torch.randn(8, 16)
+
+    def linear_4d(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(x.transpose(1, 2), w)  # (2, 5, 3, 16), not foldable into rows
+
+    ops = _bmm_operands(linear_4d, x, w)
+    assert ops[1][1][0] == 0 and ops[1][2] == 16 * 8, ops
+    check(linear_4d, x, w, atol=2e-2, rtol=2e-2)
+
+
+def test_a_cast_bias_is_added_by_the_kernel_that_reads_the_product():
+    """Under autocast a Linear's bias is cast in the graph: an addmm whose product only
+    elementwise ops read (GELU; a residual add through a view) becomes mm + the bias added in
+    that epilogue, so the bias's cast is no kernel of its own (4 kernels before, now 3)."""
+    x, w, b, r = torch.randn(32, 64), torch.randn(48, 64), torch.randn(48), torch.randn(4, 8, 48)
+
+    def linear_gelu(x, w, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.gelu(F.linear(x, w, b))
+
+    def linear_residual(x, w, b, r):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(x, w, b).view(4, 8, 48) + r
+
+    for fn, args in ((linear_gelu, (x, w, b)), (linear_residual, (x, w, b, r))):
+        compiled = check(fn, *args, atol=3e-2, rtol=3e-2)
+        assert "extern_addmm(" not in compiled.source and "extern_mm(" in compiled.source
+        # the casts of x and of the weight, then the epilogue
+        assert len(compiled.program.kernels) == 3, compiled.source
+
+
+def test_an_addmm_read_by_another_matmul_keeps_its_bias():
+    """A product an extern reads (or the graph returns) keeps cuBLAS's own bias epilogue."""
+    x, w, b = torch.randn(32, 64), torch.randn(48, 64), torch.randn(48)
+
+    def two_linears(x, w, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(F.linear(x, w, b), w[:, :48], b)
+
+    compiled = check(two_linears, x, w, b, atol=5e-2, rtol=5e-2)
+    assert compiled.source.count("extern_addmm(") == 2, compiled.source

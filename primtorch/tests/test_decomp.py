@@ -123,6 +123,20 @@ def test_low_precision_softmax_and_norms(dtype):
     check(lambda t: t.var(1), x, rtol=2e-2, atol=2e-2)
 
 
+def test_layer_norm_of_a_permuted_input_is_contiguous_as_in_eager():
+    """Eager normalises a contiguous copy: a LayerNorm over a permuted NCHW map (ConvNeXt's) is
+    contiguous, so the Linear after it folds into one mm, not a bmm over every row of pixels."""
+    x, w = torch.randn(2, 6, 4, 5), torch.randn(6, 8)
+    fn = lambda t: F.linear(F.layer_norm(t.permute(0, 2, 3, 1), (6,)), w.T)  # noqa: E731
+    gm = check(fn, x, rtol=1e-5, atol=1e-5)
+    norm = F.layer_norm(x.permute(0, 2, 3, 1), (6,))
+    out = trace(lambda t: F.layer_norm(t.permute(0, 2, 3, 1), (6,)), x)(x)
+    assert out.stride() == norm.stride() == (120, 30, 6, 1)
+    externs = [n.target.name for n in gm.graph.nodes if n.op == "call_function"
+               and hasattr(n.target, "name") and n.target.name in ("mm", "bmm")]  # fmt: skip
+    assert externs == ["mm"], gm.graph
+
+
 def test_nan_propagation():
     x = torch.tensor([1.0, float("nan"), -2.0, 0.5])
     check(lambda t: t.clamp(-1, 1), x)

@@ -32,6 +32,7 @@ from ember.primtorch.utils import (
 
 from . import metrics
 from .config import config
+from .graph_reads import readers
 from .loop_ir import (
     BINARY_OPS,
     COMPARE_OPS,
@@ -241,7 +242,7 @@ class Lowerer(fx.Interpreter):
             heavy = (pricey or ops_count > config.realize_ops_threshold
                      or loads > config.realize_reads_threshold)  # fmt: skip
             if ops_count > config.max_inline_ops or (
-                len(n.users) > 1 and (heavy or self._holds_inputs(value))
+                readers(n) > 1 and (heavy or self._holds_inputs(value))
             ):
                 strides = self.preferred_strides(value) or self._meta_strides(value)
                 value = self.realize(value, strides)
@@ -358,8 +359,12 @@ class Lowerer(fx.Interpreter):
         if strides is None or not _is_dense(x.sizes, strides):
             strides = contiguous_strides(x.sizes)
         # A value of several buffers that two externs take (the joined q/k/v gradient into both
-        # matmuls of a Linear's backward) is computed once. One of a single buffer is computed
-        # again for the second: that keeps only its source alive in between, not both.
+        # matmuls of a Linear's backward) is computed once. So is one of a single buffer no
+        # smaller than itself (a ReLU of a conv output that four branch convolutions read, a
+        # downcast): holding it in between costs no more than holding its source would, where
+        # computing it again writes it again (HRNet's and Inception's branches wrote one copy per
+        # branch). A value larger than its one source (a broadcast) is computed again for each
+        # reader: that keeps only the smaller source alive in between.
         done = x.realized.get(tuple(strides))
         if done is not None:
             return done
@@ -367,9 +372,22 @@ class Lowerer(fx.Interpreter):
                              Pointwise(x.sizes, x.fn, x.dtype))  # fmt: skip
         self.buffers.append(buf)
         view = View.of(buf)
-        if len(x.loaded()) > 1:
+        if len(x.loaded()) > 1 or self._no_larger_than_source(x):
             x.realized[tuple(strides)] = view
         return view
+
+    def _no_larger_than_source(self, x: Lazy) -> bool:
+        """Whether `x` reads one buffer whose bytes are at least `x`'s."""
+        names = x.loaded()
+        if len(names) != 1:
+            return False
+        (name,) = names
+        src = next((b for b in (*self.buffers, *self.inputs) if b is not None and b.name == name),
+                   None)  # fmt: skip
+        if src is None:
+            return False
+        own = sympy.Mul(*x.sizes) * x.dtype.itemsize
+        return known_le(own, src.layout.numel() * src.layout.dtype.itemsize)
 
     def preferred_strides(self, x) -> tuple | None:
         """Channels-last strides for a 4-D Lazy that reads more channels-last buffers than
@@ -391,8 +409,9 @@ class Lowerer(fx.Interpreter):
         strides = tuple(sympy.sympify(s) for s in strides)
         if isinstance(x, View) and _same_strides(x.sizes, x.strides, strides):
             return x
-        if _is_dense(x.sizes, strides):
-            return self.realize(Lazy(x.sizes, x.dtype, x.device, x.load), strides)
+        if _is_dense(x.sizes, strides):  # a Lazy as itself: its realizations are remembered
+            lazy = x if isinstance(x, Lazy) else Lazy(x.sizes, x.dtype, x.device, x.load)
+            return self.realize(lazy, strides)
         padded = _padded_rows(x.sizes, strides)
         if padded is not None:
             # Rows padded for alignment, as whole rows with zeros after the elements: a kernel

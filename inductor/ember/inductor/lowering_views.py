@@ -11,7 +11,9 @@ from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known
                                   make_channels_last_strides_for)  # fmt: skip
 
 from .config import config
-from .loop_ir import compute_dtype, ops
+from .index_simplify import simplify_index
+from .loop_ir import InputBuffer, SketchHandler, compute_dtype, loop_vars, ops, set_handler
+from .graph_reads import read_elementwise
 from .lowering import (
     Lazy,
     View,
@@ -19,6 +21,7 @@ from .lowering import (
     broadcast_to,
     is_tensor,
     load_as,
+    make_pointwise,
     out_meta,
     pad_last_dim,
     read_order_strides,
@@ -36,8 +39,13 @@ def _broadcast_in_dim(L, a, shape, broadcast_dimensions):
         isinstance(a, Lazy)
         and a.cost()[0] > a.cost()[1] + 1
         and sympy.Mul(*shape) != sympy.Mul(*a.sizes)
+        and _reads_computed(L, a)
     ):
-        # computing a row statistic (rsqrt(var + eps)) once per row, not once per element
+        # computing a row statistic (rsqrt(var + eps)) once per row, not once per element: in
+        # the kernel of the reduction it reads, as that kernel's row-level epilogue. One of the
+        # graph's inputs alone (an inference batch norm's rsqrt(running_var + eps)) would be a
+        # kernel of its own for every norm (densenet121: 120 launches); each element computes
+        # it again instead, from two loads of one cached row.
         a = L.realize(a)
 
     def remap(idx):
@@ -45,6 +53,12 @@ def _broadcast_in_dim(L, a, shape, broadcast_dimensions):
                 for j, d in enumerate(broadcast_dimensions)]  # fmt: skip
 
     return remap_view(a, shape, remap)
+
+
+def _reads_computed(L, a: Lazy) -> bool:
+    """Whether `a` reads a buffer this graph computes (not only inputs and constants)."""
+    names = a.loaded()
+    return any(not isinstance(b, InputBuffer) for b in L.buffers if b.name in names)
 
 
 @register("expand")
@@ -448,6 +462,11 @@ def _matmul(name):
         transposed weight's cast is a straight copy, and cuBLAS gets a transposed operand. An
         mm with unaligned output rows multiplies a padded operand (config.pad_mm)."""
         args = list(args)
+        if name == "extern.addmm" and _bias_joins_the_epilogue(L, args, kwargs):
+            # mm, then the bias added by the pointwise kernel that reads the product anyway:
+            # the bias (a cast under autocast, a kernel of its own per Linear) is read there
+            product = _MATMUL_LOWERINGS["extern.mm"](L, args[1], args[2])
+            return make_pointwise(L, lambda p, b: ops.add(p, b), (product, args[0]))
         n_pad = _padded_columns(name, args)
         if n_pad:
             n = args[_MATRICES[name][1]].sizes[1]
@@ -456,6 +475,9 @@ def _matmul(name):
         for pos, a in enumerate(args):  # in argument order, as L.extern would realize them
             if isinstance(a, Lazy) and pos not in required:
                 matrix = pos in _MATRICES[name] and len(a.sizes) in (2, 3)
+                if matrix and len(a.sizes) == 3 and _same_in_every_batch(a):
+                    args[pos] = _one_matrix_for_all_batches(L, a)
+                    continue
                 args[pos] = L.realize(a, read_order_strides(a) if matrix else None)
         if not n_pad:
             return L.extern(name, EXTERN_KERNELS[name], args, kwargs)
@@ -468,8 +490,61 @@ def _matmul(name):
     return lower
 
 
-for _name in _MATRICES:
-    register(_name)(_matmul(_name))
+_MATMUL_LOWERINGS = {_name: _matmul(_name) for _name in _MATRICES}
+for _name, _lower in _MATMUL_LOWERINGS.items():
+    register(_name)(_lower)
+
+def _bias_joins_the_epilogue(L, args, kwargs) -> bool:
+    """Whether an addmm's bias is better added by its readers: a plain addmm (beta = alpha = 1)
+    whose bias is computed in the graph (a cast under autocast) and whose product only
+    elementwise ops read, through views (a Linear's activation, a residual add): the bias
+    then costs no kernel of its own (PyTorch's own compiler splits addmm so too)."""
+    bias = args[0]
+    if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1 or not isinstance(bias, Lazy):
+        return False
+    return read_elementwise(L.current)
+
+
+def _same_in_every_batch(a: Lazy) -> bool:
+    """Whether a batched operand's elements do not depend on the batch index: a weight that
+    matmul broadcast over the batch (a Linear over `x.transpose(1, 2)`, MLP-Mixer's token MLP,
+    is a bmm with the weight expanded), under autocast computed by a cast."""
+    if S(a.sizes[0]) == 1:
+        return False
+    vs = loop_vars("i", 3)
+    with set_handler(_IndexRecorder()) as rec:
+        a.fn(list(vs))
+    # within the loop ranges: an expand reshaped over (B, H) reads ModularIndexing(4096*i0 +
+    # 128*i1 + i2, 128, 32), which is i1
+    ranges = dict(zip(vs, a.sizes))
+    return bool(rec.indices) and all(
+        vs[0] not in S(simplify_index(e, ranges)).free_symbols for e in rec.indices
+    )
+
+
+def _one_matrix_for_all_batches(L, a: Lazy) -> View:
+    """`a` computed once as one matrix (in the order it reads its source) and read by every
+    batch through a batch stride of 0, as eager's matmul passes an expanded weight to bmm;
+    computed per batch it was written batch-size times."""
+    matrix = Lazy(a.sizes[1:], a.dtype, a.device, lambda idx: a.fn([sympy.S.Zero, *idx]))
+    one = L.realize(matrix, read_order_strides(matrix))
+    return View(one.buffer, a.sizes, (sympy.S.Zero, *one.strides), one.offset)
+
+
+class _IndexRecorder(SketchHandler):
+    """Every load index and index expression of a body."""
+
+    def __init__(self):
+        super().__init__()
+        self.indices: list = []
+
+    def load(self, name, index):
+        self.indices.append(index)
+        return super().load(name, index)
+
+    def index_expr(self, expr, dtype):
+        self.indices.append(expr)
+        return super().index_expr(expr, dtype)
 
 
 def _pad_mm_on(device) -> bool:

@@ -201,8 +201,19 @@ def _candidates(kernel: Kernel, node: ComputedBuffer) -> list:
             out.append(("red", ident, kernel.xsizes, kernel.rsizes))
         if not kernel.rsizes and kernel.xsizes == node.ranges:
             out.append(("red", ident, node.ranges, node.reduction_ranges))
-        if not kernel.rsizes and kernel.xsizes == node.ranges + node.reduction_ranges:
+        full = node.ranges + node.reduction_ranges
+        if not kernel.rsizes and kernel.xsizes == full:
             out.append(("red", ident, node.ranges, node.reduction_ranges))  # x members become xr
+        if not kernel.rsizes and len(kernel.xsizes) == len(full) <= 5 and _norm_like(node):
+            # A pointwise kernel whose loops run in another order than the reduction's (a residual
+            # add stored as (B, C, L), then a LayerNorm over C: SqueezeBERT, ConvNeXt's NCHW
+            # norms): its loops reordered as the reduction's, its members' values are the same
+            # and it takes the reduction as a prologue. try_fuse checks every value read.
+            for order in itertools.permutations(range(len(full))):
+                if order != tuple(range(len(full))) and all(
+                    kernel.xsizes[o] == n for o, n in zip(order, full)
+                ):
+                    out.append(("red", ident, node.ranges, node.reduction_ranges, order))
         return out
     full = kernel.xsizes + kernel.rsizes
     order = _stride_order(node)
@@ -234,13 +245,35 @@ def _retarget(kernel: Kernel, xsizes, rsizes) -> Kernel:
     return k
 
 
+def _norm_like(node: ComputedBuffer) -> bool:
+    """A reduction of many short rows, each within one block (a LayerNorm's): a pointwise kernel
+    reordered to run it keeps its parallelism. Not one of a few long rows (a batch norm's
+    statistics over (B, H, W) per channel), which would leave the reordered kernel a handful of
+    rows, and its outputs alive across the whole reduction (a training step's peak rose)."""
+    try:
+        rows, row = int(sympy.Mul(*node.ranges)), int(sympy.Mul(*node.reduction_ranges))
+    except TypeError:
+        return False
+    return row <= config.persistent_reduction_max and rows >= row
+
+
+def _reordered(kernel: Kernel, order) -> Kernel:
+    """A pointwise kernel whose loop j is the old loop order[j]: each member reads and stores the
+    same elements, visited in another order."""
+    k = Kernel(kernel.name, tuple(kernel.xsizes[o] for o in order), ())
+    for m in kernel.members:
+        k.members.append(Member(m.node, m.role, tuple(m.perm[o] for o in order)))
+    return _retarget(k, k.xsizes, k.rsizes)
+
+
 def try_fuse(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
     """The kernel with `node` added, when legal; else None."""
-    for role, perm, xsizes, rsizes in _candidates(kernel, node):
+    for role, perm, xsizes, rsizes, *order in _candidates(kernel, node):
+        base = _reordered(kernel, order[0]) if order else kernel
         k = (
-            _retarget(kernel, xsizes, rsizes)
-            if (xsizes, rsizes) != (kernel.xsizes, kernel.rsizes)
-            else kernel
+            _retarget(base, xsizes, rsizes)
+            if (xsizes, rsizes) != (base.xsizes, base.rsizes)
+            else base
         )
         m = Member(node, role, perm)
         rec = k.record(m)

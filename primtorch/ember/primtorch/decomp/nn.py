@@ -49,8 +49,16 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     out = _affine(out, weight, bias, dims)
     stat_shape = tuple(input.shape[:axis]) + (1,) * len(dims)
     dtype = _stats_dtype(input)
+    out = convert(out, input.dtype)
+    shape = utils.shape_of(out)
+    if not utils.is_contiguous(shape, utils.strides_of(out)):
+        # Eager's kernels normalise a contiguous copy of the input: the output is contiguous
+        # whatever the input's layout (ConvNeXt's and Swin's norms over a permuted NCHW map).
+        # Kept in the input's layout, the Linear after it saw a strided 4-D input and became a
+        # bmm over B*H batches with the weight broadcast, where eager runs one mm.
+        out = prims.copy_strided(out, utils.make_contiguous_strides_for(shape))
     return (
-        convert(out, input.dtype),
+        out,
         convert(prims.reshape(mean, stat_shape), dtype),
         convert(prims.reshape(rstd, stat_shape), dtype),
     )
