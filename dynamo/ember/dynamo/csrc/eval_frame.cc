@@ -82,6 +82,7 @@ enum GuardOp {
   G_SYM_TENSOR = 21,  // r[src] matches obj = (type, dtype, device, requires_grad, size spec),
                       // is row-major contiguous, and its dynamic sizes go to int slots (below)
   G_INT_EXPR = 22,    // the int program in tuple obj evaluates to non-zero over the int slots
+  G_CALL_IS = 23,     // obj[0]() is obj[1]: process state (default dtype, autocast dtype)
 };
 
 // Programs over int slots (dynamic sizes): postfix, int64. symbolic.py emits them.
@@ -277,6 +278,12 @@ bool run_check(const GuardInstr& in, PyObject** r, long long* slots) {
       Py_XDECREF(res);
       return ok;
     }
+    case G_CALL_IS: {
+      PyObject* res = PyObject_CallNoArgs(PyTuple_GET_ITEM(in.obj, 0));
+      bool ok = res && res == PyTuple_GET_ITEM(in.obj, 1);
+      Py_XDECREF(res);
+      return ok;
+    }
   }
   return false;
 }
@@ -366,6 +373,10 @@ void GuardProgram_dealloc(GuardProgram* self) {
 // The int operands of G_SYM_TENSOR (its size spec) and G_INT_EXPR (its program), checked:
 // every slot they name exists. Returns false with an exception set otherwise.
 bool parse_ints(GuardInstr& in, int nslots) {
+  if (in.op == G_CALL_IS && !(PyTuple_Check(in.obj) && PyTuple_GET_SIZE(in.obj) == 2)) {
+    PyErr_SetString(PyExc_ValueError, "G_CALL_IS takes (callable, expected)");
+    return false;
+  }
   if (in.op != G_SYM_TENSOR && in.op != G_INT_EXPR) return true;
   PyObject* t = in.op == G_INT_EXPR ? in.obj : PyTuple_Check(in.obj) && PyTuple_GET_SIZE(in.obj) == 5
                                                   ? PyTuple_GET_ITEM(in.obj, 4)
