@@ -131,6 +131,11 @@ class GuardSet:
             instrs.append((S.G_GRAD_MODE, 0, 0, int(grad), torch.is_grad_enabled))
         for query in _autocast_queries():  # a graph traced without autocast is not reused in it
             instrs.append((S.G_GRAD_MODE, 0, 0, int(query()), query))
+        # Process state a traced graph bakes in: factories without a dtype (torch.ones(3)) take
+        # the default dtype, and autocast's casts go to the dtype set for the device (a graph
+        # traced under bfloat16 autocast is not reused under float16).
+        for query in _state_queries():
+            instrs.append((S.G_CALL_IS, 0, 0, 0, (query, query())))
         return _C.GuardProgram(instrs, max(loads.nregs, 1), self.nslots)
 
 
@@ -147,6 +152,22 @@ def _autocast_queries() -> list:
                 continue
             _AUTOCAST.append(functools.partial(torch.is_autocast_enabled, device))
     return _AUTOCAST
+
+
+_STATE: list = []
+
+
+def _state_queries() -> list:
+    """Zero-argument callables whose result (compared by identity) a graph depends on."""
+    if not _STATE:
+        _STATE.append(torch.get_default_dtype)
+        for device in ("cpu", "cuda"):
+            try:
+                torch.get_autocast_dtype(device)
+            except (TypeError, RuntimeError):
+                continue
+            _STATE.append(functools.partial(torch.get_autocast_dtype, device))
+    return _STATE
 
 
 class _IdBox:

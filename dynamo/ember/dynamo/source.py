@@ -172,7 +172,7 @@ G_ARG, G_GLOBAL, G_ATTR, G_ITEM, G_CELL, G_CONST = 0, 1, 2, 3, 4, 5
 G_ID, G_TYPE, G_EQ, G_LEN, G_TENSOR, G_SAME, G_DICT_KEYS, G_GRAD_MODE, G_NOT_ID, G_PARAM = (
     10, 11, 12, 13, 14, 15, 16, 17, 18, 19
 )
-G_NO_HOOKS, G_SYM_TENSOR, G_INT_EXPR = 20, 21, 22  # fmt: skip
+G_NO_HOOKS, G_SYM_TENSOR, G_INT_EXPR, G_CALL_IS = 20, 21, 22, 23  # fmt: skip
 
 
 class LoadCompiler:

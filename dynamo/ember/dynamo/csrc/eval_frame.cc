@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <pythread.h>
 #include <structmember.h>
 
 #include <cstring>
@@ -82,6 +83,7 @@ enum GuardOp {
   G_SYM_TENSOR = 21,  // r[src] matches obj = (type, dtype, device, requires_grad, size spec),
                       // is row-major contiguous, and its dynamic sizes go to int slots (below)
   G_INT_EXPR = 22,    // the int program in tuple obj evaluates to non-zero over the int slots
+  G_CALL_IS = 23,     // obj[0]() is obj[1]: process state (default dtype, autocast dtype)
 };
 
 // Programs over int slots (dynamic sizes): postfix, int64. symbolic.py emits them.
@@ -277,6 +279,12 @@ bool run_check(const GuardInstr& in, PyObject** r, long long* slots) {
       Py_XDECREF(res);
       return ok;
     }
+    case G_CALL_IS: {
+      PyObject* res = PyObject_CallNoArgs(PyTuple_GET_ITEM(in.obj, 0));
+      bool ok = res && res == PyTuple_GET_ITEM(in.obj, 1);
+      Py_XDECREF(res);
+      return ok;
+    }
   }
   return false;
 }
@@ -366,6 +374,10 @@ void GuardProgram_dealloc(GuardProgram* self) {
 // The int operands of G_SYM_TENSOR (its size spec) and G_INT_EXPR (its program), checked:
 // every slot they name exists. Returns false with an exception set otherwise.
 bool parse_ints(GuardInstr& in, int nslots) {
+  if (in.op == G_CALL_IS && !(PyTuple_Check(in.obj) && PyTuple_GET_SIZE(in.obj) == 2)) {
+    PyErr_SetString(PyExc_ValueError, "G_CALL_IS takes (callable, expected)");
+    return false;
+  }
   if (in.op != G_SYM_TENSOR && in.op != G_INT_EXPR) return true;
   PyObject* t = in.op == G_INT_EXPR ? in.obj : PyTuple_Check(in.obj) && PyTuple_GET_SIZE(in.obj) == 5
                                                   ? PyTuple_GET_ITEM(in.obj, 4)
@@ -468,8 +480,13 @@ struct Entry {
   PyObject* globals;  // borrowed identity only: the globals dict the guards assumed
 };
 
+// Changes whenever any code's entries do (an insert, a new state after reset): a thread that
+// waited for the compile lock sees whether another thread compiled this code meanwhile.
+uint64_t cache_generation = 0;
+
 struct CodeState {
   bool skip = false;
+  uint64_t generation = ++cache_generation;
   std::vector<Entry> entries;
 };
 
@@ -555,6 +572,83 @@ PyObject* call_entry_fn(PyObject* fn, PyObject* const* argv, Py_ssize_t n) {
   return PyObject_Vectorcall(fn, argv, (size_t)n, nullptr);
 }
 
+// One thread converts at a time: conversion reads and writes process-wide state (torch's RNG,
+// dynamo's statistics and automatic-dynamic memory, a backend's caches). The lock is re-entrant
+// for its owner, whose conversion may run compiled code that misses in turn; a waiting thread
+// releases the GIL so the owner can finish.
+PyThread_type_lock compile_lock = nullptr;
+unsigned long compile_lock_owner = 0;
+int compile_lock_depth = 0;
+
+void acquire_compile_lock() {
+  unsigned long me = PyThread_get_thread_ident();
+  if (compile_lock_depth > 0 && compile_lock_owner == me) {
+    compile_lock_depth++;
+    return;
+  }
+  if (!PyThread_acquire_lock(compile_lock, NOWAIT_LOCK)) {
+    Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(compile_lock, WAIT_LOCK);
+    Py_END_ALLOW_THREADS
+  }
+  compile_lock_owner = me;
+  compile_lock_depth = 1;
+}
+
+void release_compile_lock() {
+  if (--compile_lock_depth == 0) {
+    compile_lock_owner = 0;
+    PyThread_release_lock(compile_lock);
+  }
+}
+
+// Runs `fn` (a new reference, consumed) in place of the frame; None runs the original code.
+PyObject* run_entry(PyThreadState* ts, struct _PyInterpreterFrame* iframe, PyObject* fn,
+                    PyObject* const* argv, Py_ssize_t n) {
+  if (fn == Py_None) {
+    Py_DECREF(fn);
+    return _PyEval_EvalFrameDefault(ts, iframe, 0);
+  }
+  PyObject* result = call_entry_fn(fn, argv, n);
+  Py_DECREF(fn);
+  clear_and_pop_frame(ts, (Frame*)iframe);
+  return result;
+}
+
+// The transformed function (a new reference) of the first entry whose guards pass, or nullptr.
+// Guards may run Python, and so let another thread insert entries or reset this code's cache:
+// the entry being checked is held by reference, never through the vector.
+PyObject* lookup(PyObject* code, PyObject* owner, Frame* f, PyObject* const* argv, Py_ssize_t n) {
+  for (size_t i = 0;; i++) {
+    CodeState* st = get_state(code, false);
+    if (!st || i >= st->entries.size()) return nullptr;
+    Entry e = st->entries[i];
+    if (e.owner != owner || e.globals != f->f_globals) continue;
+    Py_INCREF(e.program);
+    Py_INCREF(e.fn);
+    // Guards may run Python (a property, a class's __getattribute__): never capture those frames.
+    PyObject* cb = tl_callback;
+    tl_callback = nullptr;
+    Py_ssize_t failed = run_guards((GuardProgram*)e.program, argv, n, f->f_globals, f->f_builtins);
+    tl_callback = cb;
+    if (failed >= 0) {
+      Py_DECREF(e.program);
+      Py_DECREF(e.fn);
+      continue;
+    }
+    st = get_state(code, false);  // most recently used first, if it is still there
+    if (st) {
+      for (size_t j = 0; j < st->entries.size(); j++) {
+        if (st->entries[j].program == e.program) {
+          if (j != 0) std::swap(st->entries[0], st->entries[j]);
+          break;
+        }
+      }
+    }
+    Py_DECREF(e.program);
+    return e.fn;
+  }
+}
+
 PyObject* eval_hook(PyThreadState* ts, struct _PyInterpreterFrame* iframe, int throwflag) {
   PyObject* cb = tl_callback;
   Frame* f = (Frame*)iframe;
@@ -579,29 +673,29 @@ PyObject* eval_hook(PyThreadState* ts, struct _PyInterpreterFrame* iframe, int t
   argv[0] = frame_func(f);
   for (Py_ssize_t i = 0; i < nargs; i++) argv[i + 1] = f->localsplus[i];
 
-  PyObject* cache_owner = cb;
-  for (size_t i = 0; i < st->entries.size(); i++) {
-    Entry& e = st->entries[i];
-    if (e.owner != cache_owner || e.globals != f->f_globals) continue;
-    // Guards may run Python (a property, a class's __getattribute__): never capture those frames.
-    tl_callback = nullptr;
-    Py_ssize_t failed =
-        run_guards((GuardProgram*)e.program, argv, nargs + 1, f->f_globals, f->f_builtins);
-    tl_callback = cb;
-    if (failed >= 0) continue;
-    if (i != 0) std::swap(st->entries[0], st->entries[i]);  // most recently used first
-    PyObject* fn = st->entries[0].fn;
-    if (fn == Py_None) return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
-    Py_INCREF(fn);
-    PyObject* result = call_entry_fn(fn, argv, nargs + 1);
-    Py_DECREF(fn);
-    clear_and_pop_frame(ts, f);
-    return result;
+  // `cb` stays alive while this frame runs: the CompiledFunction that set it holds it.
+  PyObject* fn = lookup((PyObject*)code, cb, f, argv, nargs + 1);
+  if (fn) return run_entry(ts, iframe, fn, argv, nargs + 1);
+
+  // Miss. Wait for the compile lock; if another thread changed this code's entries meanwhile
+  // (it compiled the same frame, or reset the cache), look again before converting.
+  for (;;) {
+    st = get_state((PyObject*)code, true);
+    if (!st) return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
+    uint64_t seen = st->generation;
+    acquire_compile_lock();
+    st = get_state((PyObject*)code, true);
+    if (st && st->generation == seen) break;
+    release_compile_lock();
+    if (st && st->skip) return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
+    fn = lookup((PyObject*)code, cb, f, argv, nargs + 1);
+    if (fn) return run_entry(ts, iframe, fn, argv, nargs + 1);
   }
 
-  // Miss: convert with the hook inactive for this thread (the translator runs Python and torch).
+  // Convert with the hook inactive for this thread (the translator runs Python and torch).
   PyObject* args = PyTuple_New(nargs);
   if (!args) {
+    release_compile_lock();
     clear_and_pop_frame(ts, f);
     return nullptr;
   }
@@ -618,6 +712,7 @@ PyObject* eval_hook(PyThreadState* ts, struct _PyInterpreterFrame* iframe, int t
   tl_callback = saved;
   Py_DECREF(args);
   if (!res) {
+    release_compile_lock();
     clear_and_pop_frame(ts, f);
     return nullptr;
   }
@@ -625,25 +720,25 @@ PyObject* eval_hook(PyThreadState* ts, struct _PyInterpreterFrame* iframe, int t
   if (res == Py_None || !st) {
     Py_DECREF(res);
     if (st) st->skip = true;
+    release_compile_lock();
     return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
   }
-  PyObject *program, *fn;
+  PyObject* program;
   if (!PyArg_ParseTuple(res, "O!O", &GuardProgramType, &program, &fn)) {
     Py_DECREF(res);
+    release_compile_lock();
     clear_and_pop_frame(ts, f);
     return nullptr;
   }
   Py_INCREF(program);
   Py_INCREF(fn);
-  Py_INCREF(cache_owner);
-  st->entries.insert(st->entries.begin(), Entry{program, fn, cache_owner, f->f_globals});
-  Py_DECREF(res);
-  if (fn == Py_None) return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
+  Py_INCREF(cb);
+  st->entries.insert(st->entries.begin(), Entry{program, fn, cb, f->f_globals});
+  st->generation = ++cache_generation;
+  release_compile_lock();
   Py_INCREF(fn);
-  PyObject* result = call_entry_fn(fn, argv, nargs + 1);
-  Py_DECREF(fn);
-  clear_and_pop_frame(ts, f);
-  return result;
+  Py_DECREF(res);  // may run destructors (Python): after the entry is in place and the lock free
+  return run_entry(ts, iframe, fn, argv, nargs + 1);
 }
 
 // Sets this thread's callback (None or NULL: inactive) and returns the previous one (a new ref).
@@ -839,6 +934,8 @@ PyMODINIT_FUNC PyInit__C(void) {
   CompiledFunctionType.tp_doc = "CompiledFunction(fn, callback): calls fn with the frame hook on";
   if (PyType_Ready(&CompiledFunctionType) < 0) return nullptr;
 
+  compile_lock = PyThread_allocate_lock();
+  if (!compile_lock) return PyErr_NoMemory();
   extra_index = _PyEval_RequestCodeExtraIndex(free_code_state);
   if (extra_index < 0) return PyErr_Format(PyExc_RuntimeError, "no code extra index left");
   s_dtype = PyUnicode_InternFromString("dtype");

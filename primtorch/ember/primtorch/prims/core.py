@@ -13,6 +13,7 @@ Registration calls `ember.ir.define`, so graphs name the prim "prims.<name>" (or
 from __future__ import annotations
 
 import ast
+import threading
 from typing import Callable, Optional
 
 import torch
@@ -24,26 +25,37 @@ from ember.ir import ArgSpec, OpSchema, TensorMeta, define
 PRIMS: dict[str, "Prim"] = {}
 
 # The recorder a prim call goes to (set by ember.primtorch.trace.Tracer while it records). A stack
-# so that a tracer started inside another (aot_autograd tracing a graph module) gets the calls.
-_RECORDERS: list = []
+# so that a tracer started inside another (aot_autograd tracing a graph module) gets the calls; per
+# thread, as torch's dispatch modes are: one thread tracing must not record the prim calls another
+# thread makes meanwhile (a compiled graph run eagerly, another trace).
+_LOCAL = threading.local()
+
+
+def _recorders() -> list:
+    stack = getattr(_LOCAL, "stack", None)
+    if stack is None:
+        stack = _LOCAL.stack = []
+    return stack
 
 
 def push_recorder(recorder) -> None:
     """Route prim calls on this thread to `recorder.record_prim(prim, args, kwargs)`."""
-    _RECORDERS.append(recorder)
+    _recorders().append(recorder)
 
 
 def pop_recorder(recorder) -> None:
     """Undo `push_recorder`."""
-    if not _RECORDERS or _RECORDERS[-1] is not recorder:
+    stack = _recorders()
+    if not stack or stack[-1] is not recorder:
         raise RuntimeError("prim recorders must be pushed and popped in LIFO order")
-    _RECORDERS.pop()
+    stack.pop()
 
 
 def current_recorder():
-    """The recorder that receives prim calls now, or None."""
-    if _RECORDERS and getattr(_RECORDERS[-1], "recording", True):
-        return _RECORDERS[-1]
+    """The recorder that receives prim calls on this thread now, or None."""
+    stack = getattr(_LOCAL, "stack", None)
+    if stack and getattr(stack[-1], "recording", True):
+        return stack[-1]
     return None
 
 
