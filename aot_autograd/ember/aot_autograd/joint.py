@@ -20,6 +20,7 @@ import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ember.ir import TensorMeta, contiguous_strides
+from ember.primtorch.prims.core import lent_to_autograd_workers
 from ember.primtorch.symbolic import SymbolicTensor, symbolic_tensor, to_expr
 from ember.primtorch.symbolic_composites import SymbolicComposites
 
@@ -221,7 +222,7 @@ def _trace_backward(tracer, graph_outs, diff, clones, grad_inputs) -> list:
 
     # Eager code calls backward() outside its autocast region, so the backward runs without
     # autocast: its ops run in the dtypes the forward saved, as in eager.
-    with _autocast_off():
+    with _autocast_off(), lent_to_autograd_workers():
         return list(torch.func.functionalize(backward)(*tangents))
 
 

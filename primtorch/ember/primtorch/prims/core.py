@@ -13,6 +13,7 @@ Registration calls `ember.ir.define`, so graphs name the prim "prims.<name>" (or
 from __future__ import annotations
 
 import ast
+import contextlib
 import threading
 from typing import Callable, Optional
 
@@ -51,9 +52,42 @@ def pop_recorder(recorder) -> None:
     stack.pop()
 
 
+# Recorders lent to autograd's worker threads (see lent_to_autograd_workers).
+_LENT: list = []
+_LENT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def lent_to_autograd_workers():
+    """While a backward is traced on this thread, prim calls made on autograd's own worker
+    threads go to this thread's recorder. Autograd runs a CUDA backward on a worker thread of its
+    engine: torch's dispatch modes (the tracer) are carried there, Python's thread-locals (the
+    recorder stack) are not, so without this the tracer's decompositions called prims that ran
+    their references, which dispatched back to the tracer, and so on without end."""
+    recorder = current_recorder()
+    if recorder is None:
+        yield
+        return
+    with _LENT_LOCK:
+        _LENT.append(recorder)
+    try:
+        yield
+    finally:
+        with _LENT_LOCK:
+            _LENT.remove(recorder)
+
+
+def _engine_thread() -> bool:
+    # Threads started outside Python's threading module (autograd's workers are C++ threads)
+    # appear as dummy threads; a Python thread of the program never does.
+    return isinstance(threading.current_thread(), threading._DummyThread)
+
+
 def current_recorder():
     """The recorder that receives prim calls on this thread now, or None."""
     stack = getattr(_LOCAL, "stack", None)
+    if not stack and _LENT and _engine_thread():
+        stack = _LENT
     if stack and getattr(stack[-1], "recording", True):
         return stack[-1]
     return None
