@@ -595,6 +595,9 @@ def call(tx, fn, args: list, kwargs: dict):
     if isinstance(fn, V.BuiltinVT):
         from .pybuiltins import call_builtin
 
+        scripted = _scripted_python(tx, fn)
+        if scripted is not None:
+            return call(tx, scripted, args, kwargs)
         return call_builtin(tx, fn.fn, args, kwargs)
     if isinstance(fn, V.ModuleVT):
         return call_module(tx, fn, args, kwargs)
@@ -631,6 +634,20 @@ def call(tx, fn, args: list, kwargs: dict):
     if isinstance(fn, V.GradModeVT):
         raise Unsupported("grad-mode object used as a decorator inside compiled code")
     raise Unsupported(f"call to a {_type_name(fn)}")
+
+
+def _scripted_python(tx, fn):
+    """The Python function a `torch.jit.script`ed function was compiled from, as a VT to trace
+    (torch.jit keeps it as `_torchdynamo_inline`, for compilers that trace Python): the
+    TorchScript interpreter runs the same ops, out of the tracer's sight. None for other
+    callables."""
+    if not isinstance(fn.fn, torch.jit.ScriptFunction):
+        return None
+    original = getattr(fn.fn, "_torchdynamo_inline", None)
+    if not isinstance(original, types.FunctionType):
+        return None
+    source = AttrSource(fn.source, "_torchdynamo_inline") if fn.source is not None else None
+    return tx.builder.wrap(original, source)
 
 
 def constant_result(fn, args, kwargs):
