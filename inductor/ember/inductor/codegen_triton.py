@@ -165,7 +165,14 @@ class TritonRenderer(Renderer):
             else str(value)
         )
         ptr = f"{self.args[name]} + ({self.index_text(index)})"
-        if not (sympy.sympify(index).free_symbols - set(self.hints)):
+        names = {str(s)[0] for s in sympy.sympify(index).free_symbols - set(self.hints)}
+        if "rmask" in mask and not {"x", "r"} <= names:
+            # In a reduction's r loop the mask is an [XBLOCK, RBLOCK] block, but an address
+            # over x alone (a pointwise member fused into the loop, or an r range of 1 merged
+            # away) is [XBLOCK, 1] and one over r alone [1, RBLOCK]: tl.store takes no mask
+            # wider than its pointer, so the address is broadcast to the whole block.
+            ptr += " + tl.zeros([XBLOCK, RBLOCK], tl.int32)"
+        elif not names:
             # A scalar pointer takes no block value or mask: broadcast it to the value's shape,
             # and to the mask's (the value may be a constant: a 0-d tensor filled with zeros).
             ptr += f" + tl.zeros({value}.shape, tl.int32)"
