@@ -78,3 +78,64 @@ def test_triton_integer_and_bool_max_min(monkeypatch):
                 torch.rand((2, 3, 4)) > 0.5]  # fmt: skip
 
     _check(program, make_inputs)
+
+
+@pytest.fixture
+def triton_kernels(monkeypatch):
+    """Render through Triton (run by its interpreter) and collect every kernel rendered, so a
+    test can also compile them for sm_90 with the real compiler (which rejects more programs)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1 before triton is imported")
+    from ember.inductor import pipeline
+
+    monkeypatch.setattr(config, "cpu_backend", "triton")
+    seen, render = {}, pipeline.render_kernels
+
+    def collect(*args, **kwargs):
+        out = render(*args, **kwargs)
+        seen.update({src.source: (name, src) for name, src in out.items()})
+        return out
+
+    monkeypatch.setattr(pipeline, "render_kernels", collect)
+    return seen
+
+
+def _compiles_for_sm90(kernels):
+    from ember.inductor import triton_aot
+
+    assert kernels, "no Triton kernel was generated"
+    failures = triton_aot.check_kernels(kernels.values())
+    assert not failures, "\n\n".join(failures[:2])
+
+
+def test_triton_pointwise_stored_inside_a_reduction_loop(triton_kernels):
+    # Fuzzer seeds 10027, 10029, 10223, ...: relu(a) fused into the r loop of a product over a
+    # size-1 dim stored at an [XBLOCK, 1] address under the [XBLOCK, RBLOCK] mask xmask & rmask;
+    # tl.store rejects a mask wider than its pointer ("Expected pointer argument to have shape").
+    def program(a0):
+        return (torch.relu(a0), a0.prod(dim=0, keepdim=True))
+
+    def make_inputs():
+        torch.manual_seed(10027)
+        return [torch.randn((1, 3, 3))]
+
+    _check(program, make_inputs)
+    _compiles_for_sm90(triton_kernels)
+
+
+@pytest.mark.parametrize("renderer", ["cpp", "triton"])
+def test_cat_of_only_empty_1d_pieces(renderer, monkeypatch):
+    # Fuzzer seeds 10764, 11145, 11357: cat drops 1-d empty pieces as torch does; when every
+    # piece was one, none was left to read (IndexError in the lowering).
+    if renderer == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1 before triton is imported")
+    monkeypatch.setattr(config, "cpu_backend", renderer)
+
+    def program(a0):
+        v0 = a0.reshape(-1)
+        return (torch.cat([v0, v0], dim=0) * 2,)
+
+    def make_inputs():
+        return [torch.randn((3, 0, 3)).requires_grad_()]
+
+    _check(program, make_inputs)
