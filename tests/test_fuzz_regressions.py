@@ -108,10 +108,15 @@ def _compiles_for_sm90(kernels):
     assert not failures, "\n\n".join(failures[:2])
 
 
-def test_triton_pointwise_stored_inside_a_reduction_loop(triton_kernels):
+@pytest.mark.parametrize("persistent_max", [4096, 0], ids=["persistent", "looped"])
+def test_triton_pointwise_stored_inside_a_reduction_loop(triton_kernels, monkeypatch,
+                                                         persistent_max):
     # Fuzzer seeds 10027, 10029, 10223, ...: relu(a) fused into the r loop of a product over a
     # size-1 dim stored at an [XBLOCK, 1] address under the [XBLOCK, RBLOCK] mask xmask & rmask;
     # tl.store rejects a mask wider than its pointer ("Expected pointer argument to have shape").
+    # The renderer also took a row of (1,), merged away, for no row and looped over it.
+    monkeypatch.setattr(config, "persistent_reduction_max", persistent_max)
+
     def program(a0):
         return (torch.relu(a0), a0.prod(dim=0, keepdim=True))
 
@@ -139,3 +144,19 @@ def test_cat_of_only_empty_1d_pieces(renderer, monkeypatch):
         return [torch.randn((3, 0, 3)).requires_grad_()]
 
     _check(program, make_inputs)
+
+
+def test_triton_row_of_size_one_dims_stays_in_registers(triton_kernels):
+    # Fuzzer seeds 10453, 12889: a backward whose reductions run over (1, 1) rows. The scheduler
+    # kept eq(amax, a) in registers for a later phase (a row that small is persistent), but the
+    # renderer judged persistence from the merged r sizes, (), and looped: the later phase found
+    # no register ("reads buf2, which it keeps in registers, at an index it did not compute").
+    def program(a1):
+        return (a1.amax(dim=(1, 2), keepdim=False) * a1,)
+
+    def make_inputs():
+        torch.manual_seed(10453)
+        return [torch.randn((1, 1, 1)).requires_grad_()]
+
+    _check(program, make_inputs)
+    _compiles_for_sm90(triton_kernels)

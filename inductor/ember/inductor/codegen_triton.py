@@ -317,7 +317,9 @@ class TritonRenderer(Renderer):
             any(int(self.buffers[n].layout.storage_size()) >= 2**31 for n in self.args)
             or xnumel * rnumel >= 2**31
         )
-        self.persistent = whole_rows(rsizes)  # the scheduler plans registers by the same rule
+        # The scheduler plans registers by the same rule, over the kernel's own r sizes: merged
+        # ones drop size-1 dims, and a row of (1, 1) merged to () would read as no row at all.
+        self.persistent = whole_rows(k.rsizes)
         self.locals, self.deferred, self.mask_stack = {}, {}, []
         reduction = bool(k.rsizes)
         pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
