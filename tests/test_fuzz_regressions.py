@@ -22,7 +22,7 @@ def _check(program, make_inputs):
         sum(loss).backward()
         sum(o.sum() for o in got if o.requires_grad).backward()
     for e, c in zip(eager_in, comp_in):
-        torch.testing.assert_close(c.detach(), e.detach())
+        torch.testing.assert_close(c.detach(), e.detach(), equal_nan=True)  # a NaN input
         if e.requires_grad:
             torch.testing.assert_close(c.grad, e.grad)
 
@@ -89,6 +89,7 @@ def triton_kernels(monkeypatch):
     from ember.inductor import pipeline
 
     monkeypatch.setattr(config, "cpu_backend", "triton")
+    monkeypatch.setattr(config, "cache", False)  # a cache hit renders nothing to collect
     seen, render = {}, pipeline.render_kernels
 
     def collect(*args, **kwargs):
@@ -160,3 +161,40 @@ def test_triton_row_of_size_one_dims_stays_in_registers(triton_kernels):
 
     _check(program, make_inputs)
     _compiles_for_sm90(triton_kernels)
+
+
+def test_triton_pow_of_a_negative_base(triton_kernels):
+    # Fuzzer seeds 113, 121, 10028: square()'s backward is 2 * pow(x, 1.0), which the renderer
+    # spelled exp(log(x) * y) for Triton's interpreter (it has no libdevice): NaN for every
+    # negative x. pow's signs and special cases: odd and even integer exponents of a negative
+    # base, 0^0 = 1^NaN = 1, 0^-1 = inf, a negative exponent.
+    def program(a0, a1, a2):
+        return (a0.clamp(-0.5, 0.5).square(), torch.pow(a1, a2))
+
+    def make_inputs():
+        torch.manual_seed(113)
+        return [torch.randn((3, 4)).requires_grad_(),
+                torch.tensor([-2.0, -1.5, -3.0, 0.0, 0.0, 2.0, 1.0, 3.0]),
+                torch.tensor([2.0, 3.0, -1.0, 0.0, -1.0, 0.5, float("nan"), -2.0])]  # fmt: skip
+
+    _check(program, make_inputs)
+
+
+def test_triton_bfloat16_rounds_to_nearest(triton_kernels):
+    # Fuzzer seeds 227, 10136: Triton's interpreter converts float32 to bfloat16 by dropping
+    # bits (toward zero) where eager and the GPU round to nearest even: a1.abs() + 1 in bfloat16
+    # came out one bfloat16 step (0.8%) low, and a0 divided by it 1.5% off.
+    def program(a0, a1):
+        return (a0 / (a1.abs() + 1), a0.to(torch.bfloat16), (a0 * 3).to(torch.bfloat16) * 2)
+
+    def make_inputs():
+        torch.manual_seed(227)
+        return [torch.randn((2, 4)) * 100, torch.randn((), dtype=torch.bfloat16)]
+
+    _check(program, make_inputs)
+    x = torch.randn(4096) * 100
+    x[:5] = torch.tensor([float("inf"), -float("inf"), float("nan"), 3.4e38, -0.0])
+    got = ember.compile(lambda x: (x.to(torch.bfloat16), (x + 1).to(torch.bfloat16) + 0))(x)
+    torch.testing.assert_close(got[0], x.to(torch.bfloat16), atol=0, rtol=0, equal_nan=True)
+    want = (x + 1).to(torch.bfloat16) + 0
+    torch.testing.assert_close(got[1], want, atol=0, rtol=0, equal_nan=True)
