@@ -198,3 +198,20 @@ def test_triton_bfloat16_rounds_to_nearest(triton_kernels):
     torch.testing.assert_close(got[0], x.to(torch.bfloat16), atol=0, rtol=0, equal_nan=True)
     want = (x + 1).to(torch.bfloat16) + 0
     torch.testing.assert_close(got[1], want, atol=0, rtol=0, equal_nan=True)
+
+
+def test_output_view_keeps_its_base_from_being_overwritten():
+    # Fuzzer seed 12376: v2[1::2], a graph output, is a view of cat's buffer; the next kernel
+    # (reading the buffer for the last time) wrote its own result over it in place.
+    def program(a0):
+        a0.mul_(2)
+        a0.sub_(a0)
+        v2 = torch.cat([a0, a0], dim=0)
+        v3 = a0 / (v2.abs() + 1)
+        return (v2[1::2], torch.where(a0 > 0, v3, 1.5))
+
+    def make_inputs():
+        torch.manual_seed(12376)
+        return [torch.randn((1, 1), dtype=torch.bfloat16)]
+
+    _check(program, make_inputs)
