@@ -215,3 +215,19 @@ def test_output_view_keeps_its_base_from_being_overwritten():
         return [torch.randn((1, 1), dtype=torch.bfloat16)]
 
     _check(program, make_inputs)
+
+
+def test_cpp_bool_bitwise_and_into_a_bool_max(monkeypatch):
+    # Fuzzer seeds 21070, 21750: in C++ `bool & bool` is an int, and ember::max_prop(bool, int)
+    # matched no overload (the kernel failed to build).
+    monkeypatch.setattr(config, "cpu_backend", "cpp")
+
+    def program(a0):
+        v0 = a0 & a0
+        return (v0.amax(dim=0, keepdim=True), (v0 | a0).amin(dim=1), (v0 ^ a0))
+
+    def make_inputs():
+        torch.manual_seed(21750)
+        return [(torch.rand((3, 5)) > 0.5).transpose(-1, -2)]
+
+    _check(program, make_inputs)
