@@ -242,7 +242,10 @@ def _inplace(rng, env, inputs, grad_inputs) -> Optional[str]:
         name = f"{name}[..., 1:]" if rng.random() < 0.5 else f"{name}.transpose(0, -1)[0]"
     if t.dtype is torch.bool:
         return f"{name}.logical_not_()"
-    partners = [n for n, u in env.items() if u.dtype == t.dtype and u.ndim <= t.ndim]
+    # A source that shares memory with its target (a view of it) reads elements the op has
+    # already written, in an order torch leaves undefined: never one Ember must match.
+    partners = [n for n, u in env.items() if u.dtype == t.dtype and u.ndim <= t.ndim
+                and u.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()]  # fmt: skip
     op = rng.choice(("add_", "mul_", "clamp_", "copy_", "sub_"))
     if op == "clamp_":
         return f"{name}.clamp_(min=0)"
