@@ -20,11 +20,7 @@ RENDERERS = ("cpp", "triton")
 
 # Mismatches the fuzzer found that are not fixed yet: seed -> what goes wrong. A seed that starts
 # passing fails the test too, so this list only shrinks with a fix (and its regression test).
-KNOWN = {
-    113: "triton: NaN in a gradient of clamp(-0.5, 0.5).square() (C++ matches eager)",
-    121: "triton: NaN in a gradient of sin(a).view(-1).square() (C++ matches eager)",
-    227: "triton: (a0 / (a1.abs() + 1)).square() off by 1.5% (C++ matches eager)",
-}
+KNOWN: dict[int, str] = {}
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))

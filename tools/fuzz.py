@@ -25,6 +25,7 @@ from typing import Callable, Optional
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 DTYPES = FLOATS + (torch.int64, torch.int32, torch.bool)
@@ -241,7 +242,10 @@ def _inplace(rng, env, inputs, grad_inputs) -> Optional[str]:
         name = f"{name}[..., 1:]" if rng.random() < 0.5 else f"{name}.transpose(0, -1)[0]"
     if t.dtype is torch.bool:
         return f"{name}.logical_not_()"
-    partners = [n for n, u in env.items() if u.dtype == t.dtype and u.ndim <= t.ndim]
+    # A source that shares memory with its target (a view of it) reads elements the op has
+    # already written, in an order torch leaves undefined: never one Ember must match.
+    partners = [n for n, u in env.items() if u.dtype == t.dtype and u.ndim <= t.ndim
+                and u.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()]  # fmt: skip
     op = rng.choice(("add_", "mul_", "clamp_", "copy_", "sub_"))
     if op == "clamp_":
         return f"{name}.clamp_(min=0)"
@@ -347,6 +351,58 @@ def _crash_summary(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e)[:300]} (at {where})"
 
 
+class _HalfOps(TorchDispatchMode):
+    """Records the lowest-precision 16-bit float dtype any op of an eager run produces."""
+
+    dtype: Optional[torch.dtype] = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16):
+                if self.dtype is not torch.bfloat16:  # bfloat16 has the fewer mantissa bits
+                    self.dtype = t.dtype
+        return out
+
+
+def _rounding_only(prog: Program, problems, low, got, want, got_grads, want_grads) -> list[str]:
+    """The problems left once values that went through 16-bit floats are judged by that.
+
+    A value computed through float16/bfloat16 intermediates carries their rounding whatever
+    dtype it ends in (a float32 input's gradient summed from float16 products), and Ember
+    rounds where eager does but in another order (fused, in float32 between the roundings).
+    Such a value passes when Ember is within the 16-bit dtype's tolerance of a float64 run of
+    the same program, or no further from it than twice eager's error. Programs with no 16-bit
+    op keep the strict comparison with eager."""
+    make, fn = prog.load()
+    try:
+        ref_in = [t.detach().double().requires_grad_(t.requires_grad)
+                  if t.dtype.is_floating_point else t for t in make()]  # fmt: skip
+        ref, ref_grads = _run(fn, ref_in)
+    except Exception:  # noqa: BLE001  (no float64 reference: keep the strict verdict)
+        return problems
+    pairs = [(f"output {i}", g, w, r) for i, (g, w, r) in enumerate(zip(got, want, ref))]
+    pairs += [(f"grad of a{i}", g, w, r)
+              for i, (g, w, r) in enumerate(zip(got_grads, want_grads, ref_grads))]  # fmt: skip
+    left = set(problems)
+    for what, g, w, r in pairs:
+        mine = [p for p in problems if p.startswith(what + ":")]
+        if not mine or not all(isinstance(t, torch.Tensor) for t in (g, w, r)):
+            continue
+        if g.shape != r.shape:
+            continue
+        g, w, r = g.detach().double(), w.detach().double(), r.detach().double()
+        atol, rtol = TOLERANCES[low]
+        scale = float(r.abs().nan_to_num(0, 0, 0).max()) if r.numel() else 0.0
+        close = torch.isclose(g, r, rtol=rtol, atol=atol * max(1.0, scale), equal_nan=True)
+        ember_err = float((g - r).abs().nan_to_num(0, 0, 0).max()) if r.numel() else 0.0
+        eager_err = float((w - r).abs().nan_to_num(0, 0, 0).max()) if r.numel() else 0.0
+        nan_same = bool(((g != g) == (r != r)).all() or ((g != g) == (w != w)).all())
+        if nan_same and (bool(close.all()) or ember_err <= 2 * eager_err):
+            left -= set(mine)
+    return [p for p in problems if p in left]
+
+
 def check(prog: Program, renderer: str = "cpp") -> Outcome:
     """Run `prog` eagerly and compiled (inductor, `renderer`), with its backward; compare."""
     import ember
@@ -355,7 +411,9 @@ def check(prog: Program, renderer: str = "cpp") -> Outcome:
     make, fn = prog.load()
     try:
         eager_in = make()
-        want, want_grads = _run(fn, eager_in)
+        with _HalfOps() as half:
+            want, want_grads = _run(fn, eager_in)
+        half_dtype = half.dtype
     except Exception as e:  # noqa: BLE001
         return Outcome("skip", f"eager: {type(e).__name__}: {e}")
     previous, config.cpu_backend = config.cpu_backend, renderer
@@ -375,6 +433,8 @@ def check(prog: Program, renderer: str = "cpp") -> Outcome:
     problems += [_compare(f"a{i} after the call", g, w) for i, (g, w) in enumerate(zip(comp_in,
                                                                                     eager_in))]
     problems = [p for p in problems if p]
+    if problems and half_dtype is not None:
+        problems = _rounding_only(prog, problems, half_dtype, got, want, got_grads, want_grads)
     if len(got) != len(want):
         problems.append(f"{len(got)} outputs vs eager {len(want)}")
     return Outcome("mismatch", "\n".join(problems)) if problems else Outcome("ok")

@@ -261,6 +261,8 @@ class CppRenderer(Renderer):
             return f"{args[0]} % {args[1]}"
         if name == "bitwise_not" and dtype == torch.bool:
             return f"!{args[0]}"
+        if name.startswith("bitwise") and dtype == torch.bool:  # C++'s bool & bool is an int
+            return f"static_cast<bool>({SCALAR_BINARY[name].format(*args)})"
         table = SCALAR_UNARY if len(args) == 1 else SCALAR_BINARY
         return table[name].format(*args, one=one)
 

@@ -72,7 +72,10 @@ INTERPRET_OPS = {
     "tanh": "tl.where({0} < 0, -1.0, 1.0) * (1.0 - tl.exp(-2.0 * tl.abs({0}))) / (1.0 + tl.exp(-2.0 * tl.abs({0})))",
     "expm1": "tl.exp({0}) - 1.0", "log1p": "tl.log(1.0 + {0})", "log10": "tl.log({0}) * 0.4342944819032518",
     "tan": "tl.sin({0}) / tl.cos({0})", "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
-    "pow": "tl.exp(tl.log({0}) * {1})", "fmod": "{0} - {1} * tl.where({0} / {1} < 0, tl.ceil({0} / {1}), tl.floor({0} / {1}))",
+    # exp(log|a| * b), with pow's signs and special cases: a negative base takes an integer
+    # exponent (negated for an odd one) and gives NaN for any other; a^0 = 1^b = 1, even NaN.
+    "pow": "tl.where({0} == 1, 1.0, tl.where({1} == 0, 1.0, tl.where({0} < 0, tl.where(tl.floor({1}) == {1}, tl.where(tl.floor({1} * 0.5) * 2.0 != {1}, -1.0, 1.0), float('nan')), 1.0) * tl.exp(tl.log(tl.abs({0})) * {1})))",
+    "fmod": "{0} - {1} * tl.where({0} / {1} < 0, tl.ceil({0} / {1}), tl.floor({0} / {1}))",
 }  # fmt: skip
 PROD_COMBINE = "_ember_mul"
 REDUCE = {"sum": ("0", "tl.sum({0}, 1)[:, None]", "{0} + {1}"),
@@ -164,8 +167,17 @@ class TritonRenderer(Renderer):
             if dtype != value.dtype or dtype in (torch.float16, torch.bfloat16)
             else str(value)
         )
+        if dtype == torch.bfloat16 and _interpreting():
+            v = f"{_bf16_rne(value)}.to(tl.bfloat16)"
         ptr = f"{self.args[name]} + ({self.index_text(index)})"
-        if not (sympy.sympify(index).free_symbols - set(self.hints)):
+        names = {str(s)[0] for s in sympy.sympify(index).free_symbols - set(self.hints)}
+        if "rmask" in mask and not {"x", "r"} <= names:
+            # In a reduction's r loop the mask is an [XBLOCK, RBLOCK] block, but an address
+            # over x alone (a pointwise member fused into the loop, or an r range of 1 merged
+            # away) is [XBLOCK, 1] and one over r alone [1, RBLOCK]: tl.store takes no mask
+            # wider than its pointer, so the address is broadcast to the whole block.
+            ptr += " + tl.zeros([XBLOCK, RBLOCK], tl.int32)"
+        elif not names:
             # A scalar pointer takes no block value or mask: broadcast it to the value's shape,
             # and to the mask's (the value may be a constant: a 0-d tensor filled with zeros).
             ptr += f" + tl.zeros({value}.shape, tl.int32)"
@@ -190,6 +202,8 @@ class TritonRenderer(Renderer):
                 # Triton 3.6's interpreter turns 64-bit values into garbage 16-bit floats (125
                 # as 1e-38, -1.0 as NaN); the compiler converts them directly.
                 value = self.emit(f"{value}.to(tl.float32)", torch.float32)
+            if dtype == torch.bfloat16 and _interpreting():
+                return self.emit(_bf16_rne(value), torch.float32)
             return self.emit(f"{value}.to({TL[dtype]}).to(tl.float32)", torch.float32)
         return self.emit(f"{value}.to({TL[dtype]})", dtype)
 
@@ -310,7 +324,9 @@ class TritonRenderer(Renderer):
             any(int(self.buffers[n].layout.storage_size()) >= 2**31 for n in self.args)
             or xnumel * rnumel >= 2**31
         )
-        self.persistent = whole_rows(rsizes)  # the scheduler plans registers by the same rule
+        # The scheduler plans registers by the same rule, over the kernel's own r sizes: merged
+        # ones drop size-1 dims, and a row of (1, 1) merged to () would read as no row at all.
+        self.persistent = whole_rows(k.rsizes)
         self.locals, self.deferred, self.mask_stack = {}, {}, []
         reduction = bool(k.rsizes)
         pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
@@ -383,6 +399,22 @@ class TritonRenderer(Renderer):
 
 class _Pending(CSEVar):
     """A reduction result: stores of it happen after its loop."""
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _bf16_rne(value) -> str:
+    """`value` rounded to the nearest bfloat16 (ties to even), as a float32: Triton's CPU
+    interpreter converts float32 to bfloat16 by dropping the low 16 bits (toward zero), where
+    the GPU (and eager) round to nearest. Adding 0x7FFF plus the lowest kept bit carries into
+    the kept bits exactly when the dropped ones are above half, or half with the kept bit odd;
+    infinities stay. A NaN is kept as it is (its payload could carry into the sign bit)."""
+    v = f"{value}.to(tl.float32)"
+    bits = f"{v}.to(tl.uint32, bitcast=True)"
+    rounded = f"(({bits} + 0x7FFF + (({bits} >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)"
+    return f"tl.where({v} != {v}, {v}, {rounded})"
 
 
 def _indent(lines):

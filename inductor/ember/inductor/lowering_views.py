@@ -217,7 +217,8 @@ def _as_strided(L, a, size, stride, storage_offset=0):
 @register("cat")
 def _cat(L, tensors, dim):
     meta = out_meta(L)
-    tensors = [t for t in tensors if not (len(t.sizes) == 1 and t.sizes[0] == 0)]
+    # torch skips 1-d empty pieces; when every piece is one, the (empty) result reads the first
+    tensors = [t for t in tensors if not (len(t.sizes) == 1 and t.sizes[0] == 0)] or tensors[:1]
     dim = dim % len(meta.sizes)
     starts, acc = [], sympy.S.Zero
     for t in tensors:

@@ -144,6 +144,7 @@ class WrapperBuilder:
         for name, uses in reads.items():
             src = self.buffers.get(name)
             if not (isinstance(src, ComputedBuffer) and last.get(name) == i and name not in self.outputs
+                    and not self._aliased(name)  # an output's view of it outlives the kernel
                     and name not in self.donated and src.layout == b.layout
                     and all(idx == want for idx, _ in uses)
                     and all(emitted_at[r] <= emitted_at[b.name] for _, r in uses)):  # fmt: skip
@@ -256,8 +257,16 @@ class WrapperBuilder:
             self.lines.append(f"del {name}")
 
     def _aliased(self, name):
-        return any(isinstance(b, (AliasBuffer, MultiOutput)) and b.source.name == name and b.name in self.outputs
-                   for b in self.buffers.values())  # fmt: skip
+        """Whether a graph output is a view of `name` (directly or through other views)."""
+        if not hasattr(self, "_output_bases"):
+            self._output_bases = set()
+            for b in self.buffers.values():
+                if b.name not in self.outputs:
+                    continue
+                while isinstance(b, (AliasBuffer, MultiOutput)):
+                    b = b.source
+                    self._output_bases.add(b.name)
+        return name in self._output_bases
 
     def _step(self, s, i, last):
         if isinstance(s, Kernel):
