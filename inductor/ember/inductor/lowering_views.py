@@ -12,11 +12,12 @@ from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known
 
 from .config import config
 from .index_simplify import simplify_index
-from .loop_ir import InputBuffer, SketchHandler, compute_dtype, loop_vars, ops, set_handler
+from .loop_ir import InputBuffer, compute_dtype, loop_vars, ops, set_handler
 from .graph_reads import read_elementwise
 from .lowering import (
     Lazy,
     View,
+    _LoadRecorder,
     _same_strides,
     broadcast_to,
     is_tensor,
@@ -532,16 +533,8 @@ def _one_matrix_for_all_batches(L, a: Lazy) -> View:
     return View(one.buffer, a.sizes, (sympy.S.Zero, *one.strides), one.offset)
 
 
-class _IndexRecorder(SketchHandler):
+class _IndexRecorder(_LoadRecorder):
     """Every load index and index expression of a body."""
-
-    def __init__(self):
-        super().__init__()
-        self.indices: list = []
-
-    def load(self, name, index):
-        self.indices.append(index)
-        return super().load(name, index)
 
     def index_expr(self, expr, dtype):
         self.indices.append(expr)
