@@ -467,11 +467,14 @@ def fuzz(seed: int, count: int, minutes: Optional[float] = None, renderers=("cpp
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--count", type=int, default=100)
+    ap.add_argument("--count", type=int, default=None,
+                    help="programs to run (default 100; with --minutes, until the time is up)")
     ap.add_argument("--minutes", type=float, default=None)
     ap.add_argument("--renderer", choices=("cpp", "triton", "both"), default="both")
     ap.add_argument("--show", action="store_true", help="print each program (not only mismatches)")
     args = ap.parse_args(argv)
+    if args.count is None:
+        args.count = 100 if args.minutes is None or args.show else sys.maxsize
     if args.show:
         for k in range(args.count):
             print(generate(args.seed + k).source())
