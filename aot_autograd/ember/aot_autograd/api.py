@@ -12,6 +12,7 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, TensorMeta
+from ember.ir.locks import COMPILE_LOCK
 
 from .dynamic import SYMBOLS_META, dynamic_module_call, runnable_graph
 from .joint import trace
@@ -99,9 +100,15 @@ class AOTFunction:
         key = (in_spec, input_signature(flat))
         runtime = self.cache.get(key)
         if runtime is None:
-            start = time.perf_counter()
-            runtime = self.cache[key] = self._compile(flat, in_spec)
-            self.compile_seconds += time.perf_counter() - start
+            # The first call compiles, outside dynamo's capture: under the process's compile lock,
+            # as dynamo's capture is (ember.ir.locks). A thread that waited looks again: another
+            # thread may have compiled this signature meanwhile.
+            with COMPILE_LOCK:
+                runtime = self.cache.get(key)
+                if runtime is None:
+                    start = time.perf_counter()
+                    runtime = self.cache[key] = self._compile(flat, in_spec)
+                    self.compile_seconds += time.perf_counter() - start
         return runtime
 
     def _compile(self, flat: list, in_spec):

@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, TensorMeta
+from ember.ir.locks import COMPILE_LOCK
 from ember.primtorch.symbolic import ShapeEnv, bind_symbols, expr_function
 
 from .module_call import _state_reader, module_state
@@ -120,11 +121,14 @@ def dynamic_module_call(gm: fx.GraphModule, example_inputs: list, compiled) -> C
     def compile_for(flat: tuple):
         hints = bind_symbols(metas, flat)
         env = ShapeEnv(specs, hints)
-        compiled.symbolic = (metas, env)
-        try:
-            runtime = compiled._compile(list(flat), in_spec)
-        finally:
-            compiled.symbolic = None
+        # `compiled.symbolic` is read by the compile: under the process's compile lock, so that
+        # another thread's compile of this program (another mode state) cannot swap it meanwhile.
+        with COMPILE_LOCK:
+            compiled.symbolic = (metas, env)
+            try:
+                runtime = compiled._compile(list(flat), in_spec)
+            finally:
+                compiled.symbolic = None
         return runtime, InputCheck(metas, specs, env.guards)
 
     def run(*args):
@@ -133,7 +137,10 @@ def dynamic_module_call(gm: fx.GraphModule, example_inputs: list, compiled) -> C
         entry = runtimes.get(key)
         if entry is None:
             InputCheck(metas, specs).bind(flat)
-            entry = runtimes[key] = compile_for(flat)
+            with COMPILE_LOCK:  # a thread that waited finds what another compiled meanwhile
+                entry = runtimes.get(key)
+                if entry is None:
+                    entry = runtimes[key] = compile_for(flat)
         entry[1].bind(flat)
         return entry[0].call(flat)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -109,16 +110,28 @@ SPECIAL_OPS = [
 ]
 REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "argmax", "argmin")
 
-_handler_stack: list = []
+# Per thread: two threads lowering or rendering at once each run bodies under their own handler.
+# One list for the process let a thread's body call the other thread's handler (a C++ renderer
+# got a checker's values: "'str' object has no attribute 'dtype'", or a body stored into the
+# other thread's buffer).
+_LOCAL = threading.local()
+
+
+def _handler_stack() -> list:
+    stack = getattr(_LOCAL, "stack", None)
+    if stack is None:
+        stack = _LOCAL.stack = []
+    return stack
 
 
 class _OpsProxy:
     """`ops.<name>(...)` calls the method of the handler installed by `set_handler`."""
 
     def __getattr__(self, name):
-        if not _handler_stack:
+        stack = _handler_stack()
+        if not stack:
             raise RuntimeError("ops used with no handler installed (use loop_ir.set_handler)")
-        return getattr(_handler_stack[-1], name)
+        return getattr(stack[-1], name)
 
 
 ops = _OpsProxy()
@@ -127,11 +140,12 @@ ops = _OpsProxy()
 @contextlib.contextmanager
 def set_handler(handler):
     """Install `handler` as the meaning of `ops` while the block runs."""
-    _handler_stack.append(handler)
+    stack = _handler_stack()
+    stack.append(handler)
     try:
         yield handler
     finally:
-        _handler_stack.pop()
+        stack.pop()
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

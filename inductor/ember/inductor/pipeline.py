@@ -18,6 +18,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY
+from ember.ir.locks import COMPILE_LOCK
 
 from . import (
     cache,
@@ -119,6 +120,13 @@ def _load_artifact(program: Program, constants: dict):
 
 def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
     """Compile one prim-level graph into a callable taking the graph's inputs positionally."""
+    # One compile at a time in the process (ember.ir.locks): lowering and code generation read
+    # the config and write the counters in `metrics`. Already held when aot_autograd compiles.
+    with COMPILE_LOCK:
+        return _compile_prims(gm, example_inputs)
+
+
+def _compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
     key = cache.graph_key(gm, example_inputs)
     program, constants = cache.load(key), {}
     if program is None:

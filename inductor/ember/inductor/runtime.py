@@ -62,10 +62,15 @@ def atomic_write(path: Path, text) -> None:
 
 
 class CppLauncher:
-    """Calls `void entry(void** args)` with the tensors' data pointers."""
+    """Calls `void entry(void** args)` with the tensors' data pointers.
+
+    The pointer array is built per call, never kept on the launcher: one compiled program runs
+    on several threads at once, and ctypes releases the GIL for the kernel, so a shared array
+    was refilled by a second caller while the first caller's kernel was still reading it (the
+    first caller's output was then never written: zeros or garbage)."""
 
     def __init__(self, nargs: int):
-        self.fn, self.argv = None, (ctypes.c_void_p * nargs)()
+        self.fn, self.argv_type = None, ctypes.c_void_p * nargs
 
     def bind(self, so: Path, name: str) -> None:
         """Load the built library and take its entry point."""
@@ -74,30 +79,28 @@ class CppLauncher:
         self.fn = fn
 
     def __call__(self, *tensors):
-        argv = self.argv
-        for i, t in enumerate(tensors):
-            argv[i] = t.data_ptr()
-        self.fn(argv)
+        self.fn(self.argv_type(*[t.data_ptr() for t in tensors]))
 
 
 class CppSizesLauncher(CppLauncher):
     """A CppLauncher whose trailing arguments are dynamic sizes (ints), each passed as a pointer
-    to an int64 it holds (the packed convention of the artifact's C++ kernels)."""
+    to an int64 (the packed convention of the artifact's C++ kernels). The int64s, like the
+    pointer array, belong to the call (see CppLauncher)."""
 
     def __init__(self, nargs: int):
         super().__init__(nargs)
-        self.ints = (ctypes.c_int64 * nargs)()
-        base = ctypes.addressof(self.ints)
-        self.int_slots = [base + 8 * i for i in range(nargs)]
+        self.ints_type = ctypes.c_int64 * nargs
 
     def __call__(self, *args):
-        argv, ints, slots = self.argv, self.ints, self.int_slots
+        argv, ints = self.argv_type(), self.ints_type()
+        base = ctypes.addressof(ints)
         for i, a in enumerate(args):
             if type(a) is int:
                 ints[i] = a
-                argv[i] = slots[i]
+                argv[i] = base + 8 * i
             else:
                 argv[i] = a.data_ptr()
+        # `ints` stays referenced until the kernel returns: argv points into it
         self.fn(argv)
 
 

@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ember.ir import NODE_META_KEY, TensorMeta
+from ember.ir.locks import COMPILE_LOCK
 from ember.ir.symbols import as_expr
 
 from . import utils
@@ -198,6 +199,18 @@ class Tracer(TorchDispatchMode):
     # --- entering and leaving ---------------------------------------------------------------------
 
     def __enter__(self):
+        # Traces run one at a time in the process (ember.ir.locks): the switch below is
+        # process-wide, and two traces overlapping on two threads restored it out of order (the
+        # second found the first's "off" and put it back last). Held until __exit__; re-entrant
+        # for a trace started inside another, and for aot_autograd and dynamo, which hold it.
+        COMPILE_LOCK.acquire()
+        try:
+            return self._enter()
+        except BaseException:
+            COMPILE_LOCK.release()
+            raise
+
+    def _enter(self):
         core.push_recorder(self)
         # scaled_dot_product_attention picks its CUDA kernel at dispatch. Torch's own cuDNN call
         # has no extern of ours (it returns what a training graph would need, laid out as the
@@ -220,10 +233,13 @@ class Tracer(TorchDispatchMode):
         try:
             return super().__exit__(exc_type, exc, tb)
         finally:
-            self._assuming.__exit__(None, None, None)
-            self._attention.__exit__(None, None, None)
-            torch.backends.cuda.enable_cudnn_sdp(self._cudnn_sdp)
-            core.pop_recorder(self)
+            try:
+                self._assuming.__exit__(None, None, None)
+                self._attention.__exit__(None, None, None)
+                torch.backends.cuda.enable_cudnn_sdp(self._cudnn_sdp)
+                core.pop_recorder(self)
+            finally:
+                COMPILE_LOCK.release()
 
     @contextlib.contextmanager
     def _reentered(self):

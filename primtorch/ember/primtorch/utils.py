@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import numbers
+import threading
 from typing import Optional
 
 import sympy
@@ -194,18 +195,41 @@ def _at_least_two(expr: sympy.Expr) -> sympy.Expr:
 
 
 # While a symbolic trace runs: its ShapeEnv (what its ranges and guards imply; guards it records).
-_ASSUMPTIONS: list = []
+# Per thread, as the trace is: another thread's trace must neither see these ranges nor record
+# its guards here.
+_LOCAL = threading.local()
+
+
+def _assumptions() -> list:
+    stack = getattr(_LOCAL, "assumptions", None)
+    if stack is None:
+        stack = _LOCAL.assumptions = []
+    return stack
+
+
+def _active_env():
+    stack = _assumptions()
+    if stack:
+        return stack[-1]
+    # Autograd's worker threads (a traced CUDA backward) record into the tracing thread's
+    # recorder (prims.core.lent_to_autograd_workers); its shape env comes with it.
+    from ember.primtorch.prims import core  # utils is imported by prims: not at module level
+
+    if core._engine_thread():
+        return getattr(core.current_recorder(), "shape_env", None)
+    return None
 
 
 @contextlib.contextmanager
 def assuming(env):
     """`known` also accepts what `env.implies(rel)` (a trace's ranges and guards) says holds, and
     `guard_equal` records equalities in `env`."""
-    _ASSUMPTIONS.append(env)
+    stack = _assumptions()
+    stack.append(env)
     try:
         yield
     finally:
-        _ASSUMPTIONS.pop()
+        stack.pop()
 
 
 def guard_equal(a, b) -> bool:
@@ -214,7 +238,8 @@ def guard_equal(a, b) -> bool:
     symbols that a broadcast between them needs equal."""
     if known_eq(a, b):
         return True
-    return bool(_ASSUMPTIONS) and _ASSUMPTIONS[-1].guard_equal(as_expr(a), as_expr(b))
+    env = _active_env()
+    return env is not None and env.guard_equal(as_expr(a), as_expr(b))
 
 
 def known(rel) -> bool:
@@ -230,7 +255,8 @@ def known(rel) -> bool:
     lhs = _at_least_two(rel.lhs - rel.rhs)
     if _decided(type(rel), lhs):
         return True
-    return bool(_ASSUMPTIONS) and _ASSUMPTIONS[-1].implies(rel)
+    env = _active_env()
+    return env is not None and env.implies(rel)
 
 
 _ORDERS = (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)

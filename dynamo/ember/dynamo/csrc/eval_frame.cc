@@ -573,32 +573,34 @@ PyObject* call_entry_fn(PyObject* fn, PyObject* const* argv, Py_ssize_t n) {
 }
 
 // One thread converts at a time: conversion reads and writes process-wide state (torch's RNG,
-// dynamo's statistics and automatic-dynamic memory, a backend's caches). The lock is re-entrant
-// for its owner, whose conversion may run compiled code that misses in turn; a waiting thread
-// releases the GIL so the owner can finish.
-PyThread_type_lock compile_lock = nullptr;
-unsigned long compile_lock_owner = 0;
-int compile_lock_depth = 0;
+// dynamo's statistics and automatic-dynamic memory, a backend's caches). The lock is
+// ember.ir.locks.COMPILE_LOCK, a threading.RLock that aot_autograd's lazy compile and inductor
+// take too: one lock for every compile in the process, so no two locks can be taken in opposite
+// orders. Re-entrant for its owner, whose conversion may run compiled code that misses in turn;
+// a waiting thread releases the GIL (RLock.acquire does) so the owner can finish.
+PyObject* compile_lock = nullptr;
+PyObject* s_acquire = nullptr;
+PyObject* s_release = nullptr;
 
-void acquire_compile_lock() {
-  unsigned long me = PyThread_get_thread_ident();
-  if (compile_lock_depth > 0 && compile_lock_owner == me) {
-    compile_lock_depth++;
-    return;
-  }
-  if (!PyThread_acquire_lock(compile_lock, NOWAIT_LOCK)) {
-    Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(compile_lock, WAIT_LOCK);
-    Py_END_ALLOW_THREADS
-  }
-  compile_lock_owner = me;
-  compile_lock_depth = 1;
+// False with an exception set (a signal handler raised while waiting).
+bool acquire_compile_lock() {
+  PyObject* r = PyObject_CallMethodNoArgs(compile_lock, s_acquire);
+  if (!r) return false;
+  Py_DECREF(r);
+  return true;
 }
 
+// May be called with an exception pending (a failed conversion): kept as it was.
 void release_compile_lock() {
-  if (--compile_lock_depth == 0) {
-    compile_lock_owner = 0;
-    PyThread_release_lock(compile_lock);
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyObject* r = PyObject_CallMethodNoArgs(compile_lock, s_release);
+  if (r) {
+    Py_DECREF(r);
+  } else {
+    PyErr_WriteUnraisable(compile_lock);
   }
+  PyErr_Restore(type, value, tb);
 }
 
 // Runs `fn` (a new reference, consumed) in place of the frame; None runs the original code.
@@ -683,7 +685,10 @@ PyObject* eval_hook(PyThreadState* ts, struct _PyInterpreterFrame* iframe, int t
     st = get_state((PyObject*)code, true);
     if (!st) return _PyEval_EvalFrameDefault(ts, iframe, throwflag);
     uint64_t seen = st->generation;
-    acquire_compile_lock();
+    if (!acquire_compile_lock()) {
+      clear_and_pop_frame(ts, f);
+      return nullptr;
+    }
     st = get_state((PyObject*)code, true);
     if (st && st->generation == seen) break;
     release_compile_lock();
@@ -934,8 +939,13 @@ PyMODINIT_FUNC PyInit__C(void) {
   CompiledFunctionType.tp_doc = "CompiledFunction(fn, callback): calls fn with the frame hook on";
   if (PyType_Ready(&CompiledFunctionType) < 0) return nullptr;
 
-  compile_lock = PyThread_allocate_lock();
-  if (!compile_lock) return PyErr_NoMemory();
+  PyObject* locks = PyImport_ImportModule("ember.ir.locks");
+  if (!locks) return nullptr;
+  compile_lock = PyObject_GetAttrString(locks, "COMPILE_LOCK");
+  Py_DECREF(locks);
+  if (!compile_lock) return nullptr;
+  s_acquire = PyUnicode_InternFromString("acquire");
+  s_release = PyUnicode_InternFromString("release");
   extra_index = _PyEval_RequestCodeExtraIndex(free_code_state);
   if (extra_index < 0) return PyErr_Format(PyExc_RuntimeError, "no code extra index left");
   s_dtype = PyUnicode_InternFromString("dtype");
