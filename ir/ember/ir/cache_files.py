@@ -139,7 +139,9 @@ def verified_dir(entry: Path, key: str, names=()) -> bool:
     entry = Path(entry)
     if not (entry / MANIFEST).exists():
         if entry.is_dir() and any(True for _ in entry.iterdir()):
-            _discard(entry, "no manifest")  # an entry of a format before manifests
+            # an entry of the format before manifests: replaced, not a fault worth a warning
+            # (a cache from an older Ember holds thousands of them)
+            _discard(entry, "no manifest", quiet=True)
         return False
     try:
         files = _read_manifest(entry, key)
@@ -179,8 +181,9 @@ def read_verified(entry: Path, key: str, names) -> Optional[dict]:
         return None
 
 
-def _discard(entry: Path, why: str) -> None:
-    log.warning("ember: ignoring a damaged cache entry %s (%s); rebuilding it", entry, why)
+def _discard(entry: Path, why: str, quiet: bool = False) -> None:
+    (log.info if quiet else log.warning)(
+        "ember: ignoring a damaged cache entry %s (%s); rebuilding it", entry, why)
     _VERIFIED.pop(entry, None)
     # renamed aside first: a process that mapped its library keeps the pages it mapped
     aside = entry.with_name(f".{entry.name}.{os.getpid()}.{threading.get_ident()}.bad")
