@@ -231,3 +231,30 @@ def test_cpp_bool_bitwise_and_into_a_bool_max(monkeypatch):
         return [(torch.rand((3, 5)) > 0.5).transpose(-1, -2)]
 
     _check(program, make_inputs)
+
+
+def test_aot_eager_backward_reads_a_symbol_only_a_tangent_carries():
+    # Fuzzer seed 62956 (aot_eager, sizes made symbolic by an earlier compile): the backward of
+    # cat([a, a]) gets a tangent of 2*s elements and nothing of size s; run as fx, it named s
+    # without binding it (NameError). The symbol is now read from the tangent's size.
+    def program(a0, a1):
+        v0 = torch.cat([a1, a1], dim=0)
+        a0.clamp_(min=0)
+        return (v0 * 3,)
+
+    def make_inputs():
+        torch.manual_seed(62956)
+        return [torch.randn((1, 4), dtype=torch.float16).transpose(-1, -2),
+                torch.randn((5,), dtype=torch.float32).requires_grad_()]
+
+    for sizes in ((5,), (7,)):
+        eager_in, comp_in = make_inputs(), make_inputs()
+        eager_in[1] = torch.randn(sizes).requires_grad_()
+        comp_in[1] = eager_in[1].detach().clone().requires_grad_()
+        compiled = ember.compile(program, backend="aot_eager", dynamic=True, fullgraph=True)
+        want, got = program(*eager_in), compiled(*comp_in)
+        want[0].sum().backward()
+        got[0].sum().backward()
+        torch.testing.assert_close(got[0], want[0])
+        torch.testing.assert_close(comp_in[1].grad, eager_in[1].grad)
+        torch.testing.assert_close(comp_in[0], eager_in[0])

@@ -8,7 +8,7 @@ statement eager rejects is simply not kept. A program whose eager run (or eager 
 is skipped; an Ember crash or a wrong value, gradient or input mutation is a mismatch; a clean
 refusal (NotImplementedError, a graph the backend does not cover) is counted as unsupported.
 
-    python tools/fuzz.py --seed 0 --count 300 [--minutes 15] [--renderer cpp|triton|both]
+    python tools/fuzz.py --seed 0 --count 300 [--minutes 15] [--renderer cpp|triton|both|aot_eager]
 """
 
 from __future__ import annotations
@@ -404,7 +404,8 @@ def _rounding_only(prog: Program, problems, low, got, want, got_grads, want_grad
 
 
 def check(prog: Program, renderer: str = "cpp") -> Outcome:
-    """Run `prog` eagerly and compiled (inductor, `renderer`), with its backward; compare."""
+    """Run `prog` eagerly and compiled (inductor with `renderer` "cpp" or "triton"; "aot_eager":
+    aot_autograd's graphs run by eager, no inductor), with its backward; compare."""
     import ember
     from ember.inductor.config import config
 
@@ -419,7 +420,8 @@ def check(prog: Program, renderer: str = "cpp") -> Outcome:
     previous, config.cpu_backend = config.cpu_backend, renderer
     try:
         comp_in = make()
-        got, got_grads = _run(ember.compile(fn, backend="inductor", fullgraph=True), comp_in)
+        backend = "aot_eager" if renderer == "aot_eager" else "inductor"
+        got, got_grads = _run(ember.compile(fn, backend=backend, fullgraph=True), comp_in)
     except Exception as e:  # noqa: BLE001
         text = "".join(traceback.format_exception(e))
         if isinstance(e, NotImplementedError) or "NotImplementedError" in text:
@@ -470,7 +472,8 @@ def main(argv=None) -> int:
     ap.add_argument("--count", type=int, default=None,
                     help="programs to run (default 100; with --minutes, until the time is up)")
     ap.add_argument("--minutes", type=float, default=None)
-    ap.add_argument("--renderer", choices=("cpp", "triton", "both"), default="both")
+    ap.add_argument("--renderer", choices=("cpp", "triton", "both", "aot_eager"),
+                    default="both", help="both: cpp and triton in turn; aot_eager: no inductor")
     ap.add_argument("--show", action="store_true", help="print each program (not only mismatches)")
     args = ap.parse_args(argv)
     if args.count is None:

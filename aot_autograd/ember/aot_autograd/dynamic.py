@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ember.ir import NODE_META_KEY, TensorMeta
+from ember.ir import NODE_META_KEY, FloorDiv, TensorMeta
 from ember.ir.locks import COMPILE_LOCK
 from ember.primtorch.symbolic import ShapeEnv, bind_symbols, expr_function
 
@@ -152,17 +152,36 @@ def dynamic_module_call(gm: fx.GraphModule, example_inputs: list, compiled) -> C
     return run
 
 
+def _symbol_sources(placeholders) -> dict:
+    """symbol -> (placeholder name, dim, None or a function of that dim's size giving the symbol):
+    a dim whose size is the symbol itself first; else one whose size is a*s + b in that symbol
+    alone (a backward's tangent of a concatenation is 2*s long, and may be all it has of s)."""
+    where, affine = {}, {}
+    for p in placeholders:
+        meta = p.meta.get(NODE_META_KEY)
+        if not isinstance(meta, TensorMeta):
+            continue
+        for d, size in enumerate(meta.sizes):
+            size = sympy.sympify(size)
+            if size.is_Symbol:
+                where.setdefault(size, (p.name, d, None))
+            elif len(size.free_symbols) == 1:
+                (s,) = size.free_symbols
+                a, b = size.diff(s), size.subs(s, 0)
+                if a.is_Integer and b.is_Integer and a > 0 and size == a * s + b:
+                    affine.setdefault(s, (p.name, d, int(a), int(b)))
+    for s, (name, d, a, b) in affine.items():
+        if s not in where:
+            y = sympy.Symbol("size", integer=True)
+            where[s] = (name, d, expr_function([y], [FloorDiv(y - b, a)]))
+    return where
+
+
 def runnable_graph(gm: fx.GraphModule) -> fx.GraphModule:
     """`gm` itself when its sizes are static; else a copy whose sympy size arguments are computed
     at run time from the inputs' sizes (what a prim graph with symbolic sizes needs to run as fx)."""
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    where = {}
-    for p in placeholders:
-        meta = p.meta.get(NODE_META_KEY)
-        if isinstance(meta, TensorMeta):
-            for d, size in enumerate(meta.sizes):
-                if size.is_Symbol:
-                    where.setdefault(size, (p.name, d))
+    where = _symbol_sources(placeholders)
     if not where:
         return gm
     new = fx.GraphModule(gm, copy.deepcopy(gm.graph))
@@ -170,8 +189,13 @@ def runnable_graph(gm: fx.GraphModule) -> fx.GraphModule:
     by_name = {p.name: p for p in graph.find_nodes(op="placeholder")}
     sizes = {}
     with graph.inserting_after(list(by_name.values())[-1]):
-        for s, (name, d) in where.items():
-            sizes[s] = graph.call_function(torch.ops.aten.sym_size.int, (by_name[name], d))
+        for s, (name, d, inverse) in where.items():
+            size = graph.call_function(torch.ops.aten.sym_size.int, (by_name[name], d))
+            if inverse is not None:
+                inverse.__module__, inverse.__name__ = __name__, "size_expr"
+                size = graph.call_function(operator.getitem,
+                                           (graph.call_function(inverse, (size,)), 0))
+            sizes[s] = size
 
     def computed(arg):
         if not (isinstance(arg, sympy.Basic) and arg.free_symbols):
