@@ -129,13 +129,17 @@ class GuardSet:
         if config.guard_grad_mode:
             grad = torch.is_grad_enabled()
             instrs.append((S.G_GRAD_MODE, 0, 0, int(grad), torch.is_grad_enabled))
-        for query in _autocast_queries():  # a graph traced without autocast is not reused in it
-            instrs.append((S.G_GRAD_MODE, 0, 0, int(query()), query))
-        # Process state a traced graph bakes in: factories without a dtype (torch.ones(3)) take
-        # the default dtype, and autocast's casts go to the dtype set for the device (a graph
-        # traced under bfloat16 autocast is not reused under float16).
-        for query in _state_queries():
-            instrs.append((S.G_CALL_IS, 0, 0, 0, (query, query())))
+        # Process state a traced graph bakes in: autocast's switch per device, the dtype its
+        # casts go to where it was on (a graph traced under bfloat16 autocast is not reused
+        # under float16; one traced without autocast is rejected by the switch alone), and the
+        # default dtype that factories without one take (torch.ones(3)).
+        for enabled, dtype in _autocast_queries():
+            on = enabled()
+            instrs.append((S.G_GRAD_MODE, 0, 0, int(on), enabled))
+            if on:
+                instrs.append((S.G_CALL_IS, 0, 0, 0, (dtype, dtype())))
+        default = torch.get_default_dtype
+        instrs.append((S.G_CALL_IS, 0, 0, 0, (default, default())))
         return _C.GuardProgram(instrs, max(loads.nregs, 1), self.nslots)
 
 
@@ -143,31 +147,17 @@ _AUTOCAST: list = []
 
 
 def _autocast_queries() -> list:
-    """Zero-argument callables answering whether autocast is on, per device type."""
+    """(is autocast on, its dtype) as zero-argument callables, per device type torch knows."""
     if not _AUTOCAST:
         for device in ("cpu", "cuda"):
             try:
                 torch.is_autocast_enabled(device)
-            except (TypeError, RuntimeError):
-                continue
-            _AUTOCAST.append(functools.partial(torch.is_autocast_enabled, device))
-    return _AUTOCAST
-
-
-_STATE: list = []
-
-
-def _state_queries() -> list:
-    """Zero-argument callables whose result (compared by identity) a graph depends on."""
-    if not _STATE:
-        _STATE.append(torch.get_default_dtype)
-        for device in ("cpu", "cuda"):
-            try:
                 torch.get_autocast_dtype(device)
             except (TypeError, RuntimeError):
                 continue
-            _STATE.append(functools.partial(torch.get_autocast_dtype, device))
-    return _STATE
+            _AUTOCAST.append((functools.partial(torch.is_autocast_enabled, device),
+                              functools.partial(torch.get_autocast_dtype, device)))
+    return _AUTOCAST
 
 
 class _IdBox:
