@@ -15,6 +15,7 @@ draw) is left as it is.
 
 from __future__ import annotations
 
+import sympy
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
@@ -105,13 +106,10 @@ def _constant_value(node: fx.Node):
 
 def _plain(a):
     """An argument as the reference implementations take it; raises for a symbolic size."""
-    if isinstance(a, (bool, int, float, complex, str, type(None), torch.dtype, torch.device,
-                      torch.layout, torch.memory_format)):  # fmt: skip
-        return a
-    if hasattr(a, "is_Integer") or hasattr(a, "is_Number"):  # a sympy expression
-        if getattr(a, "is_Number", False):
-            return int(a) if a.is_Integer else float(a)
-        raise ValueError("symbolic")
-    if isinstance(a, torch.SymInt) or isinstance(a, torch.SymFloat):
-        raise ValueError("symbolic")
+    if isinstance(a, sympy.Basic):
+        if not a.is_Number:
+            raise ValueError(f"symbolic argument {a}")
+        return int(a) if a.is_Integer else float(a)
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise ValueError("symbolic argument")
     return a
