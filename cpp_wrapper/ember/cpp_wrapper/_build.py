@@ -127,15 +127,8 @@ def _run(cmd: list[str], what: str) -> None:
 
 
 def _cached(folder: str, key: str, name: str, build) -> Path:
-    """`name` of the entry `key` under the cache's `folder` (verified against its manifest), or
-    what `build(tmp_dir)` makes, published there (cache_files)."""
-    entry = toolchain.cache_dir() / folder / key
-    found = cache_files.find_dir(entry, key, [name])
-    if found is not None:
-        return found / name
-    with tempfile.TemporaryDirectory(prefix="ember-build-") as tmp:
-        built = build(Path(tmp))
-        return cache_files.publish_dir(entry, key, {name: built}) / name
+    """`name` of the entry `key` under the cache's `folder`, verified, or built and published."""
+    return cache_files.built_file(toolchain.cache_dir() / folder / key, key, name, build)
 
 
 @functools.lru_cache(maxsize=None)

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import Callable, Mapping, Optional, Union
 
 log = logging.getLogger("ember.cache")
 
@@ -205,6 +205,16 @@ def find_dir(entry: Path, key: str, names=()) -> Optional[Path]:
     return private if private.is_dir() and verified_dir(private, key, names) else None
 
 
+def built_file(entry: Path, key: str, name: str, build: Callable[[Path], Path]) -> Path:
+    """The file `name` of the entry for `key`, verified; else what `build(tmp_dir)` makes (a
+    path), published there whole (or to this process's private directory)."""
+    found = find_dir(entry, key, [name])
+    if found is not None:
+        return found / name
+    with tempfile.TemporaryDirectory(prefix="ember-build-") as tmp:
+        return publish_dir(entry, key, {name: build(Path(tmp))}) / name
+
+
 def publish_dir(entry: Path, key: str, files: Mapping[str, Payload]) -> Path:
     """Publish `files` (name -> bytes, text or a path to copy) as the entry directory `entry`
     for `key`, whole or not at all; the directory that holds them afterwards: `entry` (ours, or
@@ -285,5 +295,5 @@ def content_file(path: Path, text: Union[str, bytes]) -> Path:
     return private
 
 
-__all__ = ["MANIFEST", "content_file", "find_dir", "publish_dir", "read_verified",
+__all__ = ["MANIFEST", "built_file", "content_file", "find_dir", "publish_dir", "read_verified",
            "try_write_atomic", "verified_dir", "verified_text", "warn_once", "write_atomic"]

@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -128,18 +127,16 @@ def compile_shared(
         [name.encode(), _compiler_id(config.cxx).encode(), " ".join(flags + list(ldflags)).encode(),
          (code or "").encode(), *(s.read_bytes() for s in srcs)]  # fmt: skip
     )
-    entry, filename = cache_dir() / "so" / key, f"{name}{suffix}"
-    found = cache_files.find_dir(entry, key, [filename])  # verified before anyone dlopens it
-    if found is not None:
-        return found / filename
-    with tempfile.TemporaryDirectory(prefix="ember-build-") as tmp:
+    filename = f"{name}{suffix}"
+
+    def build(tmp: Path) -> Path:
         inputs = [str(s) for s in srcs]
         if code is not None:
             ext = ".cpp" if lang == "c++" else ".c"
-            src = Path(tmp) / f"{name}{ext}"
+            src = tmp / f"{name}{ext}"
             src.write_text(code)
             inputs.append(str(src))
-        out = Path(tmp) / f"{name}{suffix}"
+        out = tmp / filename
         cmd = [config.cxx if lang == "c++" else "gcc", *flags, *inputs, "-o", str(out), *ldflags]
         if openmp:
             cmd.append("-fopenmp")
@@ -148,7 +145,10 @@ def compile_shared(
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BuildError(f"building {name} failed:\n$ {' '.join(cmd)}\n{proc.stderr[-8000:]}")
-        return cache_files.publish_dir(entry, key, {filename: out}) / filename
+        return out
+
+    # verified before anyone dlopens it
+    return cache_files.built_file(cache_dir() / "so" / key, key, filename, build)
 
 
 def _binding_sources(binding: str) -> tuple[list[Path], list[str], list[str]]:
