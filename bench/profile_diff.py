@@ -40,7 +40,7 @@ CATEGORIES = (
     ("memcpy/memset", r"memcpy|memset|copy_kernel|aten::(copy_|clone|contiguous)"),
     ("fused pointwise (Triton)", r"^triton_poi|^triton_for"),
     ("fused reduction (Triton)", r"^triton_(red|per)"),
-    ("Ember kernel", r"^kernel\d+$"),
+    ("Ember kernel", r"^kernel\d+$|^k[0-9a-f]{16}$"),  # numbered, or named by a source hash
     ("ATen reduction", r"reduce_kernel|aten::(sum|mean|amax|max|min|softmax|_softmax|norm)"),
     ("ATen norm", r"norm|welford"),
     ("ATen elementwise", r"elementwise|aten::"),

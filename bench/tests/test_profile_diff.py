@@ -40,6 +40,7 @@ def test_kernel_keys_and_categories():
     assert pd.kernel_key("void at::native::foo<4, bar>(int)") == "at::native::foo<...>"
     assert pd.category(EMBER[0]["name"]) == "matmul"
     assert pd.category("kernel3") == "Ember kernel"
+    assert pd.category("kddced5fdbec9bd67") == "Ember kernel"  # named by its source hash
     assert pd.category(TORCH[1]["name"]) == "fused pointwise (Triton)"
     assert pd.category(TORCH[2]["name"]) == "fused reduction (Triton)"
     assert pd.category(EMBER[5]["name"], EMBER[5]["op"]) == "attention"

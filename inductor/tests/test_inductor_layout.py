@@ -304,3 +304,31 @@ def test_a_value_read_by_several_convolutions_is_computed_once(nhwc, monkeypatch
     reads = [line for line in compiled.source.splitlines() if "extern_convolution(" in line]
     branch_inputs = {line.split("extern_convolution(")[1].split(",")[0] for line in reads[1:]}
     assert len(branch_inputs) == 1, compiled.source
+
+
+@pytest.mark.parametrize("nhwc", [False, True], ids=["nchw", "nhwc"])
+def test_conv_bias_is_added_by_the_kernel_reading_the_output(nhwc, monkeypatch):
+    """config.conv_bias_epilogue (on for CUDA, where torch's convolution adds a bias with a kernel
+    of its own): a convolution read by a batch norm is called without its bias, which the batch
+    norm's kernel adds (no kernel more); one read by a max pool (not elementwise) keeps it."""
+    monkeypatch.setattr(config, "conv_channels_last", nhwc)
+    monkeypatch.setattr(config, "fx_cache", False)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 1), nn.MaxPool2d(2)).eval()  # fmt: skip
+    model[1].running_mean.normal_()
+    x = torch.randn(2, 4, 8, 8)
+    compiled = {}
+    for mode in (False, True):
+        monkeypatch.setattr(config, "conv_bias_epilogue", mode)
+        with torch.no_grad():
+            compiled[mode] = compile_prims(trace_to_prims(model, x), [x])
+            got = compiled[mode](x)
+            got = got[0] if isinstance(got, (list, tuple)) else got
+            torch.testing.assert_close(got, model(x), atol=1e-4, rtol=1e-4)
+    calls = [line for line in compiled[True].source.splitlines() if "extern_convolution(" in line]
+    assert len(calls) == 2, compiled[True].source
+    assert ", None," in calls[0] and ", None," not in calls[1], calls
+    before = [line for line in compiled[False].source.splitlines() if "extern_convolution(" in line]
+    assert all(", None," not in line for line in before), before
+    assert len(compiled[True].program.kernels) == len(compiled[False].program.kernels)

@@ -98,3 +98,23 @@ def test_small_matmuls_as_reductions(batch, monkeypatch):
     assert (externs == []) == (batch <= 2), externs
     if batch <= 2:  # each layer one kernel: the reduction with its bias and ReLU epilogue
         assert len(compiled.program.kernels) == 2, len(compiled.program.kernels)
+
+
+@pytest.mark.parametrize("inner,cols,thin", [(4, 4, True), (16, 8, True), (32, 4, False)])
+def test_thin_matmuls_as_reductions(inner, cols, thin, monkeypatch):
+    """A product with K and N a few elements (CaiT's 4x4 head-mixing Linear over every
+    attention score) becomes a generated reduction at any number of rows: a GEMM library runs
+    such memory-bound work slowly. A wider inner size stays a library GEMM."""
+    from ember.inductor import config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "small_mm_as_reduction", True)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(inner, cols), torch.nn.Softmax(-1))
+    x = torch.randn(3, 40, inner)
+    compiled = compile_prims(trace_to_prims(m, x), [x])
+    with torch.no_grad():
+        out = compiled(x)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        torch.testing.assert_close(out, m(x), atol=1e-5, rtol=1e-5)
+    externs = [s.target for s in compiled.artifact.steps if s.kind == "extern"]
+    assert (externs == []) == thin, externs

@@ -12,6 +12,7 @@ Overrides (read once at import):
   EMBER_CONV_CHANNELS_LAST=0|1|auto  `conv_channels_last`
   EMBER_CUDAGRAPHS=0|1|auto       `cudagraphs`: replay CUDA inference graphs from CUDA graphs
   EMBER_PAD_MM=0|1|auto           `pad_mm`
+  EMBER_CONV_BIAS_EPILOGUE=0|1|auto  `conv_bias_epilogue`
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ class Config:
     # back through a view: cuBLAS has only slow kernels for unaligned rows. "auto": on CUDA;
     # True: on any device (for tests); False: off.
     pad_mm: Union[bool, str] = "auto"
+    # a convolution whose output only elementwise ops read is called without its bias, which
+    # the kernel reading the output adds (torch's CUDA convolution adds a bias with a separate
+    # kernel; the CPU's adds it in the convolution's own loop). "auto": on CUDA; True: on any
+    # device (for tests); False: off.
+    conv_bias_epilogue: Union[bool, str] = "auto"
     # C++ backend
     cpu_backend: str = "cpp"  # or "triton"
     isa: str = ""  # "" means ember.ir.toolchain.cpu_isa()
@@ -103,6 +109,9 @@ def _from_env(cfg: Config) -> Config:
     pad = env.get("EMBER_PAD_MM")
     if pad:
         cfg.pad_mm = {"0": False, "1": True}.get(pad, pad)
+    bias = env.get("EMBER_CONV_BIAS_EPILOGUE")
+    if bias:
+        cfg.conv_bias_epilogue = {"0": False, "1": True}.get(bias, bias)
     if "output_code" in env.get("EMBER_LOGS", "").split(","):
         cfg.output_code = True
     return cfg

@@ -153,22 +153,30 @@ _SMALL_MM = ("extern.mm", "extern.addmm")
 
 
 def _small_matmuls_as_reductions(gm: fx.GraphModule) -> fx.GraphModule:
-    """Rewrite products of one or two rows (a Linear at batch 1) into reductions that fuse with
-    their neighbours (primtorch's decomp/small_mm.py); on CUDA, where a library GEMM's launches
-    dominate such a product, or wherever config.small_mm_as_reduction says so."""
+    """Rewrite products of one or two rows (a Linear at batch 1), and thin ones (K and N a few
+    elements: a Linear mixing attention heads), into reductions that fuse with their neighbours
+    (primtorch's decomp/small_mm.py); on CUDA, where a library GEMM's launches dominate such a
+    product and its tensor cores idle on a thin one, or wherever config.small_mm_as_reduction
+    says so."""
     from ember.ir import target_name
     from ember.primtorch import decompose_externs
+    from ember.primtorch.decomp.small_mm import is_thin
+
+    def static(v):
+        v = sympy.sympify(v)
+        return int(v) if v.is_Integer else None
 
     def candidate(n):
         if n.op != "call_function" or target_name(n.target) not in _SMALL_MM:
             return False
-        a = n.args[1] if target_name(n.target) == "extern.addmm" else n.args[0]
-        meta = getattr(a, "meta", {}).get(NODE_META_KEY)
-        if meta is None or len(meta.sizes) != 2 or not sympy.sympify(meta.sizes[0]).is_Integer:
+        first = 1 if target_name(n.target) == "extern.addmm" else 0
+        a, b = (getattr(x, "meta", {}).get(NODE_META_KEY) for x in n.args[first:first + 2])
+        if a is None or b is None or len(a.sizes) != 2 or len(b.sizes) != 2:
             return False
         on = config.small_mm_as_reduction
-        on = str(meta.device).startswith("cuda") if on is None else on
-        return on and int(meta.sizes[0]) <= 2
+        on = str(a.device).startswith("cuda") if on is None else on
+        rows = static(a.sizes[0])
+        return on and ((rows is not None and rows <= 2) or is_thin(*map(static, b.sizes)))
 
     if not any(candidate(n) for n in gm.graph.nodes):
         return gm

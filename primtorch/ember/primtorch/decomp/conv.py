@@ -34,7 +34,7 @@ def _tuple(v, n):
     return v * n if len(v) == 1 else v
 
 
-def _windows(x, kernel, stride, padding, dilation, out_sizes):
+def window_view(x, kernel, stride, padding, dilation, out_sizes):
     """(N, C, *kernel, *out) with [n, c, k.., o..] = padded x at o*stride + k*dilation."""
     nsp = len(kernel)
     low = (0, 0) + tuple(padding)
@@ -106,7 +106,7 @@ def convolution_as_matmul(input, weight, bias, stride, padding, dilation, transp
     kernel = tuple(weight.shape[2:])
     out_sizes = tuple(int(s) for s in expected.sizes[2:])
     n, cout = input.shape[0], weight.shape[0]
-    win = _windows(input, kernel, stride, padding, dilation, out_sizes)
+    win = window_view(input, kernel, stride, padding, dilation, out_sizes)
     if groups == 1:
         out = _matmul_form(win, weight, n, cout, out_sizes)
     else:

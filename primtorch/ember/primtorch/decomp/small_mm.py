@@ -1,10 +1,13 @@
-"""A matrix product with one or two rows as a fused multiply-and-sum reduction.
+"""A matrix product with one or two rows, or a thin one, as a fused multiply-and-sum reduction.
 
 At batch 1 a Linear layer is a matrix-vector product: a library GEMM spends more in launches
 (and, for addmm, in first copying the bias into the output) than in reading the weight, and it
 cannot take the activation that follows. As a reduction over K it is one generated kernel that
-reads each weight once and fuses the bias and the next pointwise ops. Larger products, and
-integer ones, are refused (NotDecomposableError) and stay library calls.
+reads each weight once and fuses the bias and the next pointwise ops. A thin product (K and N
+both at most MAX_THIN, any number of rows: CaiT's talking heads mix 4 heads with a 4x4 Linear over
+every attention score) reads each row of A once for a few multiply-adds: memory-bound work that
+a GEMM library runs at a fraction of copy bandwidth, on tensor cores it cannot use. Larger
+products, and integer ones, are refused (NotDecomposableError) and stay library calls.
 """
 
 from __future__ import annotations
@@ -16,12 +19,20 @@ from ..errors import NotDecomposableError
 aten = torch.ops.aten
 MAX_ROWS = 2
 MAX_WEIGHT_ELEMENTS = 1 << 24
+MAX_THIN = 16
+
+
+def is_thin(k, n) -> bool:
+    """Whether a product of inner size k and n columns is thin (both static, at most MAX_THIN)."""
+    return all(isinstance(v, int) and v <= MAX_THIN for v in (k, n))
 
 
 def _check(a, b):
+    if a.ndim == 2 and b.ndim == 2 and a.dtype.is_floating_point and is_thin(*b.shape):
+        return
     if (a.ndim != 2 or b.ndim != 2 or a.shape[0] > MAX_ROWS or not a.dtype.is_floating_point
             or a.shape[1] * b.shape[1] > MAX_WEIGHT_ELEMENTS):  # fmt: skip
-        raise NotDecomposableError("a product with more than a few rows stays a library GEMM")
+        raise NotDecomposableError("a product with more than a few rows, not thin, stays a library GEMM")
 
 
 def _product(a, b):
