@@ -1,0 +1,156 @@
+"""torch.cond, torch.while_loop and map end to end on CPU through aot_eager and inductor: both
+branches across calls of one compiled graph, loops, maps, and gradients of the branch taken."""
+
+import functorch.experimental.control_flow as control_flow
+import pytest
+import torch
+import torch.nn as nn
+
+import ember
+from ember.inductor import compile_fx, pipeline
+
+BACKENDS = ("aot_eager", "inductor")
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    ember.reset()
+    yield
+    ember.reset()
+
+
+class Counting:
+    """A backend that counts the graphs dynamo hands to the named one."""
+
+    def __init__(self, name):
+        self.name, self.graphs = name, 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        if self.name == "inductor":
+            return compile_fx(gm, example_inputs)
+        from ember.aot_autograd import aot_eager
+
+        return aot_eager(gm, example_inputs)
+
+
+def branchy(x, y):
+    z = x * 2 + 1
+    a, b = torch.cond(z.sum() > 0, lambda p, q: (p.sin() * q, p + q),
+                      lambda p, q: (p.cos() - q, p * q), (z, y))  # fmt: skip
+    return a.relu() + b
+
+
+def branchy_ref(x, y):
+    z = x * 2 + 1
+    a, b = (z.sin() * y, z + y) if z.sum() > 0 else (z.cos() - y, z * y)
+    return a.relu() + b
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_both_branches_one_compile(backend):
+    counting = Counting(backend)
+    f = ember.compile(branchy, backend=counting, fullgraph=True)
+    y = torch.randn(8)
+    for s in (1.0, -1.0, 1.0, -1.0):
+        x = s * (torch.rand(8) + 1)
+        torch.testing.assert_close(f(x, y), branchy_ref(x, y))
+    assert counting.graphs == 1
+
+
+def test_inductor_compiles_each_branch_as_its_own_program(monkeypatch):
+    compiled = []
+    real = pipeline.compile_prims
+
+    def spy(gm, inputs, *args, **kwargs):
+        compiled.append(gm)
+        return real(gm, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "compile_prims", spy)
+    f = ember.compile(branchy, backend="inductor", fullgraph=True)
+    y = torch.randn(8)
+    for s in (1.0, -1.0):
+        x = s * (torch.rand(8) + 1)
+        torch.testing.assert_close(f(x, y), branchy_ref(x, y))
+    # before the cond, the true branch, the false branch, after the cond (compiled at first use)
+    assert len(compiled) == 4
+    targets = [{getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes} for gm in compiled]
+    assert any("sin" in t for t in targets) and any("cos" in t for t in targets)
+    assert not any("sin" in t and "cos" in t for t in targets)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_backward_of_the_taken_branch(backend):
+    f = ember.compile(branchy, backend=backend, fullgraph=True)
+    for s in (1.0, -1.0):
+        x0, y0 = s * (torch.rand(8) + 1), torch.randn(8)
+        x, y = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+        f(x, y).pow(2).sum().backward()
+        xr, yr = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+        branchy_ref(xr, yr).pow(2).sum().backward()
+        torch.testing.assert_close(x.grad, xr.grad)
+        torch.testing.assert_close(y.grad, yr.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_module_parameters_get_gradients(backend):
+    torch.manual_seed(0)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.cond(x.mean() > 0, self.a, self.b, (x,)).tanh()
+
+    m = M()
+    f = ember.compile(m, backend=backend)
+    for s in (1.0, -1.0):
+        m.zero_grad()
+        x = s * torch.ones(2, 4)
+        f(x).sum().backward()
+        taken, other = (m.a, m.b) if s > 0 else (m.b, m.a)
+        expected = torch.autograd.grad(taken(x).tanh().sum(), taken.weight)[0]
+        torch.testing.assert_close(taken.weight.grad, expected)
+        assert other.weight.grad is None or not other.weight.grad.any()
+
+
+def counting_loop(n, x):
+    return torch.while_loop(lambda i, a: i < n, lambda i, a: (i + 1, a * 2 + 1),
+                            (torch.zeros((), dtype=torch.int64), x))  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_while_loop_counts(backend):
+    counting = Counting(backend)
+    f = ember.compile(counting_loop, backend=counting, fullgraph=True)
+    x = torch.randn(5)
+    for n in (0, 1, 4):
+        i, a = f(torch.tensor(n), x)
+        expected = x.clone()
+        for _ in range(n):
+            expected = expected * 2 + 1
+        assert int(i) == n
+        torch.testing.assert_close(a, expected)
+    assert counting.graphs == 1
+
+
+def test_while_loop_backward_aot_eager():
+    f = ember.compile(counting_loop, backend="aot_eager", fullgraph=True)
+    x = torch.randn(5, requires_grad=True)
+    _, a = f(torch.tensor(3), x)
+    a.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((5,), 8.0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_map_rows(backend):
+    w = torch.randn(6)
+
+    def f(xs, b):
+        return control_flow.map(lambda x, b: (x * w + b).softmax(0), xs, b)
+
+    g = ember.compile(f, backend=backend, fullgraph=True)
+    xs, b = torch.randn(4, 6), torch.randn(6)
+    torch.testing.assert_close(g(xs, b), torch.stack([(x * w + b).softmax(0) for x in xs]))
