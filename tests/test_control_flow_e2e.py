@@ -154,3 +154,28 @@ def test_map_rows(backend):
     g = ember.compile(f, backend=backend, fullgraph=True)
     xs, b = torch.randn(4, 6), torch.randn(6)
     torch.testing.assert_close(g(xs, b), torch.stack([(x * w + b).softmax(0) for x in xs]))
+
+
+def test_export_lowers_branches_and_loops_to_prim_subgraphs():
+    def f(x, y):
+        a = torch.cond(x.sum() > 0, lambda p, q: p.sin() + q, lambda p, q: p.cos() * q, (x, y))
+        _, b = torch.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, v * 2),
+                                (torch.zeros((), dtype=torch.int64), a))  # fmt: skip
+        return a + 1, b
+
+    y = torch.randn(4)
+    ep = ember.export(f, (torch.randn(4), y))
+    gm = ep.graph_module
+    subgraphs = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
+    assert len(subgraphs) == 4  # two branches, a loop's condition and body
+    for sub in subgraphs:  # every subgraph is a prim graph too
+        targets = [n.target for n in sub.graph.nodes if n.op == "call_function"]
+        assert targets and all(ember.ir.target_name(t).startswith("prims.") for t in targets)
+    for s in (1.0, -1.0):
+        x = s * (torch.rand(4) + 0.5)
+        a = x.sin() + y if s > 0 else x.cos() * y
+        got = ep(x, y)
+        torch.testing.assert_close(got[0], a + 1)
+        torch.testing.assert_close(got[1], a * 8)
+    with pytest.raises(TypeError, match="get_attr"):  # GraphIR has no subgraphs yet
+        ep.save("/nonexistent/never-written")

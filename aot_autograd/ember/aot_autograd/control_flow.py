@@ -47,26 +47,46 @@ def _is_result_item(node: fx.Node) -> bool:
             and isinstance(node.args[0], fx.Node) and is_control_flow(node.args[0]))  # fmt: skip
 
 
-def _piece(gm: fx.GraphModule, nodes: list, later_users: set, compile_graph: GraphCompiler):
-    """A straight-line run of nodes as its own graph: (input nodes, output nodes, compiled)."""
+def _piece_module(gm: fx.GraphModule, nodes: list):
+    """A straight-line run of nodes as its own graph module: (input nodes, output nodes, gm)."""
     inside = set(nodes)
     inputs: dict = {}
     for n in nodes:
         for a in n.all_input_nodes:
             if a not in inside:
                 inputs.setdefault(a)
-    outputs = [n for n in nodes if any(u not in inside for u in n.users) or n in later_users]
+    outputs = [n for n in nodes if any(u not in inside for u in n.users)]
     graph = fx.Graph()
     env = {}
     for a in inputs:
         env[a] = graph.placeholder(a.name)
-        env[a].meta.update({k: v for k, v in a.meta.items() if k in (NODE_META_KEY,)})
+        if NODE_META_KEY in a.meta:
+            env[a].meta[NODE_META_KEY] = a.meta[NODE_META_KEY]
     for n in nodes:
         env[n] = graph.node_copy(n, lambda x: env[x])
     graph.output(tuple(env[n] for n in outputs))
-    piece = fx.GraphModule(gm, graph)
-    compiled = compile_graph(piece, [_example(a) for a in inputs])
-    return list(inputs), outputs, compiled
+    return list(inputs), outputs, fx.GraphModule(gm, graph)
+
+
+def plan(gm: fx.GraphModule) -> list:
+    """The graph as steps in order: ("piece", [nodes]) for straight-line runs and ("control",
+    node) for control-flow nodes (their subgraph get_attrs and result getitems belong to them)."""
+    subgraph_nodes = {a for n in gm.graph.nodes if is_control_flow(n)
+                      for a in cf_ops.subgraph_args(n)}  # fmt: skip
+    steps, segment = [], []
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output") or node in subgraph_nodes or _is_result_item(node):
+            continue
+        if is_control_flow(node):
+            if segment:
+                steps.append(("piece", segment))
+                segment = []
+            steps.append(("control", node))
+        else:
+            segment.append(node)
+    if segment:
+        steps.append(("piece", segment))
+    return steps
 
 
 def _decide(pred) -> bool:
@@ -78,27 +98,14 @@ def compile_with_control_flow(gm: fx.GraphModule, compile_graph: GraphCompiler) 
     compiled through `compile_graph`, run in order by Python."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    subgraph_nodes = {a for n in gm.graph.nodes if is_control_flow(n)
-                      for a in cf_ops.subgraph_args(n)}  # fmt: skip
     steps: list[Callable] = []
-    segment: list = []
-
-    def flush():
-        if segment:
-            later = set(out_node.all_input_nodes)
-            inputs, outputs, compiled = _piece(gm, list(segment), later, compile_graph)
+    for kind, item in plan(gm):
+        if kind == "piece":
+            inputs, outputs, piece = _piece_module(gm, item)
+            compiled = compile_graph(piece, [_example(a) for a in inputs])
             steps.append(_run_piece(inputs, outputs, compiled))
-            segment.clear()
-
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output") or node in subgraph_nodes or _is_result_item(node):
-            continue
-        if is_control_flow(node):
-            flush()
-            steps.append(_control_step(gm, node, compile_graph))
         else:
-            segment.append(node)
-    flush()
+            steps.append(_control_step(gm, item, compile_graph))
 
     def run(*flat):
         env = dict(zip(placeholders, flat))
@@ -168,3 +175,118 @@ def _control_step(gm: fx.GraphModule, node: fx.Node, compile_graph: GraphCompile
 
     step.kind = node.target.__name__
     return step
+
+
+# -- export: one prim graph whose control-flow nodes hold prim subgraphs --------------------------
+def _subgraph_examples(node: fx.Node, real: Callable) -> list[list]:
+    """Example inputs of each subgraph of a control-flow node, from the real operand values."""
+    if node.target is cf_ops.cond:
+        operands = [real(a) for a in node.args[3]]
+        return [operands, operands]
+    if node.target is cf_ops.while_loop:
+        values = [real(a) for a in (*node.args[2], *node.args[3])]
+        return [values, values]
+    xs, args = [real(a) for a in node.args[1]], [real(a) for a in node.args[2]]
+    return [[x[0] for x in xs] + args]
+
+
+def _meta(value):
+    if isinstance(value, (tuple, list)):
+        return tuple(TensorMeta.from_tensor(v) for v in value)
+    return TensorMeta.from_tensor(value)
+
+
+class _Stitcher:
+    """Builds the exported graph: lowered pieces inlined in order, control-flow nodes kept with
+    their lowered subgraphs as attributes of the graph's module."""
+
+    def __init__(self):
+        self.graph, self.holder = fx.Graph(), torch.nn.Module()
+        self.node, self.real = {}, {}  # outer node -> new node, and -> its value on the examples
+
+    def attr(self, base: str, gm: fx.GraphModule) -> fx.Node:
+        i = 0
+        while hasattr(self.holder, f"{base}_{i}"):
+            i += 1
+        self.holder.add_module(f"{base}_{i}", gm)
+        return self.graph.get_attr(f"{base}_{i}")
+
+    def inline(self, prim: fx.GraphModule, args: list) -> list:
+        env = dict(zip([n for n in prim.graph.nodes if n.op == "placeholder"], args))
+        for n in prim.graph.nodes:
+            if n.op == "output":
+                return [env[a] for a in n.args[0]]
+            if n.op == "placeholder":
+                continue
+            if n.op == "get_attr":  # a nested control-flow subgraph of the lowered piece
+                env[n] = self.attr(n.target.rsplit("_", 1)[0], getattr(prim, n.target))
+            else:
+                env[n] = self.graph.node_copy(n, lambda x: env[x])
+        raise AssertionError("a graph without output")
+
+
+def lower_for_export(gm: fx.GraphModule, tensors: list, names: list, lower: Callable):
+    """Lower a torch-level graph with control flow to one prim graph: every straight-line piece
+    and every subgraph through `lower` (export_inference_graph, so nested control flow recurses);
+    returns the graph, whose placeholders are named `names` in order."""
+    st = _Stitcher()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for p, name, value in zip(placeholders, names, tensors):
+        new = st.graph.placeholder(name)
+        new.meta[NODE_META_KEY] = TensorMeta.from_tensor(value)
+        st.node[p], st.real[p] = new, value
+    for kind, item in plan(gm):
+        if kind == "piece":
+            _lower_piece(st, gm, item, lower)
+        else:
+            _lower_control(st, gm, item, lower)
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(out_node.args[0])
+    if len(set(outs)) != len(outs) or any(o.op == "placeholder" for o in outs):
+        raise NotImplementedError("ember.export: a program with control flow that returns an input "
+                                  "or one tensor twice; return a copy (x.clone())")  # fmt: skip
+    st.graph.output(tuple(st.node[o] for o in outs))
+    out = fx.GraphModule(st.holder, st.graph)
+    out.graph.lint()
+    return out
+
+
+def _lower_piece(st: _Stitcher, gm, nodes, lower) -> None:
+    inputs, outputs, piece = _piece_module(gm, nodes)
+    examples = [st.real[a] for a in inputs]
+    prim, consts = lower(piece, examples, {}, [a.name for a in inputs])
+    if consts:
+        raise NotImplementedError(f"ember.export: a piece of a program with control flow closes "
+                                  f"over tensors {sorted(consts)}")  # fmt: skip
+    results = st.inline(prim, [st.node[a] for a in inputs])
+    with torch.no_grad():
+        real = piece(*examples)
+    for n, new, value in zip(outputs, results, real):
+        st.node[n], st.real[n] = new, value
+
+
+def _lower_control(st: _Stitcher, gm, node, lower) -> None:
+    real = lambda a: st.real[a]  # noqa: E731
+    attrs = cf_ops.subgraph_args(node)
+    new_attrs = {}
+    for attr, examples in zip(attrs, _subgraph_examples(node, real)):
+        sub = getattr(gm, attr.target)
+        sub_names = [p.name for p in sub.graph.nodes if p.op == "placeholder"]
+        prim, consts = lower(sub, examples, {}, sub_names)
+        if consts:
+            raise NotImplementedError(f"ember.export: a control-flow subgraph closes over tensors "
+                                      f"{sorted(consts)}")  # fmt: skip
+        new_attrs[attr] = st.attr(attr.target.rsplit("_", 1)[0], prim)
+    args = fx.node.map_arg(node.args, lambda a: new_attrs.get(a) or st.node[a])
+    new = st.graph.create_node("call_function", node.target, args, {})
+    with torch.no_grad():
+        value = node.target(*fx.node.map_arg(
+            node.args, lambda a: getattr(gm, a.target) if a in new_attrs else st.real[a]))
+    new.meta[NODE_META_KEY] = _meta(value)
+    st.node[node], st.real[node] = new, tuple(value)
+    for user in node.users:
+        if _is_result_item(user):
+            i = user.args[1]
+            item = st.graph.call_function(operator.getitem, (new, i))
+            item.meta[NODE_META_KEY] = TensorMeta.from_tensor(value[i])
+            st.node[user], st.real[user] = item, value[i]
