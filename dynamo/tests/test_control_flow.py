@@ -242,3 +242,14 @@ def test_export_captures_one_graph_with_subgraphs(monkeypatch):
     for s in (1, -1):
         x = s * torch.ones(4)
         torch.testing.assert_close(gm(x)[0], x.sin() if s > 0 else x.cos())
+
+
+def test_dynamic_sizes_fall_back_to_static_subgraphs():
+    cnt = CompileCounter(dynamic=True)
+    g = ember.compile(sin_or_cos, backend=cnt, dynamic=True)
+    with pytest.warns(UserWarning, match="static shapes.*torch.cond"):
+        g(torch.randn(5))
+    for n in (3, 7):
+        x = torch.randn(n)
+        torch.testing.assert_close(g(x), x.sin() if x.sum() > 0 else x.cos())
+    assert all(not gm.meta.get("ember_symbols") for gm in cnt.graphs)

@@ -223,8 +223,7 @@ def trace_body(tx, fn_vt, args: list, what: str, regroup=None) -> Body:
     from . import calls
     from .codegen import eliminate_dead_code
 
-    if any(isinstance(a, V.TensorVT) and a.sym is not None for a in args):
-        raise SymbolicFallback(f"{what} with symbolic sizes")
+    _static_only(tx, what)
     with _subtrace(tx, what, [fn_vt, *args]) as (graph, holder):
         params, body_args = [], []
         for i, a in enumerate(args):
@@ -237,9 +236,18 @@ def trace_body(tx, fn_vt, args: list, what: str, regroup=None) -> Body:
         result = calls.call(tx, fn_vt, regroup(body_args) if regroup else body_args, {})
         outputs, spec = _flatten(result, what)
         graph.output(tuple(o.node for o in outputs))
+    _static_only(tx, what)  # the body may have read a new input with dynamic sizes
     lifted = _lift_foreign_inputs(graph)
     eliminate_dead_code(graph)
     return Body(graph, holder, params, outputs, spec, lifted)
+
+
+def _static_only(tx, what: str) -> None:
+    # Subgraphs are traced with static sizes: a frame with symbols is traced again, static (a
+    # symbolic size crossing into a body would need size inputs the subgraphs do not take yet).
+    env = tx.output.shape_env
+    if env is not None and env.symbols:
+        raise SymbolicFallback(f"{what} in a frame with dynamic sizes")
 
 
 def _lift_foreign_inputs(graph: fx.Graph) -> dict:
