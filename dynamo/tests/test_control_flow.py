@@ -253,3 +253,18 @@ def test_dynamic_sizes_fall_back_to_static_subgraphs():
         x = torch.randn(n)
         torch.testing.assert_close(g(x), x.sin() if x.sum() > 0 else x.cos())
     assert all(not gm.meta.get("ember_symbols") for gm in cnt.graphs)
+
+
+def test_changing_a_local_list_in_a_branch_is_refused():
+    def f(x):
+        found = []
+
+        def yes(a):
+            found.append(a)
+            return a + 1
+
+        out = torch.cond(x.sum() > 0, yes, lambda a: a - 1, (x,))
+        return out, len(found)
+
+    with pytest.raises(GraphBreakError, match="side effect.*List.*true branch"):
+        ember.compile(f, backend="eager", fullgraph=True)(torch.ones(2))

@@ -145,10 +145,8 @@ def _subtrace(tx, what: str, watched: list):
                 raise Unsupported(f"a Python side effect (changing a {type(vt).__name__[:-2]} "
                                   f"of the enclosing code) inside {what}; compute it outside",
                                   tx.root.innermost_where())  # fmt: skip
-    finally:
-        out.graph, out.root_module = saved[0], saved[1]
-        out.side_effects = list(out.side_effects)
-        out.mutated, out.pending_attrs = dict(out.mutated), dict(out.pending_attrs)
+    finally:  # the originals: the stand-ins refused every change, so nothing is lost
+        out.graph, out.root_module, out.side_effects, out.mutated, out.pending_attrs = saved
 
 
 # -- tracing one body ----------------------------------------------------------------------------
