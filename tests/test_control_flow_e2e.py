@@ -74,7 +74,8 @@ def test_inductor_compiles_each_branch_as_its_own_program(monkeypatch):
         torch.testing.assert_close(f(x, y), branchy_ref(x, y))
     # before the cond, the true branch, the false branch, after the cond (compiled at first use)
     assert len(compiled) == 4
-    targets = [{getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes} for gm in compiled]
+    targets = [{getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes}
+               for gm in compiled]  # fmt: skip
     assert any("sin" in t for t in targets) and any("cos" in t for t in targets)
     assert not any("sin" in t and "cos" in t for t in targets)
 

@@ -1,4 +1,4 @@
-"""Graphs with control-flow nodes (control.cond, control.while_loop, control.map) compiled in pieces.
+"""Graphs with control-flow nodes (control.cond, .while_loop, .map) compiled and exported in pieces.
 
 Tracing under a dispatch mode runs one branch on the example values and would record it as the
 whole program, so a graph with control flow is split at its control-flow nodes: the straight-line

@@ -395,10 +395,9 @@ def trace_map(tx, args: list, kwargs: dict) -> V.VT:
     gm = body.module(lifted)
     node = _add_subgraph(tx, "map_body", gm)
     extra_t = [e for e in extra if isinstance(e, V.TensorVT)]
-    result = _emit(tx, cf_ops.map,
-                   (node, tuple(x.node for x in xs_items),
-                    tuple([e.node for e in extra_t] + lifted)),
-                   (gm, tuple(x.example for x in xs_items),
-                    tuple([e.example for e in extra_t] + [m.meta["example_value"] for m in lifted])))
+    arg_nodes = tuple([e.node for e in extra_t] + lifted)
+    arg_examples = tuple([e.example for e in extra_t] + [m.meta["example_value"] for m in lifted])
+    result = _emit(tx, cf_ops.map, (node, tuple(x.node for x in xs_items), arg_nodes),
+                   (gm, tuple(x.example for x in xs_items), arg_examples))  # fmt: skip
     _drop_examples(gm)
     return _unflatten(list(result.items), body.spec)
