@@ -180,3 +180,19 @@ def test_export_lowers_branches_and_loops_to_prim_subgraphs():
         torch.testing.assert_close(got[1], a * 8)
     with pytest.raises(TypeError, match="get_attr"):  # GraphIR has no subgraphs yet
         ep.save("/nonexistent/never-written")
+
+
+def test_compile_prims_runs_an_exported_program_with_control_flow():
+    def f(x):
+        a = torch.cond(x.sum() > 0, lambda p: p.sin() * 2, lambda p: p.cos() - 1, (x,))
+        return torch.while_loop(lambda v: v.abs().sum() < 100, lambda v: (v * 3 + 1,), (a,))
+
+    ep = ember.export(f, (torch.randn(4),))
+    compiled = pipeline.compile_prims(ep.graph_module, [torch.randn(4)])
+    assert [step.kind for step in compiled.steps] == ["piece", "cond", "while_loop"]
+    for s in (1.0, -1.0):
+        x = s * (torch.rand(4) + 0.5)
+        v = x.sin() * 2 if s > 0 else x.cos() - 1
+        while v.abs().sum() < 100:
+            v = v * 3 + 1
+        torch.testing.assert_close(compiled(x)[0], v)
