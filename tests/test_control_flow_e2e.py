@@ -137,12 +137,21 @@ def test_while_loop_counts(backend):
     assert counting.graphs == 1
 
 
-def test_while_loop_backward_aot_eager():
-    f = ember.compile(counting_loop, backend="aot_eager", fullgraph=True)
-    x = torch.randn(5, requires_grad=True)
-    _, a = f(torch.tensor(3), x)
-    a.sum().backward()
-    torch.testing.assert_close(x.grad, torch.full((5,), 8.0))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_while_loop_backward(backend):
+    def f(n, x):
+        return torch.while_loop(lambda i, a: i < n, lambda i, a: (i + 1, a.sin() * 2),
+                                (torch.zeros((), dtype=torch.int64), x))[1]  # fmt: skip
+
+    g = ember.compile(f, backend=backend, fullgraph=True)
+    x0 = torch.randn(5)
+    x, xr = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    g(torch.tensor(3), x).sum().backward()
+    expected = xr
+    for _ in range(3):
+        expected = expected.sin() * 2
+    expected.sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -153,8 +162,16 @@ def test_map_rows(backend):
         return control_flow.map(lambda x, b: (x * w + b).softmax(0), xs, b)
 
     g = ember.compile(f, backend=backend, fullgraph=True)
-    xs, b = torch.randn(4, 6), torch.randn(6)
-    torch.testing.assert_close(g(xs, b), torch.stack([(x * w + b).softmax(0) for x in xs]))
+    xs0, b0 = torch.randn(4, 6), torch.randn(6)
+    xs, b = xs0.clone().requires_grad_(), b0.clone().requires_grad_()
+    out = g(xs, b)
+    xr, br = xs0.clone().requires_grad_(), b0.clone().requires_grad_()
+    expected = torch.stack([(x * w + br).softmax(0) for x in xr])
+    torch.testing.assert_close(out, expected)
+    (out * expected.detach()).sum().backward()
+    (expected * expected.detach()).sum().backward()
+    torch.testing.assert_close(xs.grad, xr.grad)
+    torch.testing.assert_close(b.grad, br.grad)
 
 
 def test_export_lowers_branches_and_loops_to_prim_subgraphs():
