@@ -31,6 +31,7 @@ def test_issue_example_is_one_graph_without_breaks():
     out = ember.explain(sin_or_cos)(torch.randn(4))
     assert (out.graph_count, out.graph_break_count) == (1, 0)
     assert "cond" in out.ops_per_graph[0]
+    assert any("cond is <function cond>" in str(g) for g in out.out_guards)  # identity guarded
 
 
 def test_cond_takes_both_branches_without_recompiling():
@@ -268,3 +269,21 @@ def test_changing_a_local_list_in_a_branch_is_refused():
 
     with pytest.raises(GraphBreakError, match="side effect.*List.*true branch"):
         ember.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
+
+
+def test_attribute_write_in_a_branch_names_its_line():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x):
+            def yes(a):
+                self.calls = 1  # the offending line
+                return a + 1
+
+            return torch.cond(x.sum() > 0, yes, lambda a: a - 1, (x,))
+
+    line = M.forward.__code__.co_firstlineno + 2
+    with pytest.raises(GraphBreakError, match=rf"side effect.*{__file__}:{line}"):
+        ember.compile(M(), backend="eager", fullgraph=True)(torch.ones(2))
