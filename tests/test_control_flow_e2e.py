@@ -213,3 +213,12 @@ def test_compile_prims_runs_an_exported_program_with_control_flow():
         while v.abs().sum() < 100:
             v = v * 3 + 1
         torch.testing.assert_close(compiled(x)[0], v)
+
+
+def test_packaging_a_program_with_control_flow_is_refused_clearly(tmp_path):
+    from ember import cpp_wrapper
+
+    ep = ember.export(lambda x: torch.cond(x.sum() > 0, lambda a: a.sin(), lambda a: a.cos(), (x,)),
+                      (torch.randn(4),))  # fmt: skip
+    with pytest.raises(NotImplementedError, match="control flow.*C\\+\\+ wrapper cannot"):
+        cpp_wrapper.package(ep, tmp_path / "pkg")

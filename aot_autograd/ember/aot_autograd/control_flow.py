@@ -93,8 +93,8 @@ def _decide(pred) -> bool:
     return bool(pred)  # a one-element tensor: the one device-to-host read of this decision
 
 
-def compile_with_control_flow(gm: fx.GraphModule, compile_graph: GraphCompiler) -> Callable:
-    """`run(*flat_inputs)` for a graph with control-flow nodes: its pieces and subgraphs each
+def compile_with_control_flow(gm: fx.GraphModule, compile_graph: GraphCompiler):
+    """A PiecewiseProgram for a graph with control-flow nodes: its pieces and subgraphs each
     compiled through `compile_graph`, run in order by Python."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
@@ -106,15 +106,30 @@ def compile_with_control_flow(gm: fx.GraphModule, compile_graph: GraphCompiler) 
             steps.append(_run_piece(inputs, outputs, compiled))
         else:
             steps.append(_control_step(gm, item, compile_graph))
+    return PiecewiseProgram(placeholders, out_node, steps)
 
-    def run(*flat):
-        env = dict(zip(placeholders, flat))
-        for step in steps:
+
+class PiecewiseProgram:
+    """What `compile_with_control_flow` returns: `program(*flat_inputs)` runs the steps."""
+
+    def __init__(self, placeholders, out_node, steps):
+        self.placeholders, self.out_node = placeholders, out_node
+        self.steps = steps  # for tests and debugging: how the graph was split
+
+    def __call__(self, *flat):
+        env = dict(zip(self.placeholders, flat))
+        for step in self.steps:
             step(env)
-        return fx.node.map_arg(out_node.args[0], lambda n: env[n])
+        return fx.node.map_arg(self.out_node.args[0], lambda n: env[n])
 
-    run.steps = steps  # for tests: how the graph was split
-    return run
+    @property
+    def artifact(self):
+        # What ember.cpp_wrapper reads to run or package a compiled graph: there is none to give.
+        raise NotImplementedError(
+            "a program with control flow (torch.cond, torch.while_loop, map) runs in pieces from "
+            "Python and has no single CompiledArtifact yet: the C++ wrapper cannot run or "
+            "package it; run it in process (ExportedProgram, ember.compile)"
+        )
 
 
 def _run_piece(inputs, outputs, compiled):
