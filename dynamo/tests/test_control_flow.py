@@ -287,3 +287,22 @@ def test_attribute_write_in_a_branch_names_its_line():
     line = M.forward.__code__.co_firstlineno + 2
     with pytest.raises(GraphBreakError, match=rf"side effect.*{__file__}:{line}"):
         ember.compile(M(), backend="eager", fullgraph=True)(torch.ones(2))
+
+
+def test_operands_may_be_pytrees():
+    def f(x, y):
+        def yes(a, d):
+            return a + d["w"][0] * d["k"]
+
+        def no(a, d):
+            return a - d["w"][1]
+
+        return torch.cond(x.sum() > 0, yes, no, (x, {"w": (y, y * 2), "k": 3}))
+
+    cnt = CompileCounter()
+    g = ember.compile(f, backend=cnt, fullgraph=True)
+    y = torch.randn(3)
+    for s in (1.0, -1.0):
+        x = s * torch.ones(3)
+        torch.testing.assert_close(g(x, y), x + y * 3 if s > 0 else x - y * 2)
+    assert cnt.frame_count == 1

@@ -318,6 +318,40 @@ def _tensors(vt, what) -> list:
     return list(items)
 
 
+def _flat_operands(items: list):
+    """Tensor and constant leaves of operands that may be tuples, lists and dicts of them, and
+    the function giving a body its arguments back from the leaves (in the same order)."""
+    leaves: list = []
+
+    def flatten(vt):
+        if isinstance(vt, (V.TensorVT, V.ConstVT)):
+            leaves.append(vt)
+            return None
+        if isinstance(vt, V.ListVT) and not isinstance(vt, V.NamedTupleVT):
+            return ("list", vt.is_tuple, [flatten(i) for i in vt.items])
+        if isinstance(vt, V.DictVT) and vt.cls is dict:
+            return ("dict", list(vt.items), [flatten(i) for i in vt.items.values()])
+        raise Unsupported(f"torch.cond: an operand holds a {type(vt).__name__}; operands are "
+                          "tensors, constants, and tuples, lists and dicts of them")  # fmt: skip
+
+    specs = [flatten(i) for i in items]
+
+    def build(spec, it):
+        if spec is None:
+            return next(it)
+        kind, extra, children = spec
+        values = [build(c, it) for c in children]
+        if kind == "list":
+            return V.ListVT(values, is_tuple=extra)
+        return V.DictVT(dict(zip(extra, values)))
+
+    def rebuild(flat: list) -> list:
+        it = iter(flat)
+        return [build(spec, it) for spec in specs]
+
+    return leaves, rebuild
+
+
 # -- the three ops -------------------------------------------------------------------------------
 def trace_cond(tx, args: list, kwargs: dict) -> V.VT:
     """torch.cond(pred, true_fn, false_fn, operands)."""
@@ -326,13 +360,14 @@ def trace_cond(tx, args: list, kwargs: dict) -> V.VT:
     pred, true_fn, false_fn, operands = _bind(
         "torch.cond", ("pred", "true_fn", "false_fn", "operands"), args, kwargs,
         {"operands": V.TupleVT([])})  # fmt: skip
-    ops = _tensors(operands, "torch.cond")
+    items = operands.items if isinstance(operands, V.ListVT) else [operands]
     if not isinstance(pred, V.TensorVT):  # a Python bool or a decision on sizes: guarded
-        return calls.call(tx, true_fn if calls.truth(tx, pred) else false_fn, ops, {})
+        return calls.call(tx, true_fn if calls.truth(tx, pred) else false_fn, list(items), {})
     if pred.example.numel() != 1:
         raise Unsupported(f"torch.cond: the predicate has {pred.example.numel()} elements, not 1")
-    t = trace_body(tx, true_fn, ops, "the true branch of torch.cond")
-    f = trace_body(tx, false_fn, ops, "the false branch of torch.cond")
+    ops, rebuild = _flat_operands(items)  # operands may be pytrees: bodies see them rebuilt
+    t = trace_body(tx, true_fn, ops, "the true branch of torch.cond", rebuild)
+    f = trace_body(tx, false_fn, ops, "the false branch of torch.cond", rebuild)
     _check_same_meta("torch.cond", t.outputs, f.outputs)
     if t.spec != f.spec:
         raise Unsupported("torch.cond: the branches return different structures")
