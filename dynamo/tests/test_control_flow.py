@@ -267,7 +267,40 @@ def test_changing_a_local_list_in_a_branch_is_refused():
         out = torch.cond(x.sum() > 0, yes, lambda a: a - 1, (x,))
         return out, len(found)
 
-    with pytest.raises(GraphBreakError, match="side effect.*List.*true branch"):
+    line = f.__code__.co_firstlineno + 4
+    with pytest.raises(GraphBreakError, match=rf"side effect.*list.*true branch.*:{line}"):
+        ember.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
+
+
+def test_a_list_made_inside_a_branch_may_change():
+    def f(x):
+        def yes(a):
+            parts = []
+            for k in range(3):
+                parts.append(a * k)
+            return sum(parts)
+
+        return torch.cond(x.sum() > 0, yes, lambda a: a - 1, (x,))
+
+    cnt = CompileCounter()
+    g = ember.compile(f, backend=cnt, fullgraph=True)
+    torch.testing.assert_close(g(torch.ones(2)), torch.full((2,), 3.0))
+    torch.testing.assert_close(g(-torch.ones(2)), torch.full((2,), -2.0))
+    assert cnt.frame_count == 1
+
+
+def test_rebinding_an_enclosing_variable_is_refused():
+    def f(x):
+        count = 0
+
+        def yes(a):
+            nonlocal count
+            count = 1
+            return a + 1
+
+        return torch.cond(x.sum() > 0, yes, lambda a: a - 1, (x,)), count
+
+    with pytest.raises(GraphBreakError, match="side effect.*rebinding"):
         ember.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
 
 

@@ -86,25 +86,45 @@ class _NoSet(dict):
                           f"inside {self.what}; compute it outside")
 
 
-def _containers(vts) -> list:
-    """Lists, dicts and cells a body could change without the output graph noticing."""
+def _refuse(self, *args, **kwargs):
+    raise Unsupported(f"a Python side effect (changing a {type(self).kind} of the enclosing code) "
+                      f"inside {self.what}; compute it outside")  # fmt: skip
+
+
+class _FrozenList(list):
+    """Stands in for the items of a list of the enclosing code while a body is traced."""
+
+    kind = "list"
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+
+class _FrozenDict(dict):
+    """Stands in for the items of a dict or set, or an object's attributes, likewise."""
+
+    kind = "dict, set or object"
+    __setitem__ = __delitem__ = pop = popitem = clear = update = setdefault = _refuse
+
+
+_ITEMS = ((V.ListVT, "items", _FrozenList), (V.DictVT, "items", _FrozenDict),
+          (V.SetVT, "items", _FrozenDict), (V.NewObjectVT, "attrs", _FrozenDict))  # fmt: skip
+
+
+def _reachable(vts) -> list:
+    """Containers and cells of the enclosing code a body can reach (its function, arguments)."""
     seen, out, todo = set(), [], list(vts)
     while todo:
         vt = todo.pop()
         if id(vt) in seen:
             continue
         seen.add(id(vt))
-        if isinstance(vt, V.CellVT):
-            out.append((vt, vt.value))
-            if vt.value is not None:
-                todo.append(vt.value)
+        out.append(vt)
+        if isinstance(vt, V.CellVT) and vt.value is not None:
+            todo.append(vt.value)
         elif isinstance(vt, V.ListVT):
-            out.append((vt, list(vt.items)))
             todo += vt.items
-        elif isinstance(vt, (V.DictVT, V.SetVT)):
-            out.append((vt, dict(vt.items)))
-        elif isinstance(vt, V.NewObjectVT):
-            out.append((vt, dict(vt.attrs)))
+        elif isinstance(vt, (V.DictVT, V.NewObjectVT)):
+            todo += list(vt.items.values() if isinstance(vt, V.DictVT) else vt.attrs.values())
         elif isinstance(vt, V.NestedFunctionVT):
             todo += list(vt.closure or ())
         elif isinstance(vt, V.BoundMethodVT):
@@ -112,20 +132,32 @@ def _containers(vts) -> list:
     return out
 
 
-def _snapshot_of(vt):
-    if isinstance(vt, V.CellVT):
-        return vt.value
-    if isinstance(vt, V.ListVT):
-        return list(vt.items)
-    return dict(vt.attrs if isinstance(vt, V.NewObjectVT) else vt.items)
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, list):
-        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(a[k] is b[k] for k in a)
-    return a is b
+@contextlib.contextmanager
+def _frozen(tx, what: str, watched: list):
+    """Make the containers a body can reach refuse changes (the error names the changing line);
+    a closure cell rebound (`nonlocal`) is found afterwards, at the call's line."""
+    swapped, cells = [], []
+    for vt in _reachable(watched):
+        if isinstance(vt, V.CellVT):
+            cells.append((vt, vt.value))
+        for cls, attr, frozen in _ITEMS:
+            if isinstance(vt, cls):
+                original = getattr(vt, attr)
+                stand_in = frozen(original)
+                stand_in.what = what
+                setattr(vt, attr, stand_in)
+                swapped.append((vt, attr, original))
+                break
+    try:
+        yield
+        for cell, value in cells:
+            if cell.value is not value:
+                raise Unsupported(f"a Python side effect (rebinding a variable of the enclosing "
+                                  f"code) inside {what}; compute it outside",
+                                  tx.root.innermost_where())  # fmt: skip
+    finally:  # the stand-ins refused every change: the originals are still right
+        for vt, attr, original in swapped:
+            setattr(vt, attr, original)
 
 
 @contextlib.contextmanager
@@ -134,17 +166,12 @@ def _subtrace(tx, what: str, watched: list):
     out = tx.output
     saved = (out.graph, out.root_module, out.side_effects, out.mutated, out.pending_attrs)
     graph, holder = fx.Graph(), torch.nn.Module()
-    before = _containers(watched)
     out.graph, out.root_module = graph, holder
     out.side_effects = _NoAppend(out.side_effects, what)
     out.mutated, out.pending_attrs = _NoSet(out.mutated, what), _NoSet(out.pending_attrs, what)
     try:
-        yield graph, holder
-        for vt, items in before:
-            if not _same(items, _snapshot_of(vt)):
-                raise Unsupported(f"a Python side effect (changing a {type(vt).__name__[:-2]} "
-                                  f"of the enclosing code) inside {what}; compute it outside",
-                                  tx.root.innermost_where())  # fmt: skip
+        with _frozen(tx, what, watched):
+            yield graph, holder
     finally:  # the originals: the stand-ins refused every change, so nothing is lost
         out.graph, out.root_module, out.side_effects, out.mutated, out.pending_attrs = saved
 
