@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 from ember.ir import NODE_META_KEY, TensorMeta
 from ember.ir.locks import COMPILE_LOCK
 
+from .control_flow import compile_with_control_flow, has_control_flow
 from .dynamic import SYMBOLS_META, dynamic_module_call, runnable_graph
 from .joint import trace
 from .module_call import GUARDED_INPUTS_META, module_caller
@@ -220,7 +221,14 @@ def aot_module_simplified(
     the sizes, strides, dtypes, devices and requires_grad of the first call, as a frontend's
     guards ensure; calls then skip re-keying. None reads `gm.meta[GUARDED_INPUTS_META]`.
     `runtime_cache` (see RuntimeCache) lets a compiler reuse what it compiled for gm before.
+    A graph with control-flow nodes is compiled in pieces (control_flow.py).
     """
+    if has_control_flow(gm):
+        def compile_piece(piece, inputs):  # each piece and subgraph: its own fw/bw, same compilers
+            return aot_module_simplified(piece, inputs, fw_compiler, bw_compiler, partition_fn,
+                                         inference_compiler, guarded=False)  # fmt: skip
+
+        return compile_with_control_flow(gm, compile_piece)
     compiled = aot_function(
         _functional(gm), fw_compiler, bw_compiler, partition_fn, inference_compiler, runtime_cache
     )

@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from ember.primtorch.symbolic import ShapeEnv, bind_symbols
 
+from .control_flow import has_control_flow, lower_for_export
 from .dynamic import SYMBOLS_META, symbolic_metas
 from .joint import trace
 
@@ -40,6 +41,15 @@ def export_inference_graph(
     if len(names) != len(inputs):
         raise ValueError(f"{len(names)} input names for {len(inputs)} inputs")
     tensors = [*inputs, *constants.values()]
+    if has_control_flow(gm):  # lowered piece by piece, subgraphs kept (control_flow.py)
+        if gm.meta.get(SYMBOLS_META):
+            raise NotImplementedError("ember.export: control flow with dynamic sizes; export "
+                                      "it static")  # fmt: skip
+        wanted = [_identifier(n) for n in [*names, *constants]]
+        with torch.no_grad():
+            prim_gm = lower_for_export(gm, tensors, wanted, export_inference_graph)
+        final = [n.name for n in prim_gm.graph.nodes if n.op == "placeholder"]
+        return prim_gm, dict(zip(final[len(inputs) :], (t.detach() for t in constants.values())))
     copy_at: set[int] = set()
     with torch.no_grad():
         symbolic = _symbolic(gm, tensors)

@@ -15,6 +15,7 @@ import torch
 from . import tensor_ops as T
 from . import variables as V
 from .builder import is_const_value
+from .control_flow import handler_for
 from .exc import AttrMissing, PyExc, Unsupported  # noqa: F401 (AttrMissing re-exported)
 from .frame import inline_call
 from .source import AttrSource, ItemSource, module_param_source
@@ -568,6 +569,9 @@ def call(tx, fn, args: list, kwargs: dict):
     if isinstance(fn, V.FunctionVT):
         if fn.fn is _FUNCTION_APPLY and args and isinstance(args[0], V.ClassVT):
             return call_autograd_function(tx, args[0].cls, args[1:], kwargs)
+        control_flow = handler_for(fn.fn)  # torch.cond, torch.while_loop, map
+        if control_flow is not None:
+            return control_flow(tx, args, kwargs)
         answer = T.compiling_query(fn.fn)
         if answer is not None:
             return V.ConstVT(answer)

@@ -352,6 +352,6 @@ def graph_module(output, outputs: list) -> fx.GraphModule:
     eliminate_dead_code(output.graph)
     if output.shape_env is not None and output.shape_env.replacements:
         output.shape_env.pin_placeholders(output.graph)
-    gm = fx.GraphModule(torch.nn.Module(), output.graph)
+    gm = fx.GraphModule(output.root_module, output.graph)  # with control-flow subgraphs
     gm.graph.lint()
     return gm

@@ -182,7 +182,7 @@ def _capture(fn, frame_args: list, tensors: list, fqns: dict, export_dims=None):
     output.graph.output(tuple(vt.node for vt in out_vts))
     eliminate_dead_code(output.graph)
     constants = _order_placeholders(output, tensors, fqns)
-    gm = fx.GraphModule(torch.nn.Module(), output.graph)
+    gm = fx.GraphModule(output.root_module, output.graph)  # with control-flow subgraphs
     gm.graph.lint()
     if output.shape_env is not None and output.shape_env.symbols:
         gm.meta["ember_symbols"] = output.shape_env.specs()

@@ -64,6 +64,10 @@ class OutputGraph:
 
     def __init__(self, code, where_fn, policy=None, exporting=False):
         self.graph = fx.Graph()
+        # Inputs go to the frame's graph even while a control-flow body is traced into its own
+        # `graph`; `root_module` holds the subgraphs (control_flow.py swaps both for a body).
+        self.root_graph = self.graph
+        self.root_module = torch.nn.Module()
         self.code = code
         self.where = where_fn  # () -> "file:line" of the instruction being traced
         self.guards = GuardSet()
@@ -142,14 +146,14 @@ class OutputGraph:
         # graph for each input was quadratic in a model's parameters.
         last = self._last_placeholder
         if last is not None and last._erased:
-            placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+            placeholders = [n for n in self.root_graph.nodes if n.op == "placeholder"]
             last = placeholders[-1] if placeholders else None
         if last is not None:
-            with self.graph.inserting_after(last):
-                node = self.graph.placeholder(name)
+            with self.root_graph.inserting_after(last):
+                node = self.root_graph.placeholder(name)
         else:
-            with self.graph.inserting_before(next(iter(self.graph.nodes), None)):
-                node = self.graph.placeholder(name)
+            with self.root_graph.inserting_before(next(iter(self.root_graph.nodes), None)):
+                node = self.root_graph.placeholder(name)
         self._last_placeholder = node
         return node
 

@@ -119,7 +119,13 @@ def _load_artifact(program: Program, constants: dict):
 
 
 def compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
-    """Compile one prim-level graph into a callable taking the graph's inputs positionally."""
+    """Compile one prim-level graph into a callable taking the graph's inputs positionally.
+    A graph with control-flow nodes (an exported program with torch.cond, say) is compiled in
+    pieces, each branch its own program, run in order by aot_autograd's control-flow runner."""
+    from ember.aot_autograd.control_flow import compile_with_control_flow, has_control_flow
+
+    if has_control_flow(gm):
+        return compile_with_control_flow(gm, compile_prims)
     # One compile at a time in the process (ember.ir.locks): lowering and code generation read
     # the config and write the counters in `metrics`. Already held when aot_autograd compiles.
     with COMPILE_LOCK:

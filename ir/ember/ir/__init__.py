@@ -1,5 +1,6 @@
 """ember.ir: the frozen IR schema shared by every Ember component."""
 
+from . import control_flow  # noqa: F401  (defines control.cond, control.while_loop, control.map)
 from .artifact import BufferIR, CompiledArtifact, KernelIR, StepIR, new_artifact
 from .codec import dumps, from_json, loads, to_json
 from .graph import GraphIR, NodeIR, graph_from_ir, graph_to_ir

@@ -26,7 +26,8 @@ _BUILTIN_TARGETS: dict[str, Callable] = {"getitem": operator.getitem}
 @dataclasses.dataclass(frozen=True)
 class ArgSpec:
     """One argument of an op: its name, type ("Tensor", "Tensor[]", "int", "int[]", "float",
-    "bool", "dtype", "device", "Scalar", "str", "Optional[...]"), and default if it has one
+    "bool", "dtype", "device", "Scalar", "str", "Optional[...]", "Graph": a subgraph named by a
+    get_attr node), and default if it has one
     (in the JSON form of `codec.value_to_json`)."""
 
     name: str
