@@ -78,7 +78,8 @@ def _python_fn(jit):
 
 
 def written_arguments(fn) -> set[str]:
-    """The parameters of the kernel function `fn` whose pointers may be written."""
+    """The parameters of the kernel function `fn` that reach the address of a store (offsets
+    included: the tensor arguments among them are the tensors the kernel may write)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):
