@@ -18,6 +18,7 @@ import torch
 
 from ember.ir import TensorMeta
 
+from ..errors import MetaMismatchError
 from .core import prim
 
 # Namespaces of torch's own operators: these are decomposed or refused, never kept opaque.
@@ -176,7 +177,11 @@ def record_custom_op(record, func, args, kwargs, check_tensor):
     written = [full[i] for i in mutated]
     for t in written:
         check_tensor(t)
-    results = list(record(custom_op, (qualified_name(func), full, mutated), {}))
+    try:
+        results = list(record(custom_op, (qualified_name(func), full, mutated), {}))
+    except MetaMismatchError as e:
+        raise MetaMismatchError(f"custom operator {qualified_name(func)}: its fake kernel "
+                                f"(register_fake) disagrees with its kernel: {e}") from None
     n_out = len(results) - len(mutated)
     outs, new_values = results[:n_out], results[n_out:]
     returns = func._schema.returns
