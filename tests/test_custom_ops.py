@@ -172,3 +172,17 @@ def test_user_triton_kernel_runs_from_the_python_wrapper(backend):
     for _ in range(2):
         x = torch.randn(40)
         torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_inductor_wrapper_calls_the_operator_by_name_between_generated_kernels():
+    from ember.inductor import compile_prims
+    from ember.primtorch import trace_to_prims
+
+    def f(x):
+        return mysin(x * 2).relu() + 1
+
+    x = torch.randn(8)
+    compiled = compile_prims(trace_to_prims(f, x), [x])
+    assert "extern_custom_op('ember_e2e::mysin.default'" in compiled.source
+    assert [s.target for s in compiled.artifact.steps if s.kind == "extern"] == ["extern.custom_op"]
+    torch.testing.assert_close(compiled(x), f(x))
