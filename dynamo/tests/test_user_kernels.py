@@ -165,3 +165,14 @@ def test_custom_op_without_autograd_raises_under_fullgraph_naming_it():
     compiled = ember.compile(lambda x: double(x) + 1, backend="eager", fullgraph=True)
     with pytest.raises(GraphBreakError, match="ember_dynamo_test::double needs a gradient"):
         compiled(torch.randn(3, requires_grad=True))
+
+
+def test_kernel_writing_memory_another_argument_reads_breaks():
+    def f(x):
+        add_one_kernel[(1,)](x[:4], x[2:6], 4, BLOCK=8)  # overlapping: reads what it writes
+        return x * 2
+
+    ember.reset()
+    compiled = ember.compile(f, backend="eager", fullgraph=True)
+    with pytest.raises(GraphBreakError, match="shares memory"):
+        compiled(torch.randn(8))

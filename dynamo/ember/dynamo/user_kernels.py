@@ -189,8 +189,8 @@ def launch(tx, vt: TritonLaunchVT, args, kwargs) -> V.VT:
         # autotune configs supply the rest; anything else is the user's error (eager raises)
         extra = [k for k in kwargs if k not in params]
         raise Unsupported(f"triton kernel {name}: unknown arguments {extra or len(args)}")
-    bound = {params[i]: a for i, a in enumerate(args)}
-    bound.update(kwargs)
+    meta = {params[i]: a for i, a in enumerate(args)}  # what a grid function reads
+    meta.update(kwargs)
     tensors = []
     layout = [*enumerate(args), *kwargs.items()]
     constants = []
@@ -202,7 +202,6 @@ def launch(tx, vt: TritonLaunchVT, args, kwargs) -> V.VT:
             value = const_of(a, f"argument {params[key] if isinstance(key, int) else key} of "
                                 f"triton kernel {name}")  # fmt: skip
             constants.append((key, value))
-    meta = {p: a for p, a in bound.items()}
     written_names = written_arguments(fn)
     tensor_names = [params[k] if isinstance(k, int) else k for k, v in constants if v is _TENSOR]
     written = [i for i, n in enumerate(tensor_names) if n in written_names]
@@ -210,6 +209,11 @@ def launch(tx, vt: TritonLaunchVT, args, kwargs) -> V.VT:
         if torch.is_grad_enabled() and tensors[i].example.requires_grad:
             raise Unsupported(f"triton kernel {name} may write {tensor_names[i]}, a tensor that "
                               "requires grad")  # fmt: skip
+        storage = _storage(tensors[i])
+        if any(j != i and _storage(t) == storage for j, t in enumerate(tensors)):
+            # the kernel would read what it writes; on private copies it would not
+            raise Unsupported(f"triton kernel {name} may write {tensor_names[i]}, which shares "
+                              "memory with another of its tensor arguments")  # fmt: skip
     # The grid: one entry per autotuning config (keyed by that config's values).
     config_list = [c.kwargs for c in configs] if configs else [{}]
     config_names = tuple(sorted(config_list[0]))
@@ -242,6 +246,10 @@ def launch(tx, vt: TritonLaunchVT, args, kwargs) -> V.VT:
         value = getitem(tx, new, V.ConstVT(j))
         tx.output.call("call_method", "copy_", (tensors[i], value), {})
     return V.ConstVT(None)
+
+
+def _storage(t: V.TensorVT):
+    return t.example.untyped_storage().data_ptr() if t.example.numel() else id(t)
 
 
 def _table_key(kernel, jit, fn, grids, config_names, constants) -> str:
