@@ -19,7 +19,8 @@ import torch
 from . import variables as V
 from .exc import Unsupported
 
-# Namespaces of torch's own operators (recorded as any torch op is).
+# Namespaces of torch's own operators (recorded as any torch op is); primtorch's prims/custom.py
+# keeps the same list (dynamo imports ember.ir only).
 _TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "profiler", "quantized", "_c10d_functional",
                                "c10d", "_quantized", "rngprims", "debugprims", "higher_order",
                                "inductor", "mkldnn", "onednn", "fbgemm"})  # fmt: skip

@@ -22,9 +22,11 @@ from ..errors import MetaMismatchError
 from .core import prim
 
 # Namespaces of torch's own operators: these are decomposed or refused, never kept opaque.
-TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "profiler", "quantized", "_c10d_functional",
-                              "c10d", "_quantized", "rngprims", "debugprims", "_test", "higher_order",
-                              "inductor", "mkldnn", "onednn", "fbgemm", "_inductor_test"})  # fmt: skip
+TORCH_NAMESPACES = frozenset({
+    "aten", "prims", "prim", "profiler", "quantized", "_quantized", "_c10d_functional", "c10d",
+    "rngprims", "debugprims", "_test", "higher_order", "inductor", "mkldnn", "onednn", "fbgemm",
+    "_inductor_test",
+})  # fmt: skip
 
 
 def qualified_name(func) -> str:
