@@ -58,6 +58,25 @@ def _(acc, x):
     return None
 
 
+@torch.library.custom_op("ember_e2e::cube", mutates_args=())
+def cube(x: torch.Tensor) -> torch.Tensor:
+    return x**3
+
+
+@cube.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _cube_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    out = torch.zeros_like(grad)
+    accumulate(out, 3 * x * x * grad)  # a mutating user operator inside the backward formula
+    return out
+
+
+cube.register_autograd(_cube_backward, setup_context=_setup)
+
 _LIB = torch.library.Library("ember_e2e_lib", "DEF")
 _LIB.define("axpy(Tensor x, Tensor y, float a) -> Tensor")
 _LIB.impl("axpy", lambda x, y, a: a * x + y, "CPU")
@@ -114,6 +133,20 @@ def test_mutating_custom_op_updates_inputs_and_intermediates(backend):
         acc_eager = acc.clone()
         torch.testing.assert_close(compiled(acc, x), f(acc_eager, x))
         torch.testing.assert_close(acc, acc_eager)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mutating_custom_op_in_a_training_graph_and_in_a_backward_formula(backend):
+    def f(x):
+        acc = torch.zeros_like(x)
+        accumulate(acc, x.detach())
+        return (cube(x) * acc).sum()
+
+    x = torch.randn(7, requires_grad=True)
+    compiled = _run(f, backend, x)
+    got, expected = compiled(x), f(x)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(torch.autograd.grad(got, x)[0], torch.autograd.grad(expected, x)[0])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

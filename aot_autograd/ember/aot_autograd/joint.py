@@ -224,7 +224,7 @@ def _trace_backward(tracer, graph_outs, diff, clones, grad_inputs) -> list:
 
     # Eager code calls backward() outside its autocast region, so the backward runs without
     # autocast: its ops run in the dtypes the forward saved, as in eager.
-    with _autocast_off(), lent_to_autograd_workers():
+    with _autocast_off(), lent_to_autograd_workers(), UserOpFunctionalizer():
         return list(torch.func.functionalize(backward)(*tangents))
 
 

@@ -8,6 +8,9 @@ operator below functionalization on private copies of the written arguments (the
 that as one functional `extern.custom_op`) and makes the copies the arguments' new values, so
 views of them and the copy back into a mutated input are replayed as for an in-place ATen op.
 Eager calls of the operator never reach that kernel (no tensor carries the Functionalize key).
+Mutating operators defined with `torch.library.custom_op` are all prepared when tracing starts
+(their backward formulas run where torch-function modes are off); those defined with the
+`Library` API are prepared when the forward calls them.
 """
 
 from __future__ import annotations
@@ -92,7 +95,13 @@ def ensure_functionalizable(op) -> None:
 
 
 class UserOpFunctionalizer(TorchFunctionMode):
-    """Active while aot_autograd traces: prepares each mutating user operator it sees."""
+    """Active while aot_autograd traces: prepares each mutating user operator it sees, and on
+    entry every mutating `torch.library.custom_op` defined so far (a backward formula runs
+    where torch-function modes are off, so its calls are never seen)."""
+
+    def __enter__(self):
+        _prepare_custom_op_definitions()
+        return super().__enter__()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         op = func
@@ -104,6 +113,23 @@ class UserOpFunctionalizer(TorchFunctionMode):
         else:
             _prepare(op)
         return func(*args, **(kwargs or {}))
+
+
+_SCANNED = [0]  # how many custom_op definitions were prepared
+
+
+def _prepare_custom_op_definitions() -> None:
+    try:
+        from torch._library.custom_ops import OPDEFS  # where custom_op keeps its definitions
+    except ImportError:  # pragma: no cover (older torch)
+        return
+    if len(OPDEFS) == _SCANNED[0]:
+        return
+    for opdef in list(OPDEFS.values()):
+        op = getattr(opdef, "_opoverload", None)
+        if op is not None:
+            _prepare(op)
+    _SCANNED[0] = len(OPDEFS)
 
 
 def _prepare(op) -> None:
