@@ -84,6 +84,15 @@ with warnings.catch_warnings():  # impl_abstract: the older name of register_fak
     warnings.simplefilter("ignore", FutureWarning)
     torch.library.impl_abstract("ember_e2e_lib::axpy", lambda x, y, a: torch.empty_like(x),
                                 lib=_LIB)  # fmt: skip
+_LIB.define("clamp_into(Tensor x, Tensor(a!) out, float hi) -> ()")
+
+
+def _clamp_into(x, out, hi):
+    out.copy_(x.clamp(max=hi))
+
+
+_LIB.impl("clamp_into", _clamp_into, "CPU")
+torch.library.register_fake("ember_e2e_lib::clamp_into", lambda x, out, hi: None, lib=_LIB)
 torch.library.register_autograd(
     "ember_e2e_lib::axpy",
     lambda ctx, g: (g * ctx.a, g, None),
@@ -147,6 +156,19 @@ def test_mutating_custom_op_in_a_training_graph_and_in_a_backward_formula(backen
     got, expected = compiled(x), f(x)
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(torch.autograd.grad(got, x)[0], torch.autograd.grad(expected, x)[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mutating_library_op_through_torch_ops(backend):
+    def f(x, out):
+        torch.ops.ember_e2e_lib.clamp_into(x * 2, out, 0.5)
+        return out + 1
+
+    compiled = _run(f, backend, torch.randn(6), torch.randn(6))
+    x, out = torch.randn(6), torch.randn(6)
+    out_eager = out.clone()
+    torch.testing.assert_close(compiled(x, out), f(x, out_eager))
+    torch.testing.assert_close(out, out_eager)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -219,3 +241,25 @@ def test_inductor_wrapper_calls_the_operator_by_name_between_generated_kernels()
     assert "extern_custom_op('ember_e2e::mysin.default'" in compiled.source
     assert [s.target for s in compiled.artifact.steps if s.kind == "extern"] == ["extern.custom_op"]
     torch.testing.assert_close(compiled(x), f(x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_user_triton_kernel_in_a_training_graph(backend):
+    triton, tl = _triton()
+
+    @triton.jit
+    def double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+    def f(x):
+        out = torch.empty_like(x)
+        double_kernel[(2,)](x, out, x.numel(), BLOCK=8)
+        return (out * x).sum()  # the kernel's output is a constant to autograd, as in eager
+
+    x = torch.randn(13, requires_grad=True)
+    compiled = _run(f, backend, x)
+    got, expected = compiled(x), f(x)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(torch.autograd.grad(got, x)[0], torch.autograd.grad(expected, x)[0])
