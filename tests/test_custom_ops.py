@@ -263,3 +263,24 @@ def test_user_triton_kernel_in_a_training_graph(backend):
     got, expected = compiled(x), f(x)
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(torch.autograd.grad(got, x)[0], torch.autograd.grad(expected, x)[0])
+
+
+def test_packaging_a_user_triton_kernel_names_it(tmp_path):
+    triton, tl = _triton()
+
+    @triton.jit
+    def negate_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, -tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+    def f(x):
+        out = torch.empty_like(x)
+        negate_kernel[(1,)](x, out, x.numel(), BLOCK=16)
+        return out + 1
+
+    x = torch.randn(10)
+    ep = ember.export(f, (x,))
+    torch.testing.assert_close(ep(x), 1 - x)
+    with pytest.raises(NotImplementedError, match=r"user Triton kernel \S*negate_kernel"):
+        ember.cpp_wrapper.package(ep, str(tmp_path / "pkg"))
