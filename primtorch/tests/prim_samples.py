@@ -209,6 +209,17 @@ def other_samples():
     }
 
 
+@torch.library.custom_op("ember_prim_samples::scaled_t", mutates_args=("acc",))
+def _scaled_t(x: torch.Tensor, acc: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+    acc.add_(x)
+    return (x * scale).t().contiguous().t()  # a column-major output, as the fake kernel says
+
+
+@_scaled_t.register_fake
+def _(x, acc, scale=2.0):
+    return torch.empty_strided(x.shape, (1, x.shape[0]), dtype=x.dtype, device=x.device)
+
+
 def extern_samples():
     """name -> list of (args, kwargs) for the extern ops testable on CPU."""
     a, b = _f(3, 4), _f(4, 5)
@@ -219,6 +230,7 @@ def extern_samples():
     conv = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     go = _f(2, 4, 6, 5)
     return {
+        "custom_op": [(("ember_prim_samples::scaled_t.default", [a, _f(3, 4), 3.0], [1]), {})],
         "mm": [((a, b), {}), ((_f(4, 3).t(), b), {})],
         "bmm": [((_f(2, 3, 4), _f(2, 5, 4).transpose(1, 2)), {})],
         "addmm": [((_f(5), a, b), {"beta": 0.5})],

@@ -27,6 +27,7 @@ from ember.primtorch.symbolic_composites import SymbolicComposites
 from .partition import MUTATED_INPUTS_META
 from .runtime import AliasSpec, OutputSpec, RuntimePlan
 from .tracer_bridge import SEED_PREFIX, new_tracer, untraced
+from .user_ops import UserOpFunctionalizer
 
 aten = torch.ops.aten
 
@@ -170,7 +171,8 @@ def _prefix(name: str, rank: dict) -> str:
 
 def _run_functional(flat_fn: Callable, clones: list[torch.Tensor]) -> list:
     try:
-        return torch.func.functionalize(flat_fn)(*clones)
+        with UserOpFunctionalizer():
+            return torch.func.functionalize(flat_fn)(*clones)
     except RuntimeError as e:
         if "leaf Variable that requires grad" in str(e):
             raise NotImplementedError(
@@ -222,7 +224,7 @@ def _trace_backward(tracer, graph_outs, diff, clones, grad_inputs) -> list:
 
     # Eager code calls backward() outside its autocast region, so the backward runs without
     # autocast: its ops run in the dtypes the forward saved, as in eager.
-    with _autocast_off(), lent_to_autograd_workers():
+    with _autocast_off(), lent_to_autograd_workers(), UserOpFunctionalizer():
         return list(torch.func.functionalize(backward)(*tangents))
 
 

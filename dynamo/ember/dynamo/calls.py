@@ -19,6 +19,8 @@ from .control_flow import handler_for
 from .exc import AttrMissing, PyExc, Unsupported  # noqa: F401 (AttrMissing re-exported)
 from .frame import inline_call
 from .source import AttrSource, ItemSource, module_param_source
+from .user_kernels import TritonLaunchVT, is_triton_kernel
+from .user_kernels import launch as launch_triton_kernel
 from .symbolic import COMPARE, INT_OPS, SymIntVT, SymSliceVT, as_sym, is_int_vt
 
 
@@ -447,6 +449,8 @@ def getitem(tx, obj, key):
             raise Unsupported(f"indexing a constant: {e}") from None
     if isinstance(obj, V.ModuleVT):
         return module_getitem(tx, obj, key)
+    if isinstance(obj, V.ObjectVT) and is_triton_kernel(obj.obj):
+        return TritonLaunchVT(obj, key)  # kernel[grid]: see user_kernels.py
     if isinstance(obj, (V.ObjectVT, V.NewObjectVT)) and py_method(obj.python_type(),
                                                                    "__getitem__"):  # fmt: skip
         return call_method(tx, obj, "__getitem__", [key], {})
@@ -637,6 +641,8 @@ def call(tx, fn, args: list, kwargs: dict):
         return call_method(tx, fn, "__call__", args, kwargs)
     if isinstance(fn, V.GradModeVT):
         raise Unsupported("grad-mode object used as a decorator inside compiled code")
+    if isinstance(fn, TritonLaunchVT):
+        return launch_triton_kernel(tx, fn, args, kwargs)
     raise Unsupported(f"call to a {_type_name(fn)}")
 
 

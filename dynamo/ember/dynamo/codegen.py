@@ -334,10 +334,20 @@ def _is_impure(node: fx.Node) -> bool:
         return True
     if node.target is torch._C._set_grad_enabled or node.target in AUTOCAST_STATE_FNS:
         return True
+    if _writes_arguments(node.target):  # an operator whose schema writes an argument
+        return True
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     return name.endswith("_") and not name.endswith("__") or name in ("setitem", "__setitem__") or (
         "out" in node.kwargs
     )
+
+
+def _writes_arguments(target) -> bool:
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return any(getattr(target, o)._schema.is_mutable for o in target.overloads())
+    return False
 
 
 def eliminate_dead_code(graph: fx.Graph) -> None:

@@ -19,6 +19,7 @@ from .calls import (AttrMissing, binop, call, const_key, const_of, contains, get
                     unop, unpack, wrap_const)  # fmt: skip
 from .exc import PyExc, Unsupported
 from .frame import inline_call
+from .opaque_ops import call_user_op, user_op_target
 from .symbolic import SizeVT, SymIntVT, as_sym, is_int_vt
 
 _OPERATOR_BINOPS = {getattr(operator, n) for n in (
@@ -65,6 +66,9 @@ def call_builtin(tx, fn, args, kwargs):
             return T.tensor_method(tx, args[0], fn.__name__, list(args[1:]), kwargs)
         if args and objclass in (list, dict, tuple, str, set):
             return call(tx, getattr_vt(tx, args[0], fn.__name__), list(args[1:]), kwargs)
+    user_op = user_op_target(fn)
+    if user_op is not None:
+        return call_user_op(tx, user_op, args, kwargs)
     if T.is_graph_fn(fn) or T.is_const_fn(fn) or T.is_break_fn(fn) or (
         fn is torch._C._set_grad_enabled
     ):

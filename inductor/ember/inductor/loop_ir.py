@@ -271,6 +271,18 @@ class ExternBuffer(Buffer):
     outputs: tuple = ()  # for several outputs: names of the MultiOutput buffers
 
 
+def extern_buffers(args):
+    """The Buffers in an extern call's arguments, at any depth (extern.custom_op nests them)."""
+    if isinstance(args, Buffer):
+        yield args
+    elif isinstance(args, (list, tuple)):
+        for a in args:
+            yield from extern_buffers(a)
+    elif isinstance(args, dict):
+        for a in args.values():
+            yield from extern_buffers(a)
+
+
 @dataclasses.dataclass(eq=False)
 class MultiOutput(Buffer):
     """Output `index` of a multi-output extern call."""
@@ -635,8 +647,7 @@ def verify(buffers, size_symbols=()) -> None:
             with set_handler(_Checker(known | {b.name}, allowed, b.name)):
                 b.body(xs, rs)
         elif isinstance(b, ExternBuffer):
-            for a in b.args:
-                for x in a if isinstance(a, (list, tuple)) else (a,):
-                    if isinstance(x, Buffer) and x.name not in known:
-                        raise AssertionError(f"{b.name}: extern reads unknown buffer {x.name}")
+            for x in extern_buffers(b.args):
+                if x.name not in known:
+                    raise AssertionError(f"{b.name}: extern reads unknown buffer {x.name}")
         known.add(b.name)

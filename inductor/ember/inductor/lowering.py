@@ -500,8 +500,8 @@ class Lowerer(fx.Interpreter):
                 if pos in required:
                     return self.realize_as_buffer(self.with_strides(a, required[pos](a.sizes, getattr(a, "strides", None))))
                 return self.realize_as_buffer(a)
-            if isinstance(a, (list, tuple)) and any(is_tensor(x) for x in a):
-                return type(a)(arg(x) for x in a)
+            if isinstance(a, (list, tuple)) and any(is_tensor(x) for x in pytree.tree_leaves(a)):
+                return type(a)(arg(x) for x in a)  # nested: extern.custom_op's argument list
             return a
 
         call_args = tuple(arg(a, i) for i, a in enumerate(args))

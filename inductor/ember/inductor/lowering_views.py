@@ -448,6 +448,15 @@ def _extern(name):
 for _name in EXTERN_KERNELS:  # the matmuls and the convolution have their own lowerings below
     register(_name)(_extern(_name))
 
+
+@register("extern.custom_op")
+def _custom_op(L, op, args, mutated=()):
+    """A user operator (torch.library) or user Triton kernel: never fused, called by its name from
+    the wrapper (extern.custom_op's reference); its outputs take the fake kernel's layouts."""
+    from ember.primtorch.prims.custom import custom_op
+
+    return L.extern("extern.custom_op", custom_op.ref, (op, args, list(mutated)), {})
+
 # mm(a, b) with M*N*K below this is not padded: the padded copy of b would cost about as much as
 # the unaligned product loses. Nor is one of fewer rows than PAD_MM_MIN_ROWS whose b is a buffer
 # already (a weight in the product's dtype): so few rows read b about as fast as a copy writes it.

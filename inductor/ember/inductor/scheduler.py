@@ -23,6 +23,7 @@ from .loop_ir import (
     Buffer,
     ComputedBuffer,
     ExternBuffer,
+    extern_buffers,
     MultiOutput,
     SketchHandler,
     loop_vars,
@@ -75,12 +76,7 @@ def reads_of(buf: Buffer) -> set:
     if isinstance(buf, MultiOutput):
         return {buf.source.name}
     if isinstance(buf, ExternBuffer):
-        out = set()
-        for a in (*buf.args, *buf.kwargs.values()):
-            for x in a if isinstance(a, (list, tuple)) else (a,):
-                if isinstance(x, Buffer):
-                    out.add(x.name)
-        return out
+        return {x.name for x in extern_buffers((buf.args, buf.kwargs))}
     return set()
 
 

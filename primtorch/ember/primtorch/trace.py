@@ -45,6 +45,7 @@ from .attention import (
 )
 from .errors import DataDependentError, NotDecomposableError, TraceError
 from .prims import core
+from .prims.custom import is_custom_op, record_custom_op
 from .prims.extern import ATEN_TO_EXTERN
 from .symbolic import SymbolicTensor, symbolic_tensor, to_expr
 from .trace_checks import check_decomposition, check_prim_output
@@ -270,6 +271,8 @@ class Tracer(TorchDispatchMode):
         """Record one ATen call (mode off); returns its real result."""
         if self.shape_env is not None and func in _SIZE_QUERIES:
             return _SIZE_QUERIES[func](*args, **kwargs)  # the symbolic sizes, not the hints
+        if is_custom_op(func) and func not in self.keep and func not in self.decompositions:
+            return self._record_custom_op(func, args, kwargs)
         self._check_data_dependence(func)
         if func._schema.is_mutable:
             return self._functionalize(func, args, kwargs)
@@ -381,6 +384,20 @@ class Tracer(TorchDispatchMode):
             if msg:
                 self.stride_mismatches.append(msg)
         return out
+
+    def _record_custom_op(self, func, args, kwargs):
+        """A user-defined operator as one extern.custom_op node (see prims/custom.py); the tensors
+        it writes take their new values as for an in-place ATen op."""
+        if self.shape_env is not None:
+            raise NotImplementedError(f"custom operator {func} with symbolic sizes")
+        outs, written, new_values = record_custom_op(self.record_prim, func, args, kwargs,
+                                                     self.node_of)  # fmt: skip
+        with self._suspend(), torch.no_grad():
+            for t, value in zip(written, new_values):
+                t.copy_(value)
+        for t, value in zip(written, new_values):
+            self._rebind(t, value)
+        return outs
 
     def _record_aten(self, func, args, kwargs):
         if self.shape_env is not None:

@@ -4,7 +4,7 @@ The families live in their own modules; this module re-exports each registered "
 name (so `prims.sum` is the prim, not the builtin) and lists them in `__all__`.
 """
 
-from . import creation, elementwise, extern, movement, random, reductions, views  # noqa: F401
+from . import creation, custom, elementwise, extern, movement, random, reductions, views  # noqa: F401
 from .core import PRIMS, Prim, is_extern, is_prim, prim
 
 for _qualname, _prim in PRIMS.items():

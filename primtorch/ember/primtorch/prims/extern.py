@@ -581,3 +581,6 @@ masked_select = _extern(
     tags=("data_dependent",),
     doc="the elements of self where mask (broadcast) is True, flattened; data-dependent size",
 )
+
+
+from .custom import custom_op  # noqa: E402,F401  (extern ops are all reachable here)
