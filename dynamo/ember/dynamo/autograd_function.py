@@ -1,0 +1,265 @@
+"""Custom torch.autograd.Functions and torch.utils.checkpoint inside a captured graph.
+
+A custom Function whose inputs need gradients becomes one graph node, `AutogradFunctionCall`,
+that calls the user's class: a backend that runs the graph (eager) or traces it through torch's
+autograd (ember.aot_autograd) gets the user's own `backward`, never the derivative of the
+forward's ops. Before that node is recorded, the forward (and `setup_context`) and the backward
+are traced symbolically, their nodes thrown away: that checks they hold nothing the graph cannot
+express (a graph break naming the user's line) and adds the guards on what they read.
+
+`checkpoint(fn, *args)` inlines `fn` and tags its nodes with `RECOMPUTE_META_KEY`, which
+aot_autograd's partitioner honours: the backward computes those values again, none is saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.utils.checkpoint as torch_checkpoint
+from torch._C import _functorch
+
+from ember.ir import RECOMPUTE_META_KEY
+
+from . import variables as V
+from .exc import Unsupported
+
+_BASE = torch.autograd.Function
+_BASE_SETUP_CONTEXT = _BASE.setup_context
+CHECKPOINT = torch_checkpoint.checkpoint
+
+
+# -- the graph node ---------------------------------------------------------------------------
+class AutogradFunctionCall:
+    """Graph target standing for `cls.apply(*args)`.
+
+    Under `torch.func.functionalize` (how ember.aot_autograd traces a graph), torch's `apply`
+    refuses a Function without `setup_context` and, with one, has no functionalize rule; torch's
+    autograd sits below that transform there. So the call unwraps its functional tensors, runs
+    `apply` one transform level down (where autograd sees the tensors and records the user's
+    backward for the engine to run), and wraps the results again."""
+
+    __module__ = __name__
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.__name__ = self.__qualname__ = f"autograd_function_{cls.__name__}"
+
+    def __call__(self, *args, **kwargs):
+        if not _under_functionalize():
+            return self.cls.apply(*args, **kwargs)
+        level = _functorch.current_level()
+        args, kwargs = _unwrap_functional((args, kwargs))
+        saved = _functorch.pop_dynamic_layer_stack()
+        try:
+            out = self.cls.apply(*args, **kwargs)
+        finally:
+            _functorch.push_dynamic_layer_stack(saved)
+        if isinstance(out, torch.Tensor):
+            return _functorch._wrap_functional_tensor(out, level)
+        if isinstance(out, (tuple, list)):
+            return type(out)(_functorch._wrap_functional_tensor(o, level)
+                             if isinstance(o, torch.Tensor) else o for o in out)  # fmt: skip
+        return out
+
+    def __repr__(self):
+        return f"AutogradFunctionCall({self.cls.__module__}.{self.cls.__qualname__})"
+
+
+def _under_functionalize() -> bool:
+    if not torch._C._are_functorch_transforms_active():
+        return False
+    top = _functorch.peek_interpreter_stack()
+    return top is not None and top.key() == _functorch.TransformType.Functionalize
+
+
+def _unwrap_functional(x):
+    if isinstance(x, torch.Tensor) and _functorch.is_functionaltensor(x):
+        torch._sync(x)  # pending writes through views land in the value first
+        return torch._from_functional_tensor(x)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_unwrap_functional(i) for i in x)
+    if isinstance(x, dict):
+        return {k: _unwrap_functional(v) for k, v in x.items()}
+    return x
+
+
+# -- the ctx objects traced code sees ---------------------------------------------------------
+class _ForwardOnlyCtx:
+    """The `ctx` of a forward where no input needs a gradient: what it saves for the backward is
+    never read, so saving and marking do nothing."""
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def mark_dirty(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+class _CheckedCtx:
+    """The `ctx` the forward and backward are traced with, to check them: it keeps what they
+    save and mark (attributes they set land on it as on torch's ctx)."""
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def mark_non_differentiable(self, *tensors):
+        pass  # the real apply marks them; the check only needs the forward to run
+
+    def mark_dirty(self, *tensors):
+        self._ember_dirty = True
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+# -- autograd.Function ------------------------------------------------------------------------
+def call_autograd_function(tx, cls: type, args: list, kwargs: dict):
+    """`cls.apply(*args)` for a torch.autograd.Function subclass."""
+    from .calls import call
+    from .output import has_tensor
+
+    if not (torch.is_grad_enabled()
+            and has_tensor((args, kwargs), lambda t: t.example.requires_grad)):  # fmt: skip
+        # No gradient can flow (inference, or grad mode off: both guarded): apply is its forward.
+        forward = tx.builder.wrap(cls.forward, None)
+        if _has_setup_context(cls):
+            return call(tx, forward, list(args), kwargs)  # setup_context only saves
+        flags = V.TupleVT([V.ConstVT(False) for _ in args])
+        ctx = V.NewObjectVT(_ForwardOnlyCtx, {"needs_input_grad": flags})
+        return call(tx, forward, [ctx, *args], kwargs)
+    _check_class(cls)
+    if has_tensor((args, kwargs), lambda t: t.sym is not None):
+        raise Unsupported(f"custom autograd.Function {cls.__qualname__} with inputs of dynamic "
+                          "size (compile with dynamic=False)")  # fmt: skip
+    with _thrown_away(tx, cls):
+        _check_traceable(tx, cls, args, kwargs)
+    return tx.output.call("call_function", AutogradFunctionCall(cls), tuple(args), kwargs)
+
+
+def _has_setup_context(cls) -> bool:
+    return getattr(cls, "setup_context", _BASE_SETUP_CONTEXT) is not _BASE_SETUP_CONTEXT
+
+
+def _check_class(cls) -> None:
+    name = cls.__qualname__
+    if cls.backward is _BASE.backward and getattr(cls, "vjp", _BASE.vjp) is _BASE.vjp:
+        raise Unsupported(f"custom autograd.Function {name} defines no backward")
+    own = cls.__mro__[: cls.__mro__.index(_BASE)]
+    if any("apply" in klass.__dict__ for klass in own):
+        raise Unsupported(f"custom autograd.Function {name} overrides apply")
+
+
+def _backward_code(cls):
+    """The backward to trace: `@once_differentiable`'s wrapper only runs the user's function
+    under no_grad and checks that no double backward is asked for."""
+    bw = cls.backward
+    if bw is _BASE.backward:
+        bw = cls.vjp
+    inner = getattr(bw, "__wrapped__", None)
+    if inner is not None and bw.__code__.co_filename == torch.autograd.function.__file__:
+        return inner
+    return bw
+
+
+def _check_traceable(tx, cls, args, kwargs) -> None:
+    """Trace the forward and the backward once (grad mode off, as torch runs them)."""
+    from .calls import call, unpack
+
+    name = cls.__qualname__
+    flags = V.TupleVT([V.ConstVT(isinstance(a, V.TensorVT) and a.example.requires_grad)
+                       for a in args])  # fmt: skip
+    ctx = V.NewObjectVT(_CheckedCtx, {"needs_input_grad": flags})
+    forward = tx.builder.wrap(cls.forward, None)
+    if _has_setup_context(cls):
+        if kwargs:
+            raise Unsupported(f"keyword arguments to {name}.apply")
+        out = call(tx, forward, list(args), {})
+        call(tx, tx.builder.wrap(cls.setup_context, None), [ctx, V.TupleVT(list(args)), out], {})
+    else:
+        out = call(tx, forward, [ctx, *args], kwargs)
+    if ctx.attrs.get("_ember_dirty") is not None:
+        raise Unsupported(f"custom autograd.Function {name} marks an input dirty (in-place)")
+    outs = unpack(tx, out) if isinstance(out, V.ListVT) else [out]
+    for o in outs:
+        if not isinstance(o, (V.TensorVT, V.ConstVT)):
+            raise Unsupported(f"{name}.forward returns a {type(o).__name__}")
+    grads = [tx.output.call("call_function", torch.ones_like, (o,), {})
+             if isinstance(o, V.TensorVT) else V.ConstVT(None) for o in outs]  # fmt: skip
+    result = call(tx, tx.builder.wrap(_backward_code(cls), None), [ctx, *grads], {})
+    results = unpack(tx, result) if isinstance(result, V.ListVT) else [result]
+    for r in results:
+        if not (isinstance(r, V.TensorVT) or (isinstance(r, V.ConstVT) and r.value is None)):
+            raise Unsupported(f"{name}.backward returns a {type(r).__name__}, not a tensor or None")
+
+
+@contextlib.contextmanager
+def _thrown_away(tx, cls):
+    """Trace with grad mode off, then drop the nodes the trace added. What the trace did must
+    stay inside it: new graph inputs or Python side effects break the graph."""
+    out = tx.output
+    before = set(out.graph.nodes)
+    effects = (len(out.side_effects), len(out.mutated), len(out.pending_attrs))
+    grad = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_grad_enabled(grad)
+    added = [n for n in out.graph.nodes if n not in before]
+    if any(n.op == "placeholder" for n in added):
+        raise Unsupported(f"custom autograd.Function {cls.__qualname__} reads a tensor that is "
+                          "not one of its arguments (pass it to apply)")  # fmt: skip
+    if (len(out.side_effects), len(out.mutated), len(out.pending_attrs)) != effects:
+        raise Unsupported(f"custom autograd.Function {cls.__qualname__} has Python side effects")
+    for n in reversed(added):
+        out.graph.erase_node(n)
+
+
+# -- torch.utils.checkpoint -------------------------------------------------------------------
+_CHECKPOINT_OPTIONS = ("use_reentrant", "preserve_rng_state", "determinism_check", "debug")
+
+
+def call_checkpoint(tx, args: list, kwargs: dict):
+    """`checkpoint(fn, *args, use_reentrant=..., **fn_kwargs)`: fn inlined, its nodes tagged to
+    be recomputed in the backward. The results are the same as eager's; so is the RNG (random
+    ops in the region run once per call, their recomputation reads the same seed)."""
+    from .calls import call, const_of
+    from .output import has_tensor
+
+    if not args:
+        raise Unsupported("checkpoint() without a function")
+    kwargs = dict(kwargs)
+    options = {k: const_of(kwargs.pop(k), f"checkpoint's {k}") for k in _CHECKPOINT_OPTIONS
+               if k in kwargs}  # fmt: skip
+    context_fn = kwargs.pop("context_fn", None)
+    if context_fn is not None and getattr(context_fn, "fn", None) is not _noop_context_fn():
+        raise Unsupported("checkpoint() with a context_fn")
+    reentrant = options.get("use_reentrant")
+    if reentrant is None:
+        raise Unsupported("checkpoint() without use_reentrant (torch asks for it explicitly)")
+    if reentrant and kwargs:
+        raise Unsupported("checkpoint(use_reentrant=True) with keyword arguments")
+    fn, fargs = args[0], list(args[1:])
+    if reentrant and torch.is_grad_enabled() and not has_tensor(
+        fargs, lambda t: t.example.requires_grad
+    ):
+        # Reentrant checkpoint runs fn under no_grad when no input needs a gradient: its
+        # outputs need none either, whatever fn's parameters do.
+        raise Unsupported("checkpoint(use_reentrant=True) with no input that requires grad")
+    before = set(tx.output.graph.nodes)
+    out = call(tx, fn, fargs, kwargs)
+    for n in tx.output.graph.nodes:
+        if n not in before and n.op == "call_function":
+            n.meta[RECOMPUTE_META_KEY] = True
+    return out
+
+
+def _noop_context_fn():
+    return getattr(torch_checkpoint, "noop_context_fn", None)
