@@ -205,7 +205,7 @@ def _thrown_away(tx, cls):
     stay inside it: new graph inputs or Python side effects break the graph."""
     out = tx.output
     before = set(out.graph.nodes)
-    effects = (len(out.side_effects), len(out.mutated), len(out.pending_attrs))
+    effects = _effects(out)
     grad = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
     try:
@@ -216,10 +216,22 @@ def _thrown_away(tx, cls):
     if any(n.op == "placeholder" for n in added):
         raise Unsupported(f"custom autograd.Function {cls.__qualname__} reads a tensor that is "
                           "not one of its arguments (pass it to apply)")  # fmt: skip
-    if (len(out.side_effects), len(out.mutated), len(out.pending_attrs)) != effects:
+    if _effects(out) != effects:
         raise Unsupported(f"custom autograd.Function {cls.__qualname__} has Python side effects")
     for n in reversed(added):
         out.graph.erase_node(n)
+
+
+def _effects(out) -> tuple:
+    """What the frame will do to Python objects: effects, attribute writes, and the contents of
+    the containers it changes (a thrown-away tensor must not stay in one)."""
+    contents = []
+    for key, vt in out.mutated.items():
+        items = getattr(vt, "items", None)
+        if isinstance(items, dict):
+            items = [*items, *items.values()]
+        contents.append((key, tuple(map(id, items or ()))))
+    return len(out.side_effects), len(out.pending_attrs), tuple(contents)
 
 
 # -- torch.utils.checkpoint -------------------------------------------------------------------
@@ -256,7 +268,7 @@ def call_checkpoint(tx, args: list, kwargs: dict):
     before = set(tx.output.graph.nodes)
     out = call(tx, fn, fargs, kwargs)
     for n in tx.output.graph.nodes:
-        if n not in before and n.op == "call_function":
+        if n not in before and n.op in ("call_function", "call_method", "call_module"):
             n.meta[RECOMPUTE_META_KEY] = True
     return out
 
