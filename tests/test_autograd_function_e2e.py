@@ -69,6 +69,48 @@ def test_the_users_backward_is_the_one_run(backend):
     torch.testing.assert_close(x.grad, 4 * x.detach())
 
 
+_SCALE = 2.0
+
+
+class _GlobalScaleBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _SCALE
+
+
+def test_a_global_the_backward_reads_is_guarded():
+    # aot_eager bakes the backward into its graph: a changed global must recompile it
+    global _SCALE
+    f = ember.compile(lambda t: _GlobalScaleBackward.apply(t).sum(), backend="aot_eager")
+    x = torch.randn(3, requires_grad=True)
+    f(x).backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+    _SCALE, x.grad = 5.0, None
+    try:
+        f(x).backward()
+    finally:
+        _SCALE = 2.0
+    torch.testing.assert_close(x.grad, torch.full((3,), 5.0))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_dropout_recomputed_in_the_backward_draws_the_forward_mask(backend):
+    def f(x):
+        body = lambda t: torch.nn.functional.dropout(t, 0.5, training=True) * 1.0  # noqa: E731
+        return checkpoint.checkpoint(body, x, use_reentrant=False)
+
+    x = torch.randn(2000, requires_grad=True)
+    out = ember.compile(f, backend=backend, fullgraph=True)(x)
+    out.sum().backward()
+    kept = (out != 0).float()
+    assert 0.4 < kept.mean().item() < 0.6
+    torch.testing.assert_close(x.grad, kept * 2)
+
+
 class _Recording:
     """aot_eager whose min-cut partition records the bytes each forward saves."""
 

@@ -14,6 +14,7 @@ aot_autograd's partitioner honours: the backward computes those values again, no
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
@@ -181,7 +182,8 @@ def _check_traceable(tx, cls, args, kwargs) -> None:
         if kwargs:
             raise Unsupported(f"keyword arguments to {name}.apply")
         out = call(tx, forward, list(args), {})
-        call(tx, tx.builder.wrap(cls.setup_context, None), [ctx, V.TupleVT(list(args)), out], {})
+        inputs = V.TupleVT(_with_defaults(cls.forward, args))  # what torch's apply passes
+        call(tx, tx.builder.wrap(cls.setup_context, None), [ctx, inputs, out], {})
     else:
         out = call(tx, forward, [ctx, *args], kwargs)
     if ctx.attrs.get("_ember_dirty") is not None:
@@ -197,6 +199,17 @@ def _check_traceable(tx, cls, args, kwargs) -> None:
     for r in results:
         if not (isinstance(r, V.TensorVT) or (isinstance(r, V.ConstVT) and r.value is None)):
             raise Unsupported(f"{name}.backward returns a {type(r).__name__}, not a tensor or None")
+
+
+def _with_defaults(forward, args) -> list:
+    from .calls import wrap_const
+
+    try:
+        bound = inspect.signature(forward).bind(*args)
+    except (TypeError, ValueError) as e:
+        raise Unsupported(f"{forward.__qualname__}: {e}") from None
+    bound.apply_defaults()
+    return [a if isinstance(a, V.VT) else wrap_const(a) for a in bound.args]
 
 
 @contextlib.contextmanager

@@ -87,6 +87,22 @@ class MulSetup(torch.autograd.Function):
         return grad * y, grad * x
 
 
+class AddScaledSetup(torch.autograd.Function):
+    """setup_context reads an argument the call left to its default."""
+
+    @staticmethod
+    def forward(x, y, alpha=3.0):
+        return x + alpha * y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.alpha = inputs[2]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad * ctx.alpha, None
+
+
 class NeedsInputGrad(torch.autograd.Function):
     """Reads ctx.needs_input_grad and returns None for the input that needs none."""
 
@@ -174,6 +190,11 @@ def straight_through_rounding(x):
 @case(two)
 def setup_context_form(x, y):
     return MulSetup.apply(x.sin(), y) + x
+
+
+@case(two)
+def setup_context_default_argument(x, y):
+    return AddScaledSetup.apply(x, y.cos())
 
 
 @case(lambda: (leaf(4, 5), torch.randn(4, 5)))
