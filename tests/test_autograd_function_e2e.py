@@ -171,3 +171,16 @@ def test_checkpoint_through_inductor_matches_eager():
     expected.backward()
     torch.testing.assert_close(x.grad, xe.grad, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(w.grad, we.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_dynamic_sizes_through_aot_eager():
+    fn = cases.size_saved_on_ctx
+    f = ember.compile(fn, backend="aot_eager")
+    breaks0 = len(convert.stats.breaks)
+    for n in (3, 4, 5, 6):  # the third size compiles the frame with a symbolic size
+        x = torch.randn(n, 2, requires_grad=True)
+        f(x).backward()
+        xe = x.detach().clone().requires_grad_()
+        fn(xe).backward()
+        torch.testing.assert_close(x.grad, xe.grad)
+    assert len(convert.stats.breaks) == breaks0

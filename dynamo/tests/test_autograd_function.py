@@ -218,3 +218,16 @@ def test_module_with_a_function_trains_like_eager():
     for (name, p), q in zip(eager.named_parameters(), compiled_model.parameters()):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
     assert cnt.frame_count == 1
+
+
+def test_dynamic_sizes_stay_one_graph():
+    cnt = CompileCounter(dynamic=True)
+    f = ember.compile(cases.size_saved_on_ctx, backend=cnt)
+    breaks0 = len(convert.stats.breaks)
+    for n in (3, 4, 5, 6):
+        x = torch.randn(n, 2, requires_grad=True)
+        f(x).backward()
+        xe = x.detach().clone().requires_grad_()
+        cases.size_saved_on_ctx(xe).backward()
+        torch.testing.assert_close(x.grad, xe.grad)
+    assert cnt.frame_count == 2 and len(convert.stats.breaks) == breaks0  # static, then dynamic

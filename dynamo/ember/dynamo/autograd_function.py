@@ -136,12 +136,11 @@ def call_autograd_function(tx, cls: type, args: list, kwargs: dict):
         ctx = V.NewObjectVT(_ForwardOnlyCtx, {"needs_input_grad": flags})
         return call(tx, forward, [ctx, *args], kwargs)
     _check_class(cls)
-    if has_tensor((args, kwargs), lambda t: t.sym is not None):
-        raise Unsupported(f"custom autograd.Function {cls.__qualname__} with inputs of dynamic "
-                          "size (compile with dynamic=False)")  # fmt: skip
     with _thrown_away(tx, cls):
-        _check_traceable(tx, cls, args, kwargs)
-    return tx.output.call("call_function", AutogradFunctionCall(cls), tuple(args), kwargs)
+        sym = _check_traceable(tx, cls, args, kwargs)
+    if tx.output.shape_env is None:
+        sym = None
+    return tx.output.call("call_function", AutogradFunctionCall(cls), tuple(args), kwargs, sym)
 
 
 def _has_setup_context(cls) -> bool:
@@ -169,8 +168,9 @@ def _backward_code(cls):
     return bw
 
 
-def _check_traceable(tx, cls, args, kwargs) -> None:
-    """Trace the forward and the backward once (grad mode off, as torch runs them)."""
+def _check_traceable(tx, cls, args, kwargs):
+    """Trace the forward and the backward once (grad mode off, as torch runs them); returns
+    the forward's symbolic output sizes (as OutputGraph.call takes them)."""
     from .calls import call, unpack
 
     name = cls.__qualname__
@@ -192,6 +192,7 @@ def _check_traceable(tx, cls, args, kwargs) -> None:
     for o in outs:
         if not isinstance(o, (V.TensorVT, V.ConstVT)):
             raise Unsupported(f"{name}.forward returns a {type(o).__name__}")
+    syms = [o.sym if isinstance(o, V.TensorVT) else None for o in outs]
     grads = [tx.output.call("call_function", torch.ones_like, (o,), {})
              if isinstance(o, V.TensorVT) else V.ConstVT(None) for o in outs]  # fmt: skip
     result = call(tx, tx.builder.wrap(_backward_code(cls), None), [ctx, *grads], {})
@@ -199,6 +200,7 @@ def _check_traceable(tx, cls, args, kwargs) -> None:
     for r in results:
         if not (isinstance(r, V.TensorVT) or (isinstance(r, V.ConstVT) and r.value is None)):
             raise Unsupported(f"{name}.backward returns a {type(r).__name__}, not a tensor or None")
+    return syms if isinstance(out, V.ListVT) else syms[0]
 
 
 def _with_defaults(forward, args) -> list:
@@ -233,6 +235,9 @@ def _thrown_away(tx, cls):
         raise Unsupported(f"custom autograd.Function {cls.__qualname__} has Python side effects")
     for n in reversed(added):
         out.graph.erase_node(n)
+    if out.shape_env is not None:  # sizes computed by the dropped nodes are computed again
+        erased = set(added)
+        out.shape_env.nodes = {e: n for e, n in out.shape_env.nodes.items() if n not in erased}
 
 
 def _effects(out) -> tuple:

@@ -172,6 +172,21 @@ class OnceDifferentiableExp(torch.autograd.Function):
         return grad * y
 
 
+class SizeOnCtx(torch.autograd.Function):
+    """Keeps a size on ctx; two outputs, one reduced."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        ctx.rows = x.shape[0]
+        return x * x, x.sum(0)
+
+    @staticmethod
+    def backward(ctx, g, g_sum):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g + g_sum * ctx.rows
+
+
 @case(lambda: (leaf(4, 5), 3.0))
 def old_form_ctx_attribute(x, scale):
     return ScaledSin.apply(x * 2, scale) + 1
@@ -222,6 +237,12 @@ def once_differentiable_backward(x):
 @case(two)
 def two_functions_chained(x, y):
     return MulSetup.apply(ScaledSin.apply(x, 0.5), DoubledGrad.apply(y))
+
+
+@case(one)
+def size_saved_on_ctx(x):
+    a, b = SizeOnCtx.apply(x.sin())
+    return a.sum() + b.sum() * x.shape[0]
 
 
 def _block(t, w):
