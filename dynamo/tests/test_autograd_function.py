@@ -11,7 +11,7 @@ import corpus.autograd_functions as cases
 import ember
 from corpus import CASES
 from ember.dynamo import CompileCounter, GraphBreakError, convert
-from ember.dynamo.autograd_function import AutogradFunctionCall
+from ember.dynamo.functional_apply import AutogradFunctionCall
 from ember.ir import RECOMPUTE_META_KEY
 
 CORPUS = [c for c in CASES if c.name.startswith("autograd_functions.")]
@@ -131,12 +131,23 @@ class _MarksDirty(torch.autograd.Function):
         return g * 2
 
 
+class _CallsAnotherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return cases.StraightThrough.apply(x) * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
 _TABLE = torch.arange(4.0)
 
 
 @pytest.mark.parametrize("cls, reason", [
     (_BackwardReadsData, "data-dependent branch"),
     (_ForwardReadsGlobalTensor, "reads a tensor that is not one of its arguments"),
+    (_CallsAnotherFunction, "called inside a custom autograd.Function's forward"),
 ])  # fmt: skip
 def test_what_cannot_be_traced_breaks_the_graph_and_runs_eagerly(cls, reason):
     def f(x):

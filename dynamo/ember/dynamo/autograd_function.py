@@ -1,9 +1,9 @@
 """Custom torch.autograd.Functions and torch.utils.checkpoint inside a captured graph.
 
-A custom Function whose inputs need gradients becomes one graph node, `AutogradFunctionCall`,
-that calls the user's class: a backend that runs the graph (eager) or traces it through torch's
-autograd (ember.aot_autograd) gets the user's own `backward`, never the derivative of the
-forward's ops. Before that node is recorded, the forward (and `setup_context`) and the backward
+A custom Function whose inputs need gradients becomes one graph node, `AutogradFunctionCall`
+(functional_apply.py), that calls the user's class: a backend that runs the graph (eager) or
+traces it through torch's autograd (ember.aot_autograd) gets the user's own `backward`, never the
+derivative of the forward's ops. Before that node is recorded, the forward (and `setup_context`) and the backward
 are traced symbolically, their nodes thrown away: that checks they hold nothing the graph cannot
 express (a graph break naming the user's line) and adds the guards on what they read.
 
@@ -15,74 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
-from torch._C import _functorch
 
 from ember.ir import RECOMPUTE_META_KEY
 
 from . import variables as V
 from .exc import Unsupported
+from .functional_apply import AutogradFunctionCall, has_setup_context
 
 _BASE = torch.autograd.Function
-_BASE_SETUP_CONTEXT = _BASE.setup_context
 CHECKPOINT = torch_checkpoint.checkpoint
-
-
-# -- the graph node ---------------------------------------------------------------------------
-class AutogradFunctionCall:
-    """Graph target standing for `cls.apply(*args)`.
-
-    Under `torch.func.functionalize` (how ember.aot_autograd traces a graph), torch's `apply`
-    refuses a Function without `setup_context` and, with one, has no functionalize rule; torch's
-    autograd sits below that transform there. So the call unwraps its functional tensors, runs
-    `apply` one transform level down (where autograd sees the tensors and records the user's
-    backward for the engine to run), and wraps the results again."""
-
-    __module__ = __name__
-
-    def __init__(self, cls: type):
-        self.cls = cls
-        self.__name__ = self.__qualname__ = f"autograd_function_{cls.__name__}"
-
-    def __call__(self, *args, **kwargs):
-        if not _under_functionalize():
-            return self.cls.apply(*args, **kwargs)
-        level = _functorch.current_level()
-        args, kwargs = _unwrap_functional((args, kwargs))
-        saved = _functorch.pop_dynamic_layer_stack()
-        try:
-            out = self.cls.apply(*args, **kwargs)
-        finally:
-            _functorch.push_dynamic_layer_stack(saved)
-        if isinstance(out, torch.Tensor):
-            return _functorch._wrap_functional_tensor(out, level)
-        if isinstance(out, (tuple, list)):
-            return type(out)(_functorch._wrap_functional_tensor(o, level)
-                             if isinstance(o, torch.Tensor) else o for o in out)  # fmt: skip
-        return out
-
-    def __repr__(self):
-        return f"AutogradFunctionCall({self.cls.__module__}.{self.cls.__qualname__})"
-
-
-def _under_functionalize() -> bool:
-    if not torch._C._are_functorch_transforms_active():
-        return False
-    top = _functorch.peek_interpreter_stack()
-    return top is not None and top.key() == _functorch.TransformType.Functionalize
-
-
-def _unwrap_functional(x):
-    if isinstance(x, torch.Tensor) and _functorch.is_functionaltensor(x):
-        torch._sync(x)  # pending writes through views land in the value first
-        return torch._from_functional_tensor(x)
-    if isinstance(x, (tuple, list)):
-        return type(x)(_unwrap_functional(i) for i in x)
-    if isinstance(x, dict):
-        return {k: _unwrap_functional(v) for k, v in x.items()}
-    return x
 
 
 # -- the ctx objects traced code sees ---------------------------------------------------------
@@ -126,11 +71,12 @@ def call_autograd_function(tx, cls: type, args: list, kwargs: dict):
     from .calls import call
     from .output import has_tensor
 
+    _not_inside_a_function_body(f"custom autograd.Function {cls.__qualname__}")
     if not (torch.is_grad_enabled()
             and has_tensor((args, kwargs), lambda t: t.example.requires_grad)):  # fmt: skip
         # No gradient can flow (inference, or grad mode off: both guarded): apply is its forward.
         forward = tx.builder.wrap(cls.forward, None)
-        if _has_setup_context(cls):
+        if has_setup_context(cls):
             return call(tx, forward, list(args), kwargs)  # setup_context only saves
         flags = V.TupleVT([V.ConstVT(False) for _ in args])
         ctx = V.NewObjectVT(_ForwardOnlyCtx, {"needs_input_grad": flags})
@@ -141,10 +87,6 @@ def call_autograd_function(tx, cls: type, args: list, kwargs: dict):
     if tx.output.shape_env is None:
         sym = None
     return tx.output.call("call_function", AutogradFunctionCall(cls), tuple(args), kwargs, sym)
-
-
-def _has_setup_context(cls) -> bool:
-    return getattr(cls, "setup_context", _BASE_SETUP_CONTEXT) is not _BASE_SETUP_CONTEXT
 
 
 def _check_class(cls) -> None:
@@ -178,7 +120,7 @@ def _check_traceable(tx, cls, args, kwargs):
                        for a in args])  # fmt: skip
     ctx = V.NewObjectVT(_CheckedCtx, {"needs_input_grad": flags})
     forward = tx.builder.wrap(cls.forward, None)
-    if _has_setup_context(cls):
+    if has_setup_context(cls):
         if kwargs:
             raise Unsupported(f"keyword arguments to {name}.apply")
         out = call(tx, forward, list(args), {})
@@ -214,6 +156,17 @@ def _with_defaults(forward, args) -> list:
     return [a if isinstance(a, V.VT) else wrap_const(a) for a in bound.args]
 
 
+# How many custom Function bodies this thread is tracing to check them.
+_CHECKING = threading.local()
+
+
+def _not_inside_a_function_body(what: str) -> None:
+    # At run time the user's forward and backward run under a torch.func.functionalize of
+    # their own (functional_apply.py), where torch refuses custom Functions and checkpoint.
+    if getattr(_CHECKING, "depth", 0):
+        raise Unsupported(f"{what} called inside a custom autograd.Function's forward or backward")
+
+
 @contextlib.contextmanager
 def _thrown_away(tx, cls):
     """Trace with grad mode off, then drop the nodes the trace added. What the trace did must
@@ -223,9 +176,11 @@ def _thrown_away(tx, cls):
     effects = _effects(out)
     grad = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
+    _CHECKING.depth = getattr(_CHECKING, "depth", 0) + 1
     try:
         yield
     finally:
+        _CHECKING.depth -= 1
         torch._C._set_grad_enabled(grad)
     added = [n for n in out.graph.nodes if n not in before]
     if any(n.op == "placeholder" for n in added):
@@ -265,6 +220,7 @@ def call_checkpoint(tx, args: list, kwargs: dict):
 
     if not args:
         raise Unsupported("checkpoint() without a function")
+    _not_inside_a_function_body("torch.utils.checkpoint")
     kwargs = dict(kwargs)
     options = {k: const_of(kwargs.pop(k), f"checkpoint's {k}") for k in _CHECKPOINT_OPTIONS
                if k in kwargs}  # fmt: skip

@@ -172,6 +172,28 @@ class OnceDifferentiableExp(torch.autograd.Function):
         return grad * y
 
 
+class WritesThroughViews(torch.autograd.Function):
+    """In-place writes through views in the forward and the backward (`y[0] = 0`) and a masked
+    write (the tutorial ReLU's `grad[x < 0] = 0`)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        y = x.clone()
+        y[0] = 0
+        y[:, 1:].mul_(2)
+        return y.clamp(min=0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        g = grad.clone()
+        g[x < 0] = 0
+        g[0] = 0
+        g[:, 1:] *= 2
+        return g
+
+
 class SizeOnCtx(torch.autograd.Function):
     """Keeps a size on ctx; two outputs, one reduced."""
 
@@ -237,6 +259,11 @@ def once_differentiable_backward(x):
 @case(two)
 def two_functions_chained(x, y):
     return MulSetup.apply(ScaledSin.apply(x, 0.5), DoubledGrad.apply(y))
+
+
+@case(one)
+def in_place_writes_through_views(x):
+    return WritesThroughViews.apply(x * 1.5).t()
 
 
 @case(one)
