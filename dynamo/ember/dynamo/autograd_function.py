@@ -3,9 +3,10 @@
 A custom Function whose inputs need gradients becomes one graph node, `AutogradFunctionCall`
 (functional_apply.py), that calls the user's class: a backend that runs the graph (eager) or
 traces it through torch's autograd (ember.aot_autograd) gets the user's own `backward`, never the
-derivative of the forward's ops. Before that node is recorded, the forward (and `setup_context`) and the backward
-are traced symbolically, their nodes thrown away: that checks they hold nothing the graph cannot
-express (a graph break naming the user's line) and adds the guards on what they read.
+derivative of the forward's ops. Before that node is recorded, the forward (and
+`setup_context`) and the backward are traced symbolically, their nodes thrown away: that checks
+they hold nothing the graph cannot express (a graph break naming the user's line) and adds the
+guards on what they read.
 
 `checkpoint(fn, *args)` inlines `fn` and tags its nodes with `RECOMPUTE_META_KEY`, which
 aot_autograd's partitioner honours: the backward computes those values again, none is saved.
@@ -229,7 +230,8 @@ def call_checkpoint(tx, args: list, kwargs: dict):
         raise Unsupported("checkpoint() with a context_fn")
     reentrant = options.get("use_reentrant")
     if reentrant is None:
-        raise Unsupported("checkpoint() without use_reentrant (torch asks for it explicitly)")
+        raise Unsupported("checkpoint() without use_reentrant (torch warns, then takes the "
+                          "reentrant form): pass use_reentrant=False")  # fmt: skip
     if reentrant and kwargs:
         raise Unsupported("checkpoint(use_reentrant=True) with keyword arguments")
     fn, fargs = args[0], list(args[1:])
