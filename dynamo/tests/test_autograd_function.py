@@ -242,3 +242,24 @@ def test_dynamic_sizes_stay_one_graph():
         cases.size_saved_on_ctx(xe).backward()
         torch.testing.assert_close(x.grad, xe.grad)
     assert cnt.frame_count == 2 and len(convert.stats.breaks) == breaks0  # static, then dynamic
+
+
+def test_a_backward_replaced_after_compiling_recompiles():
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    cnt = CompileCounter()
+    f = ember.compile(lambda t: Scaled.apply(t).sum(), backend=cnt)
+    x = torch.randn(3, requires_grad=True)
+    f(x).backward()
+    Scaled.backward = staticmethod(lambda ctx, g: g * 7)
+    x.grad = None
+    f(x).backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 7.0))
+    assert cnt.frame_count == 2

@@ -26,6 +26,7 @@ from ember.ir import RECOMPUTE_META_KEY
 from . import variables as V
 from .exc import Unsupported
 from .functional_apply import AutogradFunctionCall, has_setup_context
+from .source import AttrSource
 
 _BASE = torch.autograd.Function
 CHECKPOINT = torch_checkpoint.checkpoint
@@ -67,16 +68,18 @@ class _CheckedCtx:
 
 
 # -- autograd.Function ------------------------------------------------------------------------
-def call_autograd_function(tx, cls: type, args: list, kwargs: dict):
-    """`cls.apply(*args)` for a torch.autograd.Function subclass."""
+def call_autograd_function(tx, cls_vt: V.ClassVT, args: list, kwargs: dict):
+    """`cls.apply(*args)` for a torch.autograd.Function subclass (`cls_vt`)."""
     from .calls import call
     from .output import has_tensor
+
+    cls = cls_vt.cls
 
     _not_inside_a_function_body(f"custom autograd.Function {cls.__qualname__}")
     if not (torch.is_grad_enabled()
             and has_tensor((args, kwargs), lambda t: t.example.requires_grad)):  # fmt: skip
         # No gradient can flow (inference, or grad mode off: both guarded): apply is its forward.
-        forward = tx.builder.wrap(cls.forward, None)
+        forward = _method(tx, cls_vt, "forward")
         if has_setup_context(cls):
             return call(tx, forward, list(args), kwargs)  # setup_context only saves
         flags = V.TupleVT([V.ConstVT(False) for _ in args])
@@ -84,7 +87,7 @@ def call_autograd_function(tx, cls: type, args: list, kwargs: dict):
         return call(tx, forward, [ctx, *args], kwargs)
     _check_class(cls)
     with _thrown_away(tx, cls):
-        sym = _check_traceable(tx, cls, args, kwargs)
+        sym = _check_traceable(tx, cls_vt, args, kwargs)
     if tx.output.shape_env is None:
         sym = None
     return tx.output.call("call_function", AutogradFunctionCall(cls), tuple(args), kwargs, sym)
@@ -99,34 +102,42 @@ def _check_class(cls) -> None:
         raise Unsupported(f"custom autograd.Function {name} overrides apply")
 
 
-def _backward_code(cls):
+def _method(tx, cls_vt, name: str):
+    """cls.<name> (a staticmethod's function), guarded by identity when the class has a source:
+    the graph node runs the class's methods as they are at run time."""
+    source = AttrSource(cls_vt.source, name) if cls_vt.source is not None else None
+    return tx.builder.wrap(getattr(cls_vt.cls, name), source)
+
+
+def _backward_code(tx, cls_vt):
     """The backward to trace: `@once_differentiable`'s wrapper only runs the user's function
     under no_grad and checks that no double backward is asked for."""
-    bw = cls.backward
-    if bw is _BASE.backward:
-        bw = cls.vjp
-    inner = getattr(bw, "__wrapped__", None)
-    if inner is not None and bw.__code__.co_filename == torch.autograd.function.__file__:
-        return inner
+    name = "backward" if cls_vt.cls.backward is not _BASE.backward else "vjp"
+    bw = _method(tx, cls_vt, name)
+    inner = getattr(bw.fn, "__wrapped__", None)
+    if inner is not None and bw.fn.__code__.co_filename == torch.autograd.function.__file__:
+        source = AttrSource(bw.source, "__wrapped__") if bw.source is not None else None
+        return tx.builder.wrap(inner, source)
     return bw
 
 
-def _check_traceable(tx, cls, args, kwargs):
+def _check_traceable(tx, cls_vt, args, kwargs):
     """Trace the forward and the backward once (grad mode off, as torch runs them); returns
     the forward's symbolic output sizes (as OutputGraph.call takes them)."""
     from .calls import call, unpack
 
+    cls = cls_vt.cls
     name = cls.__qualname__
     flags = V.TupleVT([V.ConstVT(isinstance(a, V.TensorVT) and a.example.requires_grad)
                        for a in args])  # fmt: skip
     ctx = V.NewObjectVT(_CheckedCtx, {"needs_input_grad": flags})
-    forward = tx.builder.wrap(cls.forward, None)
+    forward = _method(tx, cls_vt, "forward")
     if has_setup_context(cls):
         if kwargs:
             raise Unsupported(f"keyword arguments to {name}.apply")
         out = call(tx, forward, list(args), {})
         inputs = V.TupleVT(_with_defaults(cls.forward, args))  # what torch's apply passes
-        call(tx, tx.builder.wrap(cls.setup_context, None), [ctx, inputs, out], {})
+        call(tx, _method(tx, cls_vt, "setup_context"), [ctx, inputs, out], {})
     else:
         out = call(tx, forward, [ctx, *args], kwargs)
     if ctx.attrs.get("_ember_dirty") is not None:
@@ -138,7 +149,7 @@ def _check_traceable(tx, cls, args, kwargs):
     syms = [o.sym if isinstance(o, V.TensorVT) else None for o in outs]
     grads = [tx.output.call("call_function", torch.ones_like, (o,), {})
              if isinstance(o, V.TensorVT) else V.ConstVT(None) for o in outs]  # fmt: skip
-    result = call(tx, tx.builder.wrap(_backward_code(cls), None), [ctx, *grads], {})
+    result = call(tx, _backward_code(tx, cls_vt), [ctx, *grads], {})
     results = unpack(tx, result) if isinstance(result, V.ListVT) else [result]
     for r in results:
         if not (isinstance(r, V.TensorVT) or (isinstance(r, V.ConstVT) and r.value is None)):

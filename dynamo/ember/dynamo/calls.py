@@ -532,7 +532,7 @@ def call(tx, fn, args: list, kwargs: dict):
     """fn(*args, **kwargs) for symbolic values."""
     if isinstance(fn, V.FunctionVT):
         if fn.fn is _FUNCTION_APPLY and args and isinstance(args[0], V.ClassVT):
-            return call_autograd_function(tx, args[0].cls, args[1:], kwargs)
+            return call_autograd_function(tx, args[0], args[1:], kwargs)
         if fn.fn is CHECKPOINT:
             return call_checkpoint(tx, args, kwargs)
         answer = T.compiling_query(fn.fn)
