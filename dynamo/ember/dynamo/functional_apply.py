@@ -135,10 +135,14 @@ def _functionalized(cls: type) -> type:
     return _GENERATED[cls]
 
 
-def _generate(cls: type) -> type:
-    setup = has_setup_context(cls)
+def _generate(user_cls: type) -> type:
+    setup = has_setup_context(user_cls)
+    # Weakly: the generated class is the value of a weak-keyed cache entry for user_cls.
+    user_ref = weakref.ref(user_cls)
+    name, qualname = user_cls.__name__, user_cls.__qualname__
 
     def forward(ctx, *args):
+        cls = user_ref()
         user_ctx = _Ctx(ctx.needs_input_grad)
         marked = []
 
@@ -164,6 +168,8 @@ def _generate(cls: type) -> type:
         return out
 
     def backward(ctx, *grads):
+        cls = user_ref()
+
         def body(saved, *grads):
             user_ctx = _Ctx(ctx.needs_input_grad)
             user_ctx.__dict__.update(ctx.ember_attributes)
@@ -176,7 +182,7 @@ def _generate(cls: type) -> type:
         # gradients of that level: run one level down, as the forward ran.
         return _one_level_down(torch.func.functionalize(body), ctx.saved_tensors, *grads)
 
-    return type(f"Functionalized{cls.__name__}", (torch.autograd.Function,), {
+    return type(f"Functionalized{name}", (torch.autograd.Function,), {
         "forward": staticmethod(forward), "backward": staticmethod(backward),
-        "__module__": __name__, "__qualname__": f"Functionalized{cls.__qualname__}",
+        "__module__": __name__, "__qualname__": f"Functionalized{qualname}",
     })  # fmt: skip
