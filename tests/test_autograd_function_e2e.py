@@ -11,6 +11,7 @@ import torch.utils.checkpoint as checkpoint
 
 import ember
 from ember.aot_autograd import aot_eager, min_cut_partition, saved_bytes
+from ember.ir import RECOMPUTE_META_KEY
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "dynamo" / "tests"))
 import corpus.autograd_functions as cases  # noqa: E402
@@ -214,3 +215,16 @@ def test_checkpoint_in_a_module_trains_like_eager(backend):
         compiled(x).backward()
         for (name, p), q in zip(eager.named_parameters(), model.parameters()):
             torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_inductors_graph_cache_tells_checkpointed_graphs_apart():
+    # same ops, one partitioned to recompute: a cached program of one must not serve the other
+    import torch.fx as fx
+
+    from ember.inductor.fx_cache import fx_graph_text
+
+    plain, tagged = fx.symbolic_trace(_mlp), fx.symbolic_trace(_mlp)
+    for n in tagged.graph.nodes:
+        if n.op == "call_function":
+            n.meta[RECOMPUTE_META_KEY] = True
+    assert fx_graph_text(plain) != fx_graph_text(tagged)
