@@ -79,7 +79,6 @@ def recompute_region(on: bool):
         _region.recompute = prev
 
 
-
 def new_tracer() -> AOTTracer:
     """A fresh tracer that decomposes into prims as it records."""
     # Tensors the program closes over become inputs, not get_attr constants: graphs that cross a

@@ -193,12 +193,11 @@ class OutputGraph:
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
         node.meta["ember_where"] = self.where()
         self.op_count += 1
-        if sym is not _BY_RULE:
-            pass  # the caller's
-        elif self.shape_env is not None and shapes.is_symbolic(V.ListVT([*args, *kwargs.values()])):
-            sym = shapes.infer(self.shape_env, kind, target, args, kwargs, result)
-        else:
+        if sym is _BY_RULE:
+            symbolic = shapes.is_symbolic(V.ListVT([*args, *kwargs.values()]))
             sym = None
+            if self.shape_env is not None and symbolic:
+                sym = shapes.infer(self.shape_env, kind, target, args, kwargs, result)
         return self.wrap_result(node, result, sym)
 
     def wrap_result(self, node: fx.Node, result, sym=None) -> V.VT:
