@@ -194,6 +194,36 @@ class WritesThroughViews(torch.autograd.Function):
         return g
 
 
+class AmpMatmul(torch.autograd.Function):
+    """torch.amp.custom_fwd / custom_bwd on the forward and backward (as Megatron-style code)."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return grad @ w.t(), x.t() @ grad
+
+
+class MixedOutputs(torch.autograd.Function):
+    """A tensor, an int and a bool tensor out; None saved beside a tensor."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(None, x)
+        return x * 2, 3, x > 0
+
+    @staticmethod
+    def backward(ctx, grad, grad_int, grad_mask):
+        _, x = ctx.saved_tensors
+        return grad * 2
+
+
 class SizeOnCtx(torch.autograd.Function):
     """Keeps a size on ctx; two outputs, one reduced."""
 
@@ -264,6 +294,17 @@ def two_functions_chained(x, y):
 @case(one)
 def in_place_writes_through_views(x):
     return WritesThroughViews.apply(x * 1.5).t()
+
+
+@case(mat)
+def amp_decorated_function(x, w):
+    return AmpMatmul.apply(x, w).tanh()
+
+
+@case(one)
+def tensor_int_and_mask_outputs(x):
+    a, n, mask = MixedOutputs.apply(x)
+    return a * n * mask, mask
 
 
 @case(one)
