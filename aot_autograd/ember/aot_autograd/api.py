@@ -11,7 +11,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ember.ir import NODE_META_KEY, TensorMeta
+from ember.ir import NODE_META_KEY, RECOMPUTE_META_KEY, TensorMeta
 from ember.ir.locks import COMPILE_LOCK
 
 from .control_flow import compile_with_control_flow, has_control_flow
@@ -22,6 +22,7 @@ from .partition import min_cut_partition
 from .plan_codec import build_runtime
 from .runtime import RuntimePlan, check_mutated_aliasing
 from .signature import input_signature, tensor_key
+from .tracer_bridge import recompute_region
 
 # A compiler turns a graph and example inputs into a callable taking the same inputs.
 Compiler = Callable[[fx.GraphModule, list], Callable]
@@ -185,10 +186,48 @@ class AOTModule(nn.Module):
 
 
 def _functional(module: nn.Module) -> Callable:
+    if _has_recompute_regions(module):
+        runner = _RegionRunner(module)
+
+        def call_regions(params, buffers, *args, **kwargs):
+            state = {f"gm.{k}": v for k, v in {**params, **buffers}.items()}
+            return torch.func.functional_call(runner, state, args, kwargs)
+
+        return call_regions
+
     def call(params, buffers, *args, **kwargs):
         return torch.func.functional_call(module, {**params, **buffers}, args, kwargs)
 
     return call
+
+
+def _has_recompute_regions(module: nn.Module) -> bool:
+    graph = getattr(module, "graph", None)
+    return isinstance(graph, fx.Graph) and any(
+        n.meta.get(RECOMPUTE_META_KEY) for n in graph.nodes
+    )
+
+
+class _RegionInterpreter(fx.Interpreter):
+    """Runs a frontend's graph node by node, each node tagged `RECOMPUTE_META_KEY` (an op inside
+    torch.utils.checkpoint) inside a recompute region, so the tracer tags what it records."""
+
+    def run_node(self, n: fx.Node):
+        if not n.meta.get(RECOMPUTE_META_KEY):
+            return super().run_node(n)
+        with recompute_region(True):
+            return super().run_node(n)
+
+
+class _RegionRunner(nn.Module):
+    """`gm` run by _RegionInterpreter (its parameters as `gm.<name>`, for functional_call)."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__()
+        self.gm = gm
+
+    def forward(self, *args):
+        return _RegionInterpreter(self.gm).run(*args)
 
 
 def aot_module(

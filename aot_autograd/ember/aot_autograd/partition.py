@@ -25,7 +25,7 @@ from typing import Iterable, Optional
 import sympy
 import torch.fx as fx
 
-from ember.ir import NODE_META_KEY, TensorMeta, lookup, target_name
+from ember.ir import NODE_META_KEY, RECOMPUTE_META_KEY, TensorMeta, lookup, target_name
 from ember.primtorch.prims import movement
 
 from .maxflow import INF, FlowNetwork
@@ -40,6 +40,9 @@ REDUCTION_TAGS = frozenset({"reduction"})
 # Never recomputed: expensive (matmul, conv, attention) or not reproducible.
 BANNED_TAGS = frozenset({"extern", "data_dependent", "nondeterministic", "side_effect"})
 RANDOM_TAGS = frozenset({"random"})
+# What keeping a checkpointed value costs in the min cut (RECOMPUTE_META_KEY): more than any
+# activation, yet finite, so a graph whose only cut runs through one still partitions.
+CHECKPOINT_SAVE_COST = 1 << 40
 # gm.meta key of a joint graph: the names of the forward inputs the program writes in place.
 MUTATED_INPUTS_META = "ember_mutated_inputs"
 
@@ -127,6 +130,17 @@ def is_recomputable(node: fx.Node) -> bool:
     return bool(tags & allowed)
 
 
+def is_checkpointed(node: fx.Node) -> bool:
+    """Tagged by the frontend (torch.utils.checkpoint) to be recomputed, and safe to run again:
+    anything but an op with hidden state or effects, matmuls and convolutions included."""
+    if not node.meta.get(RECOMPUTE_META_KEY) or node.op != "call_function":
+        return False
+    tags = set(op_tags(node))
+    if tags & (BANNED_TAGS - {"extern"}):
+        return False
+    return _has_seed_argument(node) if tags & RANDOM_TAGS else True
+
+
 def target_name_or_none(node: fx.Node) -> Optional[str]:
     try:
         return target_name(node.target)
@@ -210,7 +224,8 @@ def min_cut_partition(joint_gm: fx.GraphModule, *, num_fwd_outputs: int):
         if n in tangent_dependent:
             net.add_edge((n, "in"), "sink", INF)
             continue
-        if n in fw_inputs or (n in in_forward and not is_recomputable(n)):
+        checkpointed = is_checkpointed(n)
+        if n in fw_inputs or (n in in_forward and not (checkpointed or is_recomputable(n))):
             net.add_edge("source", (n, "in"), INF)
         elif n.op == "placeholder":
             raise ValueError(f"joint graph input {n.name} is neither a forward input nor a tangent")
@@ -218,6 +233,8 @@ def min_cut_partition(joint_gm: fx.GraphModule, *, num_fwd_outputs: int):
         # Every value costs at least 1: with an empty input's edges at capacity 0 the cut found
         # left the backward needing that (unsaved) input (a fuzzer program, tests/test_fuzz*).
         cost = max(1, value_bytes(n)) * (2 if n in overwritten else 1)
+        if checkpointed:
+            cost += CHECKPOINT_SAVE_COST
         net.add_edge((n, "in"), (n, "out"), cost)
         for user in n.users:
             if user in bw_needed and user.op != "output":

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ember.ir import RECOMPUTE_META_KEY
 from ember.primtorch import Tracer
 from ember.primtorch.decomp._random import counters_used
 
@@ -47,6 +51,32 @@ class AOTTracer(Tracer):
         self.seeds[device] = (seed, offset + counters_used(count))
         return seed, offset
 
+    def dispatch(self, func, args, kwargs):
+        """Record one ATen call; inside a recompute region, its nodes carry the region's tag."""
+        if not getattr(_region, "recompute", False):
+            return super().dispatch(func, args, kwargs)
+        last = next(reversed(self.graph.nodes), None)
+        out = super().dispatch(func, args, kwargs)
+        for node in reversed(self.graph.nodes):  # the nodes this call appended
+            if node is last:
+                break
+            if node.op == "call_function":
+                node.meta[RECOMPUTE_META_KEY] = True
+        return out
+
+
+_region = threading.local()
+
+
+@contextlib.contextmanager
+def recompute_region(on: bool):
+    """Ops traced inside (by this thread) are tagged to be recomputed in the backward."""
+    prev = getattr(_region, "recompute", False)
+    _region.recompute = bool(on)
+    try:
+        yield
+    finally:
+        _region.recompute = prev
 
 
 def new_tracer() -> AOTTracer:

@@ -14,6 +14,7 @@ import torch
 
 from . import tensor_ops as T
 from . import variables as V
+from .autograd_function import CHECKPOINT, call_autograd_function, call_checkpoint
 from .builder import is_const_value
 from .control_flow import handler_for
 from .exc import AttrMissing, PyExc, Unsupported  # noqa: F401 (AttrMissing re-exported)
@@ -527,44 +528,8 @@ def call_method(tx, obj, name, args, kwargs):
     return call(tx, getattr_vt(tx, obj, name), args, kwargs)
 
 
-# -- custom autograd.Functions -------------------------------------------------------------------
+# -- custom autograd.Functions and checkpoint (autograd_function.py) ---------------------------
 _FUNCTION_APPLY = torch.autograd.Function.apply.__func__
-_BASE_SETUP_CONTEXT = torch.autograd.Function.setup_context
-
-
-class _ForwardOnlyCtx:
-    """The `ctx` of a custom autograd.Function's forward where no input needs a gradient: what
-    it saves for the backward is never read, so saving and marking do nothing."""
-
-    def save_for_backward(self, *tensors):
-        pass
-
-    def mark_non_differentiable(self, *tensors):
-        pass
-
-    def mark_dirty(self, *tensors):
-        pass
-
-    def set_materialize_grads(self, value):
-        pass
-
-
-def call_autograd_function(tx, cls: type, args: list, kwargs: dict):
-    """`cls.apply(*args)` for a torch.autograd.Function subclass. With no input that needs a
-    gradient (inference, or grad mode off: both known while tracing, and guarded), apply is its
-    forward, which is inlined with a context that keeps nothing. An input that needs a gradient
-    would need the class's own backward, which is not traced: the graph breaks there."""
-    from .output import has_tensor
-
-    if torch.is_grad_enabled() and has_tensor((args, kwargs), lambda t: t.example.requires_grad):
-        raise Unsupported(f"custom autograd.Function {cls.__qualname__} with inputs that need "
-                          "gradients (its backward is not traced)")  # fmt: skip
-    forward = tx.builder.wrap(cls.forward, None)
-    if getattr(cls, "setup_context", _BASE_SETUP_CONTEXT) is not _BASE_SETUP_CONTEXT:
-        return call(tx, forward, list(args), kwargs)  # forward(*args); setup_context saves only
-    flags = V.TupleVT([V.ConstVT(False) for _ in args])
-    ctx = V.NewObjectVT(_ForwardOnlyCtx, {"needs_input_grad": flags})
-    return call(tx, forward, [ctx, *args], kwargs)
 
 
 # -- calls ----------------------------------------------------------------------------------------
@@ -572,7 +537,9 @@ def call(tx, fn, args: list, kwargs: dict):
     """fn(*args, **kwargs) for symbolic values."""
     if isinstance(fn, V.FunctionVT):
         if fn.fn is _FUNCTION_APPLY and args and isinstance(args[0], V.ClassVT):
-            return call_autograd_function(tx, args[0].cls, args[1:], kwargs)
+            return call_autograd_function(tx, args[0], args[1:], kwargs)
+        if fn.fn is CHECKPOINT:
+            return call_checkpoint(tx, args, kwargs)
         control_flow = handler_for(fn.fn)  # torch.cond, torch.while_loop, map
         if control_flow is not None:
             return control_flow(tx, args, kwargs)

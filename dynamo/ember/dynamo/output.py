@@ -19,6 +19,8 @@ from .guards import GuardSet, tensor_spec
 from .source import Source
 from .symbolic import ShapeEnv, SymIntVT, SymSliceVT
 
+_BY_RULE = object()  # OutputGraph.call: the result's symbolic sizes come from the op's rule
+
 # Python scalars that may appear as graph constants.
 _GRAPH_CONSTS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
                  torch.layout, torch.memory_format, slice, type(Ellipsis), torch.Size)  # fmt: skip
@@ -167,8 +169,10 @@ class OutputGraph:
         return name
 
     # -- ops ----------------------------------------------------------------------------------
-    def call(self, kind: str, target, args: tuple, kwargs: dict) -> V.VT:
-        """Add a torch-level call to the graph, running it on example values to learn its result."""
+    def call(self, kind: str, target, args: tuple, kwargs: dict, sym=_BY_RULE) -> V.VT:
+        """Add a torch-level call to the graph, running it on example values to learn its result.
+        `sym`: the result's symbolic sizes when the caller knows them (as `shapes.infer` gives
+        them); by default they come from the op's rule."""
         node_args = _map(args, _to_node)
         node_kwargs = _map(kwargs, _to_node)
         ex_args = _map(args, _to_example)
@@ -193,9 +197,11 @@ class OutputGraph:
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
         node.meta["ember_where"] = self.where()
         self.op_count += 1
-        sym = None
-        if self.shape_env is not None and shapes.is_symbolic(V.ListVT([*args, *kwargs.values()])):
-            sym = shapes.infer(self.shape_env, kind, target, args, kwargs, result)
+        if sym is _BY_RULE:
+            symbolic = shapes.is_symbolic(V.ListVT([*args, *kwargs.values()]))
+            sym = None
+            if self.shape_env is not None and symbolic:
+                sym = shapes.infer(self.shape_env, kind, target, args, kwargs, result)
         return self.wrap_result(node, result, sym)
 
     def wrap_result(self, node: fx.Node, result, sym=None) -> V.VT:

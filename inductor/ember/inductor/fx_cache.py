@@ -31,6 +31,8 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from ember.ir import RECOMPUTE_META_KEY
+
 from . import cache, metrics
 from .config import config, fingerprint
 from .runtime import cache_dir
@@ -136,7 +138,9 @@ def fx_graph_text(gm: fx.GraphModule) -> str:
             raise Uncacheable(f"{n.op} node {n.name} ({n.target})")
         args = ", ".join([_arg_text(a) for a in n.args] +
                          [f"{k}={_arg_text(v)}" for k, v in n.kwargs.items()])  # fmt: skip
-        lines.append(f"%{n.name} = {n.op}[{target}]({args})")
+        # a checkpointed op is partitioned differently (recomputed, not saved)
+        recompute = " recompute" if n.meta.get(RECOMPUTE_META_KEY) else ""
+        lines.append(f"%{n.name} = {n.op}[{target}]({args}){recompute}")
     return "\n".join(lines)
 
 

@@ -13,6 +13,10 @@ from .symbols import as_expr
 # The `node.meta` key under which every value of a graph that crosses a component boundary carries
 # its TensorMeta (a tuple of them for a node with several tensor outputs, None for a non-tensor).
 NODE_META_KEY = "ember_meta"
+# The `node.meta` key (value True) of a torch-level node whose value the backward should compute
+# again rather than keep from the forward (ops inside torch.utils.checkpoint); partitioners of
+# the joint graph carry it to the nodes the op decomposes into.
+RECOMPUTE_META_KEY = "ember_recompute"
 
 _DTYPES = {
     str(d).removeprefix("torch."): d

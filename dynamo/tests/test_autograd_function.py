@@ -1,0 +1,265 @@
+"""Custom autograd.Functions and checkpoint in one graph: gradients against eager, the user's own
+backward kept, class identity guarded, what cannot be traced breaking the graph at its line."""
+
+import copy
+
+import pytest
+import torch
+import torch.utils.checkpoint as checkpoint
+
+import corpus.autograd_functions as cases
+import ember
+from corpus import CASES
+from ember.dynamo import CompileCounter, GraphBreakError, convert
+from ember.dynamo.functional_apply import AutogradFunctionCall
+from ember.ir import RECOMPUTE_META_KEY
+
+CORPUS = [c for c in CASES if c.name.startswith("autograd_functions.")]
+
+
+def _grads(fn, inputs):
+    out = fn(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    loss = sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs) if o.requires_grad)
+    loss.backward()
+    return outs, [t.grad for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _fresh(case):
+    torch.manual_seed(0)
+    return case.inputs()
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.name)
+def test_gradients_match_eager_in_one_graph(case):
+    ember.reset()
+    cnt = CompileCounter()
+    breaks0 = len(convert.stats.breaks)
+    expected_out, expected = _grads(case.fn, _fresh(case))
+    got_out, got = _grads(ember.compile(case.fn, backend=cnt), _fresh(case))
+    for g, e in zip(got_out, expected_out):
+        torch.testing.assert_close(g, e)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+    assert cnt.frame_count == 1 and len(convert.stats.breaks) == breaks0
+
+
+def test_the_function_is_one_node_and_its_backward_is_the_users():
+    cnt = CompileCounter()
+    x = torch.randn(6, requires_grad=True)
+    ember.compile(cases.wrong_by_design_backward, backend=cnt, fullgraph=True)(x).backward()
+    # DoubledGrad's backward returns twice d(x*x)/dx: the graph must not derive its own
+    torch.testing.assert_close(x.grad, 4 * x.detach())
+    (gm,) = cnt.graphs
+    calls = [n for n in gm.graph.nodes if isinstance(n.target, AutogradFunctionCall)]
+    assert len(calls) == 1 and calls[0].target.cls is cases.DoubledGrad
+    assert not any(n.target is torch.mul or n.target == "mul" for n in gm.graph.nodes)
+
+
+class _Triple(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+class _TripleWrongGrad(_Triple):
+    @staticmethod
+    def backward(ctx, g):
+        return g * 30
+
+
+FN = _Triple
+
+
+def _uses_global_class(x):
+    return FN.apply(x).sum()
+
+
+def test_the_class_is_guarded_by_identity():
+    global FN
+    cnt = CompileCounter()
+    f = ember.compile(_uses_global_class, backend=cnt)
+    x = torch.randn(3, requires_grad=True)
+    f(x).backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 3.0))
+    FN = _TripleWrongGrad
+    try:
+        x.grad = None
+        f(x).backward()
+        torch.testing.assert_close(x.grad, torch.full((3,), 30.0))
+    finally:
+        FN = _Triple
+    assert cnt.frame_count == 2
+
+
+class _BackwardReadsData(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        if g.sum() > 0:  # a branch on tensor data: cannot be one graph
+            return g
+        return -g
+
+
+class _ForwardReadsGlobalTensor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _TABLE
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _TABLE
+
+
+class _MarksDirty(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class _CallsAnotherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return cases.StraightThrough.apply(x) * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+_TABLE = torch.arange(4.0)
+
+
+@pytest.mark.parametrize("cls, reason", [
+    (_BackwardReadsData, "data-dependent branch"),
+    (_ForwardReadsGlobalTensor, "reads a tensor that is not one of its arguments"),
+    (_CallsAnotherFunction, "called inside a custom autograd.Function's forward"),
+])  # fmt: skip
+def test_what_cannot_be_traced_breaks_the_graph_and_runs_eagerly(cls, reason):
+    def f(x):
+        return cls.apply(x * 1.0) + 1
+
+    x = torch.randn(4, requires_grad=True)
+    with pytest.raises(GraphBreakError, match=reason):
+        ember.compile(f, backend="eager", fullgraph=True)(x)
+    explained = ember.explain(f)(x)
+    assert explained.graph_break_count >= 1
+    assert any(reason in b.reason for b in explained.break_reasons)
+    assert any(__file__ in b.where for b in explained.break_reasons)
+    expected, = torch.autograd.grad(f(x).sum(), x)
+    got, = torch.autograd.grad(ember.compile(f, backend="eager")(x).sum(), x)
+    torch.testing.assert_close(got, expected)
+
+
+def test_mark_dirty_breaks_the_graph():
+    def f(x):
+        return _MarksDirty.apply(x * 1.0)
+
+    x = torch.randn(4, requires_grad=True)
+    with pytest.raises(GraphBreakError, match="marks an input dirty"):
+        ember.compile(f, backend="eager", fullgraph=True)(x)
+
+
+def test_checkpointed_nodes_are_tagged_for_recomputation():
+    cnt = CompileCounter()
+
+    def f(x, w):
+        h = x.sin()
+        return checkpoint.checkpoint(lambda t: (t @ w).tanh(), h, use_reentrant=False).sum()
+
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    ember.compile(f, backend=cnt, fullgraph=True)(x, w)
+    tagged = {str(n.target) for n in cnt.graphs[0].graph.nodes if n.meta.get(RECOMPUTE_META_KEY)}
+    untagged = {str(n.target) for n in cnt.graphs[0].graph.nodes
+                if n.op.startswith("call") and not n.meta.get(RECOMPUTE_META_KEY)}  # fmt: skip
+    assert any("matmul" in t for t in tagged) and any("tanh" in t for t in tagged)
+    assert not any("matmul" in t or "tanh" in t for t in untagged)
+    assert any("sin" in t for t in untagged)
+
+
+def test_checkpoint_options_that_cannot_hold_break_the_graph():
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(GraphBreakError, match="without use_reentrant"):
+        ember.compile(lambda t: checkpoint.checkpoint(torch.sin, t), backend="eager",
+                      fullgraph=True)(x)  # fmt: skip
+    with pytest.raises(GraphBreakError, match="no input that requires grad"):
+        ember.compile(lambda t: checkpoint.checkpoint(torch.sin, t, use_reentrant=True),
+                      backend="eager", fullgraph=True)(x.detach())  # fmt: skip
+
+
+def test_without_gradients_the_forward_is_inlined():
+    cnt = CompileCounter()
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        out = ember.compile(cases.old_form_ctx_attribute, backend=cnt, fullgraph=True)(x, 2.0)
+    torch.testing.assert_close(out, cases.old_form_ctx_attribute(x, 2.0))
+    assert not any(isinstance(n.target, AutogradFunctionCall) for n in cnt.graphs[0].graph.nodes)
+
+
+def test_module_with_a_function_trains_like_eager():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(5, 5)
+
+        def forward(self, x):
+            return cases.MulSetup.apply(self.lin(x), cases.StraightThrough.apply(x)).sum()
+
+    torch.manual_seed(0)
+    eager = M()
+    compiled_model = copy.deepcopy(eager)
+    x = torch.randn(3, 5)
+    eager(x).backward()
+    cnt = CompileCounter()
+    ember.compile(compiled_model, backend=cnt)(x).backward()
+    for (name, p), q in zip(eager.named_parameters(), compiled_model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+    assert cnt.frame_count == 1
+
+
+def test_dynamic_sizes_stay_one_graph():
+    cnt = CompileCounter(dynamic=True)
+    f = ember.compile(cases.size_saved_on_ctx, backend=cnt)
+    breaks0 = len(convert.stats.breaks)
+    for n in (3, 4, 5, 6):
+        x = torch.randn(n, 2, requires_grad=True)
+        f(x).backward()
+        xe = x.detach().clone().requires_grad_()
+        cases.size_saved_on_ctx(xe).backward()
+        torch.testing.assert_close(x.grad, xe.grad)
+    assert cnt.frame_count == 2 and len(convert.stats.breaks) == breaks0  # static, then dynamic
+
+
+def test_a_backward_replaced_after_compiling_recompiles():
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    cnt = CompileCounter()
+    f = ember.compile(lambda t: Scaled.apply(t).sum(), backend=cnt)
+    x = torch.randn(3, requires_grad=True)
+    f(x).backward()
+    Scaled.backward = staticmethod(lambda ctx, g: g * 7)
+    x.grad = None
+    f(x).backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 7.0))
+    assert cnt.frame_count == 2
