@@ -288,3 +288,23 @@ def test_inference_attention_stays_off_cudnn_when_the_user_turned_it_off():
         torch.backends.cuda.enable_cudnn_sdp(was)
     assert not [n for n in gm.graph.nodes if n.target is prims.extern.sdpa_cudnn]
     assert torch.backends.cuda.cudnn_sdp_enabled() == was
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transposing_kernels_run_in_tiles(dtype):
+    """A gate reading a token-mixed value transposed (gMLP) and an NCHW-to-NHWC copy render as
+    [XBLOCK, YBLOCK] tiles on a 2-D grid; every autotuned tile shape compiles and matches."""
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    u, v = cuda(8, 196, 768, dtype=dtype), cuda(8, 768, 196, dtype=dtype)
+    check(lambda u, v: u * v.transpose(1, 2), u, v, kernels=1, **tol)
+    x = cuda(32, 64, 28, 28, dtype=dtype)
+    check(lambda x: x.contiguous(memory_format=torch.channels_last) * 2, x, kernels=1, **tol)
+
+
+def test_tiled_kernels_in_the_cpp_wrapper():
+    import ember
+
+    fn = lambda u, v: (u * v.transpose(1, 2)).relu()  # noqa: E731
+    u, v = cuda(4, 96, 160), cuda(4, 160, 96)
+    got = ember.compile(fn, options={"cpp_wrapper": True})(u, v)
+    torch.testing.assert_close(got, fn(u, v))

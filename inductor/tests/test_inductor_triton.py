@@ -143,3 +143,34 @@ def {name}(in_ptr0, out_ptr1, xnumel, XBLOCK: tl.constexpr):
     x, out = torch.arange(100.0), torch.empty(100)
     b(x, out)
     assert torch.equal(out, x * 2)
+
+
+def _kernel_sources(fn, *args):
+    gm = trace_to_prims(fn, *args)
+    low = lower_graph(gm, list(args))
+    steps = schedule(low.buffers, [o.name for o in low.outputs])
+    buffers = {b.name: b for b in [*low.inputs, *low.buffers] if b is not None}
+    return [TritonRenderer(s, buffers, f"k{i}").render() for i, s in enumerate(steps)
+            if isinstance(s, Kernel)]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["transpose", "nchw_to_nhwc", "gated_transpose", "broadcast_rows"])
+def test_transposing_pointwise_kernels_are_tiled(case):
+    """A kernel that reads along an outer dim and writes along the innermost (a transposing
+    copy, NCHW to NHWC, gMLP's gate reading a token-mixed value transposed) runs in
+    [XBLOCK, YBLOCK] tiles over a 2-D grid, so both sides move whole memory sectors; one that
+    walks memory along the innermost dim everywhere (a row broadcast) stays flat."""
+    a, b = torch.randn(3, 40, 24), torch.randn(3, 24, 40)
+    fn, args = {
+        "transpose": (lambda x: (x.transpose(1, 2) * 2).contiguous(), (a,)),
+        "nchw_to_nhwc": (lambda x: x.contiguous(memory_format=torch.channels_last) + 1,
+                         (torch.randn(2, 24, 5, 7),)),  # fmt: skip
+        "gated_transpose": (lambda u, v: u * v.transpose(1, 2), (a, b)),
+        "broadcast_rows": (lambda x, r: x * r, (a, torch.randn(24))),
+    }[case]
+    (src,) = _kernel_sources(fn, *args)
+    tiled = dict(src.meta).get("tiled") == 1
+    assert tiled == (case != "broadcast_rows"), src.source
+    if tiled:
+        assert "YBLOCK" in src.source and "tl.program_id(1)" in src.source
+    check(fn, *args, kernels=1)

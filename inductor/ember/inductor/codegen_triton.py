@@ -1,8 +1,10 @@
 """The Triton renderer: the same kernel IR as C++, as block programs over x (and r) indices.
 
-Pointwise kernels are one-dimensional over the flattened x space; reductions are two-dimensional
-[XBLOCK, RBLOCK] blocks, persistent (one block holds the whole row) when rows are short, else
-looped over r. Loads and stores are masked; indices are 64-bit when a buffer needs it.
+Pointwise kernels are one-dimensional over the flattened x space, or [XBLOCK, YBLOCK] tiles over
+(outer, inner) dims when one access walks memory along an outer dim and another along the innermost
+(a transpose: see `_tile_split`); reductions are two-dimensional [XBLOCK, RBLOCK] blocks, persistent
+(one block holds the whole row) when rows are short, else looped over r. Loads and stores are
+masked; indices are 64-bit when a buffer needs it.
 """
 
 from __future__ import annotations
@@ -171,7 +173,13 @@ class TritonRenderer(Renderer):
             v = f"{_bf16_rne(value)}.to(tl.bfloat16)"
         ptr = f"{self.args[name]} + ({self.index_text(index)})"
         names = {str(s)[0] for s in sympy.sympify(index).free_symbols - set(self.hints)}
-        if "rmask" in mask and not {"x", "r"} <= names:
+        if self.tile is not None:
+            used = {str(v) for v in sympy.sympify(index).free_symbols}
+            if not (used & self.tile[0] and used & self.tile[1]):
+                # an address over one side of the tile (a broadcast row or column) is
+                # broadcast to the [XBLOCK, YBLOCK] block its mask covers
+                ptr += " + tl.zeros([XBLOCK, YBLOCK], tl.int32)"
+        elif "rmask" in mask and not {"x", "r"} <= names:
             # In a reduction's r loop the mask is an [XBLOCK, RBLOCK] block, but an address
             # over x alone (a pointwise member fused into the loop, or an r range of 1 merged
             # away) is [XBLOCK, 1] and one over r alone [1, RBLOCK]: tl.store takes no mask
@@ -330,10 +338,25 @@ class TritonRenderer(Renderer):
         self.locals, self.deferred, self.mask_stack = {}, {}, []
         reduction = bool(k.rsizes)
         pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
-        xshape = "[:, None]" if reduction else ""
-        head = [f"xoffset = {pid} * XBLOCK", f"xindex = xoffset + tl.arange(0, XBLOCK){xshape}",
-                "xmask = xindex < xnumel", *self._decompose("xindex", xvars, xsizes)]  # fmt: skip
-        if not reduction:
+        split = None if reduction or dynamic else _tile_split(xvars, xsizes, self._accesses(xassign))
+        self.tile = None
+        if split is not None:  # [XBLOCK, YBLOCK] tiles: outer dims down, inner dims across
+            self.tile = ({str(v) for v in xvars[:split]}, {str(v) for v in xvars[split:]})
+            pid_y = "tl.program_id(1).to(tl.int64)" if big else "tl.program_id(1)"
+            head = [f"xoffset = {pid} * XBLOCK", "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+                    "xmask = xindex < xnumel", f"yoffset = {pid_y} * YBLOCK",
+                    "yindex = yoffset + tl.arange(0, YBLOCK)[None, :]", "ymask = yindex < ynumel",
+                    *self._decompose("xindex", xvars[:split], xsizes[:split]),
+                    *self._decompose("yindex", xvars[split:], xsizes[split:])]  # fmt: skip
+            xnumel, rnumel = sympy.Mul(*xsizes[:split]), sympy.Mul(*xsizes[split:])
+            body = self._body(k.members, xassign, [], "xmask & ymask", x_level=True)
+        else:
+            xshape = "[:, None]" if reduction else ""
+            head = [f"xoffset = {pid} * XBLOCK", f"xindex = xoffset + tl.arange(0, XBLOCK){xshape}",
+                    "xmask = xindex < xnumel", *self._decompose("xindex", xvars, xsizes)]  # fmt: skip
+        if split is not None:
+            pass  # the tile's body is rendered above
+        elif not reduction:
             body = self._body(k.members, xassign, [], "xmask", x_level=True)
         else:
             body = ["rbase = tl.arange(0, RBLOCK)[None, :]"]
@@ -341,8 +364,11 @@ class TritonRenderer(Renderer):
                 body += self._phase(i, loop_members, post, xassign, rassign, rvars, rsizes)
         # Dynamic sizes (in the body or the numels) are arguments after xnumel and rnumel.
         syms = size_symbols_in([*head, *body, _py(xnumel), _py(rnumel)])
-        params = [*self.args.values(), "xnumel"] + (["rnumel"] if reduction else []) + syms
-        consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if reduction else [])
+        tiled = split is not None
+        params = ([*self.args.values(), "xnumel"] + (["rnumel"] if reduction else [])
+                  + (["ynumel"] if tiled else []) + syms)  # fmt: skip
+        consts = (["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if reduction else [])
+                  + (["YBLOCK: tl.constexpr"] if tiled else []))  # fmt: skip
         helpers = []
         if self.uses_prod:
             helpers = ["@triton.jit", f"def {PROD_COMBINE}(a, b):", "    return a * b", "", ""]
@@ -352,13 +378,26 @@ class TritonRenderer(Renderer):
             f"def {self.name}({', '.join(params + consts)}):", *_indent(head + body), "",
         ])  # fmt: skip
         types = tuple(buffer_ptr_type(self.dtype_of(n)) for n in self.args) + ("i64",) * (
-            1 + reduction + len(syms)
+            1 + reduction + tiled + len(syms)
         )
+        # a tiled kernel's second size (ynumel) travels where a reduction's rnumel does
         meta = (("xnumel", self._hint(xnumel)), ("rnumel", self._hint(rnumel)),
-                ("persistent", int(self.persistent)), ("reduction", int(reduction)))  # fmt: skip
+                ("persistent", int(self.persistent)), ("reduction", int(reduction)),
+                ("tiled", int(tiled)))  # fmt: skip
         if dynamic:  # the wrapper computes the numels from the sizes at each call
             meta += (("numel", (_py(xnumel, PY_MINMAX), _py(rnumel, PY_MINMAX))),)
         return KernelSource(self.name, "triton", src, (*self.args, *syms), types, meta=meta)
+
+    def _accesses(self, xassign) -> list:
+        """Every load and store index of the kernel, in the rendered (merged) x variables."""
+        kxs, _ = self.kernel.vars()
+        subst = dict(zip(kxs, xassign))
+        out = []
+        for m in self.kernel.members:
+            rec = self.kernel.record(m)
+            for _, index in rec.loads + rec.stores:
+                out.append(sympy.sympify(simplify_index(index, self.kernel_ranges)).xreplace(subst))
+        return out
 
     def _hint(self, expr) -> int:
         """`expr` at the example's sizes (block sizes are chosen for it; any size runs)."""
@@ -430,6 +469,12 @@ def launch_configs(src: KernelSource) -> list[dict]:
     """Candidate block sizes and warps for autotuning (the first is the untuned default)."""
     meta = dict(src.meta)
     x, r = meta["xnumel"], meta["rnumel"]
+    if meta.get("tiled"):
+        def side(n, cap):
+            return max(1, min(cap, next_pow2(n)))
+
+        return [{"XBLOCK": side(x, a), "YBLOCK": side(r, b), "num_warps": w}
+                for a, b, w in ((32, 32, 4), (64, 64, 8), (16, 64, 4), (64, 16, 4))]  # fmt: skip
     if not meta["reduction"]:
         return [{"XBLOCK": min(1024, next_pow2(x)), "num_warps": 4},
                 {"XBLOCK": min(256, next_pow2(x)), "num_warps": 2},
@@ -446,7 +491,45 @@ def grid_of(src: KernelSource, cfg: dict) -> tuple:
     """The launch grid as sympy expressions (over the size symbols when sizes are dynamic)."""
     meta = dict(src.meta)
     xnumel = sympy.sympify(meta["numel"][0]) if "numel" in meta else sympy.Integer(meta["xnumel"])
+    if meta.get("tiled"):
+        return (CeilDiv(xnumel, sympy.Integer(cfg["XBLOCK"])),
+                CeilDiv(sympy.Integer(meta["rnumel"]), sympy.Integer(cfg["YBLOCK"])))  # fmt: skip
     return (CeilDiv(xnumel, sympy.Integer(cfg["XBLOCK"])),)
+
+
+# A tile's sides: the inner dims at least this many elements, each memory-walking outer dim too.
+TILE_MIN = 16
+# Grid dim 1 (the inner dims' tiles) holds at most 65535 programs.
+TILE_MAX_INNER = 65535 * 16
+
+
+def _tile_split(xvars, xsizes, accesses) -> Optional[int]:
+    """Where to split a pointwise kernel's dims into [outer | inner] tiles, or None for a flat
+    kernel: when some access walks memory along an outer dim (stride 1 there) while not along
+    the innermost one, as a transposing copy reads, a flat block reads (or writes) one element
+    per 32-byte sector; in a tile both sides move whole sectors (Triton shuffles the block
+    through shared memory between the two orders)."""
+    if len(xvars) < 2 or not all(sympy.sympify(s).is_Integer for s in xsizes):
+        return None
+    sizes = [int(s) for s in xsizes]
+    origin = {v: 0 for v in xvars}
+    split = None
+    for e in accesses:
+        if e.free_symbols - set(xvars):
+            continue  # an indirect (gathered) address: its walk is not known here
+        steps = [e.xreplace({**origin, v: 1}) - e.xreplace(origin) for v in xvars]
+        if not all(sympy.sympify(d).is_Integer for d in steps) or steps[-1] in (0, 1, -1):
+            continue
+        for j in range(len(xvars) - 2, -1, -1):
+            if steps[j] == 1 and sizes[j] >= TILE_MIN:
+                split = max(split or 0, j + 1)
+                break
+    if split is None:
+        return None
+    inner = math.prod(sizes[split:])
+    if inner < TILE_MIN or inner > TILE_MAX_INNER or math.prod(sizes[:split]) < TILE_MIN:
+        return None
+    return split
 
 
 __all__ = ["CantRender", "TritonRenderer", "grid_of", "launch_configs"]

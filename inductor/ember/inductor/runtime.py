@@ -345,8 +345,7 @@ class TritonLauncher:
         return self._fn
 
     def _grid_and_constants(self, cfg) -> tuple:
-        grid = (-(-self.sizes[0] // cfg["XBLOCK"]),)
-        return grid, {k: v for k, v in cfg.items() if k != "num_warps"}
+        return _grid(self.sizes, cfg), {k: v for k, v in cfg.items() if k != "num_warps"}
 
     def _launch(self, cfg, args):
         grid, consts = self._grid_and_constants(cfg)
@@ -393,14 +392,21 @@ def _direct_launcher(compiled, cfg, sizes):
 
     device = driver.active.get_current_device()
     get_stream = driver.active.get_current_stream
-    grid = -(-sizes[0] // cfg["XBLOCK"])
+    gx, gy = (*_grid(sizes, cfg), 1)[:2]
     tail = (*sizes, *(v for k, v in cfg.items() if k != "num_warps"))
     run, fn, meta = compiled.run, compiled.function, compiled.packed_metadata
 
     def launch(*args):
-        run(grid, 1, 1, get_stream(device), fn, meta, None, None, None, *args, *tail)
+        run(gx, gy, 1, get_stream(device), fn, meta, None, None, None, *args, *tail)
 
     return launch
+
+
+def _grid(sizes, cfg) -> tuple:
+    """Programs along x, and along a tile's inner dims (YBLOCK: sizes are (xnumel, ynumel))."""
+    if "YBLOCK" in cfg:
+        return (-(-sizes[0] // cfg["XBLOCK"]), -(-sizes[1] // cfg["YBLOCK"]))
+    return (-(-sizes[0] // cfg["XBLOCK"]),)
 
 
 def _autotunes(launcher: TritonLauncher) -> bool:

@@ -106,7 +106,7 @@ def _jit_function(source: str, name: str):
 
 
 def launch_args(k, step_args: list) -> list:
-    """A Triton kernel step's full argument list: the buffers, then xnumel (and rnumel), then the
+    """A Triton kernel step's full argument list: the buffers, then xnumel (and rnumel or ynumel), then the
     size symbols, as the kernel's signature has them (the Python launcher appends the numels
     itself; the C++ wrapper needs them in the step)."""
     meta = dict(k.meta)
@@ -117,7 +117,8 @@ def launch_args(k, step_args: list) -> list:
         numels = [expr_to_json(n) if n.free_symbols else int(n) for n in numels]
         numels = [{"expr": n} if isinstance(n, (dict, list)) else n for n in numels]
     else:
-        numels = [int(meta["xnumel"])] + ([int(meta["rnumel"])] if meta["reduction"] else [])
+        second = meta["reduction"] or meta.get("tiled")  # rnumel, or a tile's ynumel
+        numels = [int(meta["xnumel"])] + ([int(meta["rnumel"])] if second else [])
     buffers, syms = split_size_args(k, step_args)
     return [*buffers, *numels, *syms]
 

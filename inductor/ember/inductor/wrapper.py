@@ -388,7 +388,7 @@ def _kernel_loader(k) -> list[str]:
         xn, rn = meta["numel"]
         numel = f", numel=lambda {', '.join(syms)}: ({xn}, {rn if meta['reduction'] else None})"
     return [f"{k.name} = triton_kernel({k.name!r}, r'''", k.source.rstrip("\n"),
-            f"''', {list(meta['configs'])!r}, {meta['xnumel']}, {meta['rnumel'] if meta['reduction'] else None}{numel})"]  # fmt: skip
+            f"''', {list(meta['configs'])!r}, {meta['xnumel']}, {meta['rnumel'] if meta['reduction'] or meta.get('tiled') else None}{numel})"]  # fmt: skip
 
 
 def _produces_names(s) -> set:
