@@ -42,3 +42,15 @@ def perturbs_cos(gm, example_inputs):
         if node in cos:
             env[node] = graph.call_function(torch.add, (env[node], 0.5))
     return fx.GraphModule(gm, graph).forward
+
+
+@register_backend("fails_on_nan_inputs")
+def fails_on_nan_inputs(gm, example_inputs):
+    """The result raises when called with a NaN in an input (a failure random inputs miss)."""
+
+    def run(*args):
+        if any(a.isnan().any() for a in args if isinstance(a, torch.Tensor)):
+            raise FloatingPointError("NaN in an input")
+        return gm.forward(*args)
+
+    return run

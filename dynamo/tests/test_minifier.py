@@ -177,3 +177,33 @@ def test_random_inputs_keep_specs():
     ints = minifier.TensorSpec.of(torch.tensor([3, 7, 5]))
     assert set(minifier.make_inputs([ints])[0].tolist()) <= set(range(3, 8))
     assert minifier.make_inputs([spec], seed=1)[0].ne(made).any()
+
+
+def test_values_are_saved_when_random_inputs_do_not_fail(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "repro", "error")
+    x, y = inputs()
+    x[1, 2] = float("nan")
+    with pytest.warns(UserWarning, match="FloatingPointError"):
+        with pytest.raises(FloatingPointError):
+            ember.compile(chain, backend="fails_on_nan_inputs")(x, y)
+    directory = only_directory(tmp_path)
+    saved = minifier.load_repro(directory / "repro.py")
+    assert saved.input_values == "repro_inputs.pt" and (directory / saved.input_values).is_file()
+    values = saved.inputs()
+    assert any(v.isnan().any() for v in values)
+    gm = minifier.trace(saved.module_class(), values)
+    assert minifier.count_ops(gm) <= 10
+    backend = minifier.backend_by_name(saved.backend.name, saved.backend.module)
+    with pytest.raises(FloatingPointError):
+        minifier.check(saved.mode, gm, values, backend, saved.expected)
+
+
+def test_settings_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("EMBER_REPRO", "accuracy")
+    monkeypatch.setenv("EMBER_REPRO_DIR", "/somewhere/repros")
+    monkeypatch.setenv("EMBER_REPRO_MINIFY", "0")
+    fresh = type(config)()
+    assert (fresh.repro, fresh.repro_dir, fresh.repro_minify) == ("accuracy", "/somewhere/repros",
+                                                                   False)  # fmt: skip
+    monkeypatch.delenv("EMBER_REPRO")
+    assert type(config)().repro == ""
