@@ -202,17 +202,16 @@ class SubGraphs:
     def build(self, kept) -> Optional[tuple]:
         """(GraphModule, inputs, the original nodes the inputs stand for) computing the nodes of
         `kept`, or None when nothing is left."""
-        kept = self.closure(kept)
-        outputs = self.outputs(kept)
-        if not outputs:
-            return None
-        needed = set(kept)
-        while True:  # drop non-tensor leaves (a size read nothing uses any more)
+        needed = set(self.closure(kept))
+        while True:  # drop leaves that are no outputs (a size nothing reads any more)
+            outputs = self.outputs(needed)
             used = {a for n in needed for a in n.all_input_nodes}
             dead = {n for n in needed if n not in used and n not in outputs}
             if not dead:
                 break
             needed -= dead
+        if not outputs:
+            return None
         graph, env, inputs = fx.Graph(), {}, []
         cut = {a for n in needed for a in n.all_input_nodes if a not in needed}
         for node in sorted(cut, key=self.order.__getitem__):

@@ -129,8 +129,10 @@ def _write(mode, graph, inputs, backend, where: _Where, failure) -> str:
                         f"kept ({small.tests} tries, {small.seconds:.1f} s"
                         f"{'' if small.complete else ', stopped by repro_max_seconds'}).\n",
                         input_values=None if random_ok else small.inputs, **common)  # fmt: skip
+    unnamed = "" if ref.name else ("; register the backend by name (ember.dynamo."
+                                   "register_backend) and set BACKEND to run it")  # fmt: skip
     return (f"a repro with {small.ops_after} of {small.ops_before} calls is written to {repro} "
-            f"(run it with python; the whole graph: {original})")
+            f"(run it with python; the whole graph: {original}){unnamed}")
 
 
 def _new_directory(where: _Where) -> Path:

@@ -47,6 +47,8 @@ def backend_ref(backend: Callable) -> BackendRef:
         options = {**backend.keywords, **options}
         backend = backend.func
     module = inspect.getmodule(backend) or inspect.getmodule(type(backend))
+    if module is not None and module.__name__ == "__main__":
+        module = None  # the user's script: importing it again would run it
     where = (module.__name__, getattr(module, "__file__", None)) if module else None
     for name, fn in backends._REGISTRY.items():
         if fn is backend:
