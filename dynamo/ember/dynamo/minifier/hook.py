@@ -12,13 +12,14 @@ from typing import Callable, NamedTuple
 import torch.fx as fx
 
 from ..config import config
-from .checks import (Failure, accuracy_predicate, eager_reference, error_predicate, mismatch,
+from .checks import (MODES, Failure, accuracy_predicate, eager_reference, error_predicate, mismatch,
                      run_seeded)  # fmt: skip
 from .graphs import copy_graph, make_inputs, spec_of
 from .reprofile import backend_ref, write_repro
 from .search import minify
 
 log = logging.getLogger("ember.dynamo.minifier")
+_warned_modes: set = set()
 
 
 def call_backend(backend: Callable, gm: fx.GraphModule, example_inputs: list, code):
@@ -28,7 +29,11 @@ def call_backend(backend: Callable, gm: fx.GraphModule, example_inputs: list, co
     EMBER_REPRO=accuracy a result unlike eager's does (the compiled function is returned all
     the same)."""
     mode = config.repro
-    if mode not in ("error", "accuracy"):
+    if mode not in MODES:
+        if mode and mode not in _warned_modes:
+            _warned_modes.add(mode)
+            warnings.warn(f"EMBER_REPRO (ember.dynamo.config.repro) is {mode!r}; it must be one "
+                          f"of {', '.join(MODES)} (or empty: off)", stacklevel=2)  # fmt: skip
         return backend(gm, example_inputs)
     graph = copy_graph(gm)  # backends may rewrite gm in place
     where = _Where(code.co_name, code.co_filename, code.co_firstlineno)

@@ -178,7 +178,8 @@ def write_repro(path, gm: fx.GraphModule, specs: list, backend: BackendRef, mode
     except Exception:  # noqa: BLE001
         options = "{}  # the options it had (" + options.replace("\n", " ") + ") do not read back"
     text = _TEMPLATE.format(
-        title=title, details=details, filename=path.name, graph=graph_source(gm),
+        title=_docstring_safe(title), details=_docstring_safe(details), filename=path.name,
+        graph=graph_source(gm),
         inputs="\n".join(f"    {_spec_source(s)}," for s in specs), input_values=values_name,
         backend=backend.name, module=backend.module, options=options, mode=mode,
         expected=(expected.type_name, expected.message) if expected else None,
@@ -186,6 +187,11 @@ def write_repro(path, gm: fx.GraphModule, specs: list, backend: BackendRef, mode
     )  # fmt: skip
     path.write_text(text)
     return path
+
+
+def _docstring_safe(text: str) -> str:
+    """`text` as it may appear in a docstring (an error message may hold quotes, backslashes)."""
+    return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
 
 
 def _spec_source(spec) -> str:
