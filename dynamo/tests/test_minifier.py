@@ -1,6 +1,6 @@
 """The minifier: EMBER_REPRO=error|accuracy shrinks a failing 200-call graph to a repro of a few
-calls that reproduces in a fresh process; nothing is written when the backend is right; the CLI
-minifies a saved graph; minify() finds failures that need two distant nodes."""
+calls that reproduces (in a fresh process); nothing is written when the backend is right; the
+CLI minifies a saved graph; minify() finds failures that need two distant nodes."""
 
 import os
 import subprocess
@@ -102,11 +102,15 @@ def test_accuracy_mode_writes_a_small_repro(tmp_path, monkeypatch):
         result = compiled(x, y)
     # The user still gets the backend's result (EMBER_REPRO only reports).
     assert not torch.allclose(result, chain(x, y), atol=1e-3)
-    directory = only_directory(tmp_path)
-    assert repro_ops(directory / "repro.py") <= 10
-    done = run_python("repro.py", cwd=directory)
-    assert done.returncode != 0
-    assert "AccuracyError: the compiled graph's result differs from eager" in done.stderr
+    saved = minifier.load_repro(only_directory(tmp_path) / "repro.py")
+    small_inputs = saved.inputs()
+    gm = minifier.trace(saved.module_class(), small_inputs)
+    assert minifier.count_ops(gm) <= 10
+    backend = minifier.backend_by_name(saved.backend.name, saved.backend.module)
+    with pytest.raises(minifier.AccuracyError, match="result differs from eager"):
+        minifier.check(saved.mode, gm, small_inputs, backend, saved.expected, saved.tolerance)
+    # what the correct backend makes of the same repro: no failure
+    assert not minifier.check(saved.mode, gm, small_inputs, ember.dynamo.lookup_backend("eager"))
 
 
 @pytest.mark.parametrize("mode", ["error", "accuracy"])
@@ -207,3 +211,13 @@ def test_settings_come_from_the_environment(monkeypatch):
                                                                    False)  # fmt: skip
     monkeypatch.delenv("EMBER_REPRO")
     assert type(config)().repro == ""
+
+
+def test_the_same_failure_is_written_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "repro", "error")
+    for _ in range(2):  # a second function object of the same code: compiled and failing again
+        compiled = ember.compile(lambda x: torch.sin(x) * 2, backend="fails_on_sin")
+        with pytest.warns(UserWarning, match="repro") as record, pytest.raises(RuntimeError):
+            compiled(torch.randn(3))
+    assert "the same failure as before" in str(record[0].message)
+    only_directory(tmp_path)

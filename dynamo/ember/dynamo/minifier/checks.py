@@ -32,9 +32,13 @@ class Failure:
     def of(cls, e: BaseException) -> "Failure":
         return cls(type(e).__qualname__, _first_line(str(e)))
 
+    @property
+    def key(self) -> tuple:
+        """What two matching failures have in common."""
+        return self.type_name, _masked(self.message)
+
     def matches(self, e: BaseException) -> bool:
-        return (type(e).__qualname__ == self.type_name
-                and _masked(_first_line(str(e))) == _masked(self.message))  # fmt: skip
+        return Failure.of(e).key == self.key
 
     def __str__(self) -> str:
         return f"{self.type_name}: {self.message}" if self.message else self.type_name

@@ -20,6 +20,8 @@ from .search import minify
 
 log = logging.getLogger("ember.dynamo.minifier")
 _warned_modes: set = set()
+# (graph code, mode, failure, directory) -> what the report said, for graphs already reported
+_reported: dict = {}
 
 
 def call_backend(backend: Callable, gm: fx.GraphModule, example_inputs: list, code):
@@ -83,11 +85,17 @@ class _Where(NamedTuple):
 def _report(mode, graph, inputs, backend, where: _Where, failure) -> None:
     """Save the failing graph and a minimized repro, then warn; never raises (the user's own
     error, or result, matters more than the repro)."""
-    try:
-        message = _write(mode, graph, inputs, backend, where, failure)
-    except Exception as e:  # noqa: BLE001
-        log.debug("writing the repro failed", exc_info=True)
-        message = f"writing a repro failed: {type(e).__name__}: {e}"
+    # The same graph failing the same way again (a recompile, a second model instance): once.
+    key = (graph.code, mode, failure.key if isinstance(failure, Failure) else None,
+           config.repro_dir)  # fmt: skip
+    if key in _reported:
+        message = f"the same failure as before: {_reported[key]}"
+    else:
+        try:
+            message = _reported[key] = _write(mode, graph, inputs, backend, where, failure)
+        except Exception as e:  # noqa: BLE001
+            log.debug("writing the repro failed", exc_info=True)
+            message = f"writing a repro failed: {type(e).__name__}: {e}"
     what = (f"raised {failure}" if isinstance(failure, Failure)
             else f"gave a result unlike eager's ({failure})")  # fmt: skip
     text = f"ember.compile: backend {_name(backend)} {what} on the graph of {where}; {message}"
