@@ -63,7 +63,7 @@ def backend_by_name(name: Optional[str], module: Optional[tuple] = None,
                     options: Optional[dict] = None) -> Callable:  # fmt: skip
     """The backend a repro file names: a registry name (its module `(name, file)` imported
     first, so a backend registered there is found) or "module:function"."""
-    from ..backends import _REGISTRY, lookup_backend
+    from ..backends import _REGISTRY, BackendNotFound, lookup_backend
 
     if name is None:
         raise ReproError("the backend was neither registered by name nor defined at the top level "
@@ -77,7 +77,14 @@ def backend_by_name(name: Optional[str], module: Optional[tuple] = None,
     else:
         if name not in _REGISTRY and module is not None:
             _import(*module)
-        fn = lookup_backend(name)
+        try:
+            fn = lookup_backend(name)
+        except BackendNotFound as e:
+            if module is not None:
+                raise
+            raise ReproError(f"{e}: it was registered by the script that wrote this repro; "
+                             "register it here (ember.dynamo.register_backend) or set "
+                             "BACKEND_MODULE to (module name, file) of a module that does") from None
     return functools.partial(fn, **options) if options else fn
 
 
