@@ -221,3 +221,28 @@ def test_the_same_failure_is_written_once(tmp_path, monkeypatch):
             compiled(torch.randn(3))
     assert "the same failure as before" in str(record[0].message)
     only_directory(tmp_path)
+
+
+def test_repro_files_round_trip_the_graph(tmp_path):
+    def program(x):
+        a, b = torch.split(x * 2, 2, dim=1)
+        return torch.ones(3) + a.sum(), b.view(x.size(0), -1)
+
+    x = torch.randn(4, 4)
+    gm = fx.symbolic_trace(program)  # torch.ones(3) is a constant there: make it a call again
+    (constant,) = [n for n in gm.graph.nodes if n.op == "get_attr"]
+    with gm.graph.inserting_before(constant):
+        constant.replace_all_uses_with(gm.graph.call_function(torch.ones, (3,)))
+    gm.graph.erase_node(constant)
+    gm.recompile()
+    specs = [minifier.TensorSpec.of(x)]
+    ref = minifier.backend_ref(ember.dynamo.lookup_backend("fails_on_sin"))
+    path = minifier.write_repro(tmp_path / "r.py", gm, specs, ref, "error",
+                                minifier.Failure("RuntimeError", "x"), title="t")  # fmt: skip
+    saved = minifier.load_repro(path)
+    assert (saved.backend.name, saved.specs, saved.mode) == ("fails_on_sin", specs, "error")
+    back = minifier.trace(saved.module_class(), [x])
+    ops = lambda g: [(n.op, n.target) for n in g.graph.nodes]  # noqa: E731
+    assert ops(back) == ops(gm)  # torch.ones stays a call, not a constant of the module
+    torch.testing.assert_close(back(x), program(x))
+    assert all("example_value" in n.meta for n in back.graph.nodes if n.op != "output")

@@ -131,6 +131,10 @@ def graph_source(gm: fx.GraphModule) -> str:
     body = "\n".join(("    " + line).rstrip() for line in code.src.strip("\n").splitlines())
     head = "\n".join(_global_lines(code.globals, code.src))
     head = f"{head}\n\n\n" if head else "\n"
+    where = [f"#   {n.name}: {n.meta['ember_where']}" for n in gm.graph.nodes
+             if n.op != "placeholder" and n.meta.get("ember_where")]  # fmt: skip
+    if where:
+        head += "# Where each call was traced:\n" + "\n".join(where) + "\n\n\n"
     return f"{head}class Repro(torch.nn.Module):\n{body}"
 
 
