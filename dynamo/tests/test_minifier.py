@@ -221,6 +221,10 @@ def test_the_same_failure_is_written_once(tmp_path, monkeypatch):
             compiled(torch.randn(3))
     assert "the same failure as before" in str(record[0].message)
     only_directory(tmp_path)
+    ember.reset()  # forgets it: the next failure is written again
+    with pytest.warns(UserWarning, match="repro with 1 of 2 calls"), pytest.raises(RuntimeError):
+        compiled(torch.randn(3))
+    assert len(list((tmp_path / "repros").iterdir())) == 2
 
 
 def test_repro_files_round_trip_the_graph(tmp_path):

@@ -71,6 +71,12 @@ def call_backend(backend: Callable, gm: fx.GraphModule, example_inputs: list, co
     return compiled
 
 
+def forget() -> None:
+    """Forget which failures were reported and warned about (ember.reset)."""
+    _reported.clear()
+    _warned_modes.clear()
+
+
 class _Where(NamedTuple):
     """The user's frame: function name, file and first line."""
 

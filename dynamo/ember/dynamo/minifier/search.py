@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import linecache
 import logging
 import time
 import warnings
 from typing import Callable, Optional
 
 import torch.fx as fx
+import torch.fx.graph_module  # noqa: F401  (its source cache, see _forgetting_sources)
 
 from .graphs import SubGraphs, count_ops
 
@@ -41,18 +44,35 @@ def minify(gm: fx.GraphModule, example_inputs, fails: Callable, *, random_inputs
     (or random values of that spec, with `random_inputs`, as a repro file makes them); inputs
     nothing reads are dropped, outputs are the values no kept node reads."""
     start = time.monotonic()
-    graphs = SubGraphs(gm, list(example_inputs), random_inputs)
-    search = _Search(graphs, fails, start + max_seconds if max_seconds else None)
-    kept = list(graphs.body)
-    if not search.fails(kept):
-        raise MinifierError("the graph rebuilt from its nodes does not fail")
-    kept = search.shortest_prefix(kept)
-    kept = search.shortest_suffix(kept)
-    kept = search.ddmin(kept)
+    with _forgetting_sources():
+        graphs = SubGraphs(gm, list(example_inputs), random_inputs)
+        search = _Search(graphs, fails, start + max_seconds if max_seconds else None)
+        kept = list(graphs.body)
+        if not search.fails(kept):
+            raise MinifierError("the graph rebuilt from its nodes does not fail")
+        kept = search.shortest_prefix(kept)
+        kept = search.shortest_suffix(kept)
+        kept = search.ddmin(kept)
     small, inputs, nodes = graphs.build(kept)
     return Minified(small, inputs, [graphs.specs[n] for n in nodes], count_ops(gm),
                     count_ops(small), search.tests, time.monotonic() - start,
                     not search.out_of_time)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _forgetting_sources():
+    """torch.fx keeps the source of every GraphModule it builds, for tracebacks, for the life of
+    the process (linecache and its loader's cache); the search builds one per try."""
+    loader = getattr(torch.fx.graph_module, "_loader", None)
+    cache = getattr(loader, "eval_cache", None)
+    before = set(cache) if isinstance(cache, dict) else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            for key in set(cache) - before:
+                cache.pop(key, None)
+                linecache.cache.pop(key, None)
 
 
 class _Search:
