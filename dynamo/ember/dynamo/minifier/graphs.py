@@ -68,28 +68,29 @@ def make_inputs(specs, seed: int = 0) -> list:
 
 
 def _random_tensor(spec: TensorSpec, gen: torch.Generator) -> torch.Tensor:
-    span = spec.offset + 1 + sum((n - 1) * st for n, st in zip(spec.shape, spec.stride))
-    span = 0 if any(n == 0 for n in spec.shape) else span
+    span = spec.offset
+    if all(n > 0 for n in spec.shape):
+        span += 1 + sum((n - 1) * st for n, st in zip(spec.shape, spec.stride))
     dtype, (low, high) = spec.dtype, spec.range or (None, None)
     if dtype == torch.bool:
         flat = torch.randint(0, 2, (span,), generator=gen).bool()
     elif dtype.is_complex:
         flat = torch.randn(span, generator=gen, dtype=dtype)
+    elif dtype.is_floating_point and low is None:
+        flat = torch.randn(span, generator=gen, dtype=torch.float64).to(dtype)
     elif dtype.is_floating_point:
-        flat = torch.randn(span, generator=gen, dtype=torch.float64)
-        if low is not None:
-            flat = low + (high - low) * torch.rand(span, generator=gen, dtype=torch.float64)
+        flat = low + (high - low) * torch.rand(span, generator=gen, dtype=torch.float64)
         flat = flat.to(dtype)
     else:
-        low, high = (0, 1) if low is None else (low, high)
+        low, high = (0, 1) if low is None else (low, min(high, 2**63 - 2))
         flat = torch.randint(low, high + 1, (span,), generator=gen, dtype=torch.int64).to(dtype)
     t = flat.to(spec.device).as_strided(spec.shape, spec.stride, spec.offset)
     return t.requires_grad_(spec.requires_grad)
 
 
 def clone_input(value):
-    """A private copy of an input with its strides (expanded and overlapping ones too),
-    storage offset and requires_grad, so a run that mutates it leaves the original alone."""
+    """A private copy of an input with its strides (expanded and overlapping ones too) and
+    requires_grad, so a run that mutates it leaves the original alone."""
     if not isinstance(value, torch.Tensor):
         return value
     with torch.no_grad():
