@@ -250,3 +250,11 @@ def test_repro_files_round_trip_the_graph(tmp_path):
     assert ops(back) == ops(gm)  # torch.ones stays a call, not a constant of the module
     torch.testing.assert_close(back(x), program(x))
     assert all("example_value" in n.meta for n in back.graph.nodes if n.op != "output")
+
+
+def test_cli_refuses_a_file_that_is_no_repro(tmp_path, capsys):
+    from ember.dynamo.minifier.__main__ import main
+
+    (tmp_path / "other.py").write_text("x = 1\n")
+    assert main([str(tmp_path / "other.py")]) == 2
+    assert "is not an ember repro file" in capsys.readouterr().err

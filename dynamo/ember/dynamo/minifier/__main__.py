@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .checks import accuracy_predicate, error_predicate
-from .reprofile import backend_by_name, load_repro, trace, write_repro
+from .reprofile import ReproError, backend_by_name, load_repro, trace, write_repro
 from .search import MinifierError, minify
 
 
@@ -22,10 +22,14 @@ def main(argv=None) -> int:
                         help="stop searching after this long (the smallest graph so far is kept)")
     args = parser.parse_args(argv)
 
-    saved = load_repro(args.file)
+    try:
+        saved = load_repro(args.file)
+        backend = backend_by_name(saved.backend.name, saved.backend.module, saved.backend.options)
+    except ReproError as e:
+        print(f"{args.file}: {e}", file=sys.stderr)
+        return 2
     inputs = saved.inputs()
     gm = trace(saved.module_class(), inputs)
-    backend = backend_by_name(saved.backend.name, saved.backend.module, saved.backend.options)
     if saved.mode == "error":
         if saved.expected is None:
             print(f"{args.file}: error mode needs EXPECTED (the exception)", file=sys.stderr)
