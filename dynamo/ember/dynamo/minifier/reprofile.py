@@ -161,7 +161,8 @@ BACKEND = {backend!r}  # a registry name, or "module:function"
 BACKEND_MODULE = {module!r}  # imported first: where the backend is registered
 BACKEND_OPTIONS = {options}
 MODE = {mode!r}  # "error": the backend raises EXPECTED; "accuracy": its result differs from eager
-EXPECTED = {expected!r}  # (exception type, first line of its message), numbers masked
+# Error mode: (exception type, first line of its message), compared with numbers masked.
+EXPECTED = {expected!r}
 TOLERANCE = {tolerance!r}  # accuracy mode: relative and absolute tolerance
 
 
