@@ -16,6 +16,7 @@ from . import convert
 from ._native import _C
 from .backends import CompileCounter, lookup_backend
 from .dynamic import reset_automatic
+from .minifier import hook as minifier_hook
 from .export_capture import export  # noqa: F401  (re-exported: the front door's ember.export)
 
 
@@ -160,6 +161,7 @@ def reset() -> None:
     convert.static_codes.clear()
     convert.stats.__init__()
     reset_automatic()
+    minifier_hook.forget()
 
 
 def _forget_graph_sources(records) -> None:

@@ -25,6 +25,22 @@ class DynamoConfig:
     max_inline_depth: int = 64
     # Instructions one frame may symbolically execute (unrolled loops count) before giving up.
     max_instructions: int = 200_000
+    # Repro of a failing backend (minifier/): "error" (compiling or running the graph raises),
+    # "accuracy" (the compiled result differs from eager), "" (off). Env EMBER_REPRO.
+    repro: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_REPRO", ""))
+    # Where repros go (a fresh directory per failing graph). Env EMBER_REPRO_DIR.
+    repro_dir: str = dataclasses.field(
+        default_factory=lambda: os.environ.get("EMBER_REPRO_DIR", "ember_repro")
+    )
+    # Minify a failing graph (else only save it, for `python -m ember.dynamo.minifier`).
+    # Env EMBER_REPRO_MINIFY=0 turns it off.
+    repro_minify: bool = dataclasses.field(
+        default_factory=lambda: _env_flag("EMBER_REPRO_MINIFY", True)
+    )
+    # The minifier keeps the smallest graph found by then.
+    repro_max_seconds: float = 600.0
+    # Accuracy mode: relative and absolute tolerance (at least 1e-2 for 16-bit floats).
+    repro_tolerance: float = 1e-3
 
 
 config = DynamoConfig()

@@ -28,6 +28,7 @@ from .config import config
 from .dynamic import DynamicPolicy
 from .exc import GraphBreakError, RestartAnalysis, Unsupported
 from .interpreter import RootTranslator
+from .minifier.hook import call_backend
 from .output import OutputGraph, uncached_examples
 from .source import sanitize
 from .symbolic import SymbolicFallback
@@ -257,7 +258,7 @@ def finish(tx, output, code, backend, reason):
         if env is not None and env.symbols:
             gm.meta["ember_symbols"] = env.specs()
         try:
-            compiled = backend(gm, example_inputs)
+            compiled = call_backend(backend, gm, example_inputs, code)  # EMBER_REPRO
         except Exception as e:  # noqa: BLE001  (a backend that cannot take these symbols)
             if not gm.meta.get("ember_symbols"):
                 if isinstance(e, NotImplementedError):  # a construct the backend does not cover
