@@ -174,3 +174,19 @@ def test_transposing_pointwise_kernels_are_tiled(case):
     if tiled:
         assert "YBLOCK" in src.source and "tl.program_id(1)" in src.source
     check(fn, *args, kernels=1)
+
+
+def test_short_persistent_rows_get_wide_block_candidates():
+    """A persistent reduction over rows of 4 (a thin product's K) is offered blocks of many rows:
+    8 rows a program made millions of programs of 32 elements (CaiT's head mixing, 3x slower
+    than the GEMM it replaced); long rows keep their candidates."""
+    from ember.inductor.codegen_common import KernelSource
+    from ember.inductor.codegen_triton import launch_configs
+
+    def configs(x, r):
+        meta = (("xnumel", x), ("rnumel", r), ("persistent", 1), ("reduction", 1), ("tiled", 0))
+        return launch_configs(KernelSource("k", "triton", "", (), (), meta=meta))
+
+    assert max(c["XBLOCK"] for c in configs(5_000_000, 4)) == 256
+    assert [c["XBLOCK"] for c in configs(4096, 2048)] == [2, 2, 2]
+    assert all(c["XBLOCK"] <= 16 for c in configs(10, 4))

@@ -481,8 +481,15 @@ def launch_configs(src: KernelSource) -> list[dict]:
                 {"XBLOCK": min(2048, next_pow2(x)), "num_warps": 8}]  # fmt: skip
     if meta["persistent"]:
         rb = next_pow2(r)
-        return [{"XBLOCK": max(1, min(8, 4096 // rb, next_pow2(x))), "RBLOCK": rb, "num_warps": w}
-                for w in (4, 8, 2)]  # fmt: skip
+        configs = [{"XBLOCK": max(1, min(8, 4096 // rb, next_pow2(x))), "RBLOCK": rb, "num_warps": w}
+                   for w in (4, 8, 2)]  # fmt: skip
+        # Short rows (a thin product's K of 4, a softmax over 49 window positions): 8 rows a
+        # program left each a few dozen elements, millions of programs; wider blocks are tried
+        for rows in (4096 // rb, 1024 // rb):
+            rows = min(rows, 256, next_pow2(x))
+            if rows > 8 and all(c["XBLOCK"] != rows for c in configs):
+                configs.append({"XBLOCK": rows, "RBLOCK": rb, "num_warps": 4})
+        return configs
     return [{"XBLOCK": 1, "RBLOCK": 2048, "num_warps": 8}, {"XBLOCK": 8, "RBLOCK": 256, "num_warps": 4},
             {"XBLOCK": 1, "RBLOCK": 512, "num_warps": 4}]  # fmt: skip
 
