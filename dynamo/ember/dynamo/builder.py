@@ -95,6 +95,12 @@ class Builder:
             if source is None:
                 raise Unsupported("a tensor reached without a source (a closure or default value?)")
             return self.output.add_input(value, source)
+        if maybe_numpy(value):  # ndarrays, NumPy scalars and dtypes, NumPy functions
+            from .numpy_values import wrap_numpy_value
+
+            vt = wrap_numpy_value(self, value, source)
+            if vt is not None:
+                return vt
         if is_const_value(value):
             if isinstance(value, (bool, type(None))) or isinstance(value, enum.Enum):
                 g("ID", source, value)
@@ -162,6 +168,26 @@ class Builder:
             raise Unsupported(f"a {type(value).__name__} object reached without a source")
         g("TYPE", source, type(value))
         return V.ObjectVT(value, source)
+
+
+def maybe_numpy(value) -> bool:
+    """A cheap test (NumPy not imported) for a value numpy_values.wrap_numpy_value may take."""
+    t = type(value)
+    if _module_of(t).startswith("numpy"):
+        return True
+    if t is types.BuiltinFunctionType or t is types.FunctionType or t.__name__ == (
+        "cython_function_or_method"  # np.random.* functions
+    ):
+        owner = getattr(value, "__self__", None)  # a method: np.add.reduce, np.random.rand
+        return _module_of(value).startswith("numpy") or (
+            owner is not None and _module_of(type(owner)).startswith("numpy")
+        )
+    return False
+
+
+def _module_of(obj) -> str:
+    mod = getattr(obj, "__module__", None)
+    return mod if isinstance(mod, str) else ""
 
 
 def _identity_key(key) -> bool:

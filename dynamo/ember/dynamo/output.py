@@ -85,13 +85,16 @@ class OutputGraph:
             self.shape_env = ShapeEnv(self.graph, lambda: self.where(), exporting)
 
     # -- inputs -------------------------------------------------------------------------------
-    def add_input(self, value: torch.Tensor, source: Source) -> V.TensorVT:
-        """The TensorVT for a real tensor read from `source` (one placeholder per tensor object)."""
+    def add_input(self, value: torch.Tensor, source: Source, guarded=True) -> V.TensorVT:
+        """The TensorVT for a real tensor read from `source` (one placeholder per tensor object).
+        `guarded=False`: the caller guards what the tensor is made from (a NumPy array)."""
         if source in self._input_by_source:
             return self._input_by_source[source]
         if not _plain_tensor_type(type(value)):
             raise Unsupported(f"tensor subclass {type(value).__name__} as a graph input")
-        if isinstance(value, torch.nn.Parameter) and source.is_module_param():
+        if not guarded:
+            dims = {}
+        elif isinstance(value, torch.nn.Parameter) and source.is_module_param():
             # A module's parameter: identity, requires_grad and dtype are checked (replacing a
             # parameter recompiles); in-place shape changes through .data are not detected.
             self.guards.add("PARAM", source, (value, value.requires_grad, value.dtype))
