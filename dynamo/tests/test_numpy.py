@@ -318,3 +318,36 @@ _W = np.ones(3, dtype=np.float32)
 
 def _uses_global(a):
     return a * _W
+
+
+def test_integer_division_by_zero_gives_numpys_zeros():
+    def f(a, b):
+        return a // b, a % b, np.fmod(a, b), a // 3
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NumPy warns about the division by zero
+        check(f, np.array([5, -7, 9]), np.array([2, 0, -4]))
+        check(f, np.array([5, -7, 9]), np.zeros(3, dtype=np.int64))
+
+
+def test_one_array_passed_twice_is_one_input():
+    def f(a, b):
+        a += 1
+        return b * 2
+
+    x = np.ones(3, dtype=np.float32)
+    cnt = CompileCounter()
+    out = ember.compile(f, backend=cnt)(x, x)
+    np.testing.assert_array_equal(out, np.full(3, 4.0, np.float32))
+    np.testing.assert_array_equal(x, np.full(3, 2.0, np.float32))
+    assert len([n for n in cnt.graphs[0].graph.nodes if n.op == "placeholder"]) == 1
+
+
+def test_read_only_input_runs_eagerly_with_a_reason():
+    a = np.ones(3)
+    a.flags.writeable = False
+    f0 = len(convert.stats.failures)
+    with pytest.warns(UserWarning, match="read-only NumPy array"):
+        out = ember.compile(lambda x: x * 2, backend="eager")(a)
+    np.testing.assert_array_equal(out, a * 2)
+    assert "read-only" in convert.stats.failures[f0].reason

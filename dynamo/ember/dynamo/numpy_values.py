@@ -284,8 +284,23 @@ def apply_ufunc(tx, uf, torch_fn, args, kwargs) -> V.VT:
         raise Unsupported(f"{ufunc_name(uf)}: {type(e).__name__}: {e}") from None
     scalars_ok = torch_fn in SCALAR_OK
     targs = [as_tensor(tx, op, dt, scalars_ok) for op, dt in zip(ops, loop)]
+    if uf in _INT_DIVISIONS and loop[1].kind in "biu" and isinstance(targs[1], V.TensorVT):
+        return result(cast(tx, _int_division(tx, torch_fn, *targs), loop[-1]))
     out = tx.output.call("call_function", torch_fn, tuple(targs), {})
     return result(cast(tx, out, loop[-1]))
+
+
+_INT_DIVISIONS = {np.floor_divide, np.remainder, np.fmod}
+
+
+def _int_division(tx, torch_fn, a, b):
+    """Integer `//`, `%`, fmod as NumPy computes them: 0 where the divisor is 0 (NumPy warns;
+    torch would raise)."""
+    call = tx.output.call
+    zero = call("call_function", operator.eq, (b, V.ConstVT(0)), {})
+    safe = call("call_function", torch.where, (zero, V.ConstVT(1), b), {})
+    out = call("call_function", torch_fn, (a, safe), {})
+    return call("call_function", torch.where, (zero, V.ConstVT(0), out), {})
 
 
 def _const_value(op: Operand):
@@ -510,6 +525,10 @@ def tensor_numpy(tx, t: V.TensorVT, args, kwargs) -> V.VT:
     from .calls import const_of
 
     force = bool(const_of(kwargs.get("force", args[0] if args else V.ConstVT(False))))
+    if t.sym is not None:  # ndarray shapes are static: trace the frame again with static sizes
+        from .symbolic import SymbolicFallback
+
+        raise SymbolicFallback("Tensor.numpy() of a tensor with dynamic sizes")
     ex = t.example
     if force or ex.requires_grad or ex.device.type != "cpu" or ex.is_conj() or ex.is_neg():
         raise Unsupported("Tensor.numpy() of a tensor that needs grad, is not on the CPU, or "
