@@ -330,6 +330,8 @@ def binop(tx, op, a, b):
                 raise Unsupported(f"{op.__name__} of a tensor and a {_type_name(x)}")
         if not isinstance(a, V.TensorVT):  # `n += t` with n a number: Python computes n + t
             op = _INPLACE.get(op, op)
+            if op is operator.pow:  # fx prints pow(-2, t) as `-2 ** t`, read as -(2 ** t)
+                op = torch.pow
         return tx.output.call("call_function", op, (a, b), {})
     if _numpy_operand(a) or _numpy_operand(b):
         from .numpy_values import binop as numpy_binop
