@@ -42,7 +42,7 @@ def _reduce(tx, fn, a, axis, keepdims, dt, **extra):
         return result(graph_method(tx, "clone", t))
     dims = axes if axes is not None else tuple(range(t.example.dim()))
     out = graph_call(tx, fn, t, dim=dims, keepdim=keep(keepdims), **extra)
-    return result(out)
+    return result(cast(tx, out, dt) if dt is not None else out)  # torch sums uint8 to int64
 
 
 @register("sum")
@@ -65,10 +65,10 @@ def np_prod(tx, a, axis=NO, dtype=NO, out=NO, keepdims=NO, initial=NO, where=NO)
         out = graph_call(tx, torch.prod, graph_method(tx, "reshape", t, (-1,)), 0)
         if keep(keepdims):
             out = graph_method(tx, "reshape", out, (1,) * t.example.dim())
-        return result(out)
+        return result(cast(tx, out, dt))
     for d in sorted(axes, reverse=True):
         t = graph_call(tx, torch.prod, t, d, keepdim=keep(keepdims))
-    return result(t)
+    return result(cast(tx, t, dt))
 
 
 @register("mean")
@@ -120,6 +120,8 @@ def _arg_extreme(fn, name):
         t, ndim = a.tensor, a.tensor.example.dim()
         if t.example.numel() == 0 or np_dtype(a).kind == "c":
             raise Unsupported(f"{name} of an empty or complex array")
+        if np_dtype(a).kind == "b":  # torch's argmax takes no bool
+            t = cast(tx, t, np.dtype(np.uint8))
         axes = axes_arg(axis, ndim)
         if axes is None:
             out = graph_call(tx, fn, t)
@@ -151,11 +153,12 @@ def _cumulative(fn, name):
     def impl(tx, a, axis=NO, dtype=NO, out=NO):
         refuse(name, out=out)
         a = asarray(tx, a)
-        t = cast(tx, a.tensor, dtype_arg(dtype) or _sum_dtype(np_dtype(a)))
+        dt = dtype_arg(dtype) or _sum_dtype(np_dtype(a))
+        t = cast(tx, a.tensor, dt)
         axes = axes_arg(axis, t.example.dim())
         if axes is None:
-            return result(graph_call(tx, fn, graph_method(tx, "reshape", t, (-1,)), 0), False)
-        return result(graph_call(tx, fn, t, axes[0]), False)
+            t, axes = graph_method(tx, "reshape", t, (-1,)), (0,)
+        return result(cast(tx, graph_call(tx, fn, t, axes[0]), dt), False)
 
     return impl
 

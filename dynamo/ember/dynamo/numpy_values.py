@@ -284,6 +284,8 @@ def apply_ufunc(tx, uf, torch_fn, args, kwargs) -> V.VT:
         raise Unsupported(f"{ufunc_name(uf)}: {type(e).__name__}: {e}") from None
     scalars_ok = torch_fn in SCALAR_OK
     targs = [as_tensor(tx, op, dt, scalars_ok) for op, dt in zip(ops, loop)]
+    if torch_fn is operator.pow and isinstance(targs[0], V.ConstVT):
+        torch_fn = torch.pow  # fx prints pow(-1, x) as `-1 ** x`, which Python reads as -(1 ** x)
     if uf in _INT_DIVISIONS and loop[1].kind in "biu" and isinstance(targs[1], V.TensorVT):
         return result(cast(tx, _int_division(tx, torch_fn, *targs), loop[-1]))
     out = tx.output.call("call_function", torch_fn, tuple(targs), {})
@@ -341,10 +343,17 @@ def binop(tx, op, a, b) -> V.VT:
     if name is None:
         raise Unsupported(f"operator {op.__name__} on NumPy arrays")
     uf = getattr(np, name)
-    out = apply_ufunc(tx, uf, UFUNCS[uf], [a, b], {})
+    if uf is np.power and _square_fast_path(a, b):
+        uf = np.square  # `array ** 2` is np.square(array) in NumPy (bool ** 2 is int8)
+    out = apply_ufunc(tx, uf, UFUNCS[uf], [a] if uf is np.square else [a, b], {})
     if op is base or not isinstance(a, V.NdarrayVT) or a.scalar:
         return out  # NumPy scalars are immutable: `s += 1` makes a new one
     return write_back(tx, a, out, f"{op.__name__} ({name})")
+
+
+def _square_fast_path(a, b) -> bool:
+    return (isinstance(a, V.NdarrayVT) and not a.scalar and isinstance(b, V.ConstVT)
+            and type(b.value) is int and b.value == 2)  # fmt: skip
 
 
 def write_back(tx, a: V.NdarrayVT, out: V.VT, what: str) -> V.NdarrayVT:
