@@ -17,7 +17,7 @@ from .exc import Unsupported
 from .numpy_map import (NO, asarray, axes_arg, const, given, graph_call, graph_method, keep,
                         method, refuse, register, shape_arg)  # fmt: skip
 from .numpy_values import (apply_ufunc, as_tensor, cast, dtype_arg, key_for_result_type,
-                           np_dtype, operand, result)  # fmt: skip
+                           np_dtype, operand, result, write_back)  # fmt: skip
 
 
 # -- reductions -----------------------------------------------------------------------------------
@@ -349,6 +349,27 @@ def np_stack(tx, arrays, axis=0, out=NO, *, dtype=NO, casting=NO):
     return result(graph_call(tx, torch.stack, V.ListVT(ts), axis), False)
 
 
+@register("vstack")
+def np_vstack(tx, tup, *, dtype=NO, casting=NO):
+    refuse("np.vstack", casting=casting)
+    ts = [_at_least_2d(tx, t) for t in _joined(tx, tup, dtype)]
+    return result(graph_call(tx, torch.cat, V.ListVT(ts), 0), False)
+
+
+def _at_least_2d(tx, t):
+    shape = tuple(t.example.shape)
+    return t if len(shape) >= 2 else graph_method(tx, "reshape", t, (1,) * (2 - len(shape)) + shape)
+
+
+@register("hstack")
+def np_hstack(tx, tup, *, dtype=NO, casting=NO):
+    refuse("np.hstack", casting=casting)
+    ts = [t if t.example.dim() else graph_method(tx, "reshape", t, (1,))
+          for t in _joined(tx, tup, dtype)]  # fmt: skip
+    axis = 0 if ts[0].example.dim() == 1 else 1  # as NumPy decides it
+    return result(graph_call(tx, torch.cat, V.ListVT(ts), axis), False)
+
+
 @register("flip")
 def np_flip(tx, m, axis=NO):
     a = asarray(tx, m)
@@ -433,8 +454,8 @@ def np_isclose(tx, a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     a, b = asarray(tx, a), asarray(tx, b)
     dt = np.result_type(np_dtype(a), np_dtype(b), 1.0)
     c = [const(v) for v in (rtol, atol, equal_nan)]
-    out = graph_call(tx, torch.isclose, cast(tx, a.tensor, dt), cast(tx, b.tensor, dt), rtol=c[0],
-                atol=c[1], equal_nan=c[2])  # fmt: skip
+    out = graph_call(tx, torch.isclose, cast(tx, a.tensor, dt), cast(tx, b.tensor, dt),
+                     rtol=c[0], atol=c[1], equal_nan=c[2])  # fmt: skip
     return result(out)
 
 
@@ -454,3 +475,74 @@ def np_size(tx, a, axis=NO):
     shape = asarray(tx, a).tensor.example.shape
     axes = axes_arg(axis, len(shape))
     return V.ConstVT(int(np.prod([shape[d] for d in axes])) if axes else shape.numel())
+
+
+# -- sorting, differences, order statistics, einsum -----------------------------------------------
+def _sorted_values(tx, a, axis, what):
+    a = asarray(tx, a)
+    if np_dtype(a).kind == "c":
+        raise Unsupported(f"{what} of a complex array")
+    t = a.tensor
+    axes = axes_arg(axis, t.example.dim())
+    if axes is None:
+        t, axes = graph_method(tx, "reshape", t, (-1,)), (0,)
+    # Values only: equal keys are indistinguishable, so NumPy's unstable sort gives the same
+    # values (NaN last in both).
+    return graph_call(tx, torch.sort, t, axes[0]).items[0]  # (values, indices)
+
+
+@register("sort")
+def np_sort(tx, a, axis=-1, kind=NO, order=NO, *, stable=NO):
+    refuse("np.sort", order=order)
+    return result(_sorted_values(tx, a, axis, "np.sort"), False)
+
+
+@method("sort")
+def ndarray_sort(tx, a, axis=-1, kind=NO, order=NO, *, stable=NO):
+    refuse("ndarray.sort", order=order)
+    if axes_arg(axis, a.tensor.example.dim()) is None:
+        raise Unsupported("ndarray.sort(axis=None)")
+    write_back(tx, a, result(_sorted_values(tx, a, axis, "ndarray.sort"), False), "sort")
+    return V.ConstVT(None)
+
+
+@register("diff")
+def np_diff(tx, a, n=1, axis=-1, prepend=NO, append=NO):
+    refuse("np.diff", prepend=prepend, append=append)
+    a = asarray(tx, a)
+    n = const(n, "n")
+    if n == 0:
+        return a
+    axes = axes_arg(axis, a.tensor.example.dim())
+    return result(graph_call(tx, torch.diff, a.tensor, n, axes[0]), False)
+
+
+@register("median")
+def np_median(tx, a, axis=None, out=NO, overwrite_input=False, keepdims=False):
+    refuse("np.median", out=out)
+    a = asarray(tx, a)
+    dt = _mean_dtype(np_dtype(a))
+    if dt.kind != "f" or dt.itemsize < 4:
+        raise Unsupported(f"np.median of a {np_dtype(a)} array")
+    t, ndim = cast(tx, a.tensor, dt), a.tensor.example.dim()
+    axes = axes_arg(axis, ndim)
+    if axes is not None and len(axes) != 1:
+        raise Unsupported("np.median over several axes")
+    if axes is None:  # the median of every element: linear interpolation at 0.5 is NumPy's mean
+        out = graph_call(tx, torch.quantile, graph_method(tx, "reshape", t, (-1,)), 0.5)
+        if keep(keepdims):
+            out = graph_method(tx, "reshape", out, (1,) * ndim)
+        return result(out)
+    return result(graph_call(tx, torch.quantile, t, 0.5, dim=axes[0], keepdim=keep(keepdims)))
+
+
+@register("einsum")
+def np_einsum(tx, subscripts, *operands, out=NO, dtype=NO, order=NO, casting=NO, optimize=NO):
+    refuse("np.einsum", out=out, order=order, casting=casting)
+    spec = const(subscripts, "einsum subscripts")
+    if not isinstance(spec, str) or not operands:
+        raise Unsupported("np.einsum in its operand-list form")
+    arrays = [asarray(tx, x) for x in operands]
+    dt = dtype_arg(dtype) or np.result_type(*[np_dtype(x) for x in arrays])
+    out = graph_call(tx, torch.einsum, spec, *[cast(tx, x.tensor, dt) for x in arrays])
+    return result(out)

@@ -82,8 +82,9 @@ def register(*names):
         for name in names:
             obj = np
             for part in name.split("."):
-                obj = getattr(obj, part)
-            FUNCTIONS[obj] = impl
+                obj = getattr(obj, part, None)  # None: not in this NumPy version
+            if obj is not None:
+                FUNCTIONS[obj] = impl
         return impl
 
     return add

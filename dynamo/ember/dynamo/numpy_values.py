@@ -284,6 +284,8 @@ def apply_ufunc(tx, uf, torch_fn, args, kwargs) -> V.VT:
         raise Unsupported(f"{ufunc_name(uf)}: {type(e).__name__}: {e}") from None
     scalars_ok = torch_fn in SCALAR_OK
     targs = [as_tensor(tx, op, dt, scalars_ok) for op, dt in zip(ops, loop)]
+    if uf in _BOOL_IDENTITIES and loop[0].kind == "b":  # torch has no bool kernels for these
+        return result(tx.output.call("call_method", "clone", (targs[0],), {}))
     if torch_fn is operator.pow and isinstance(targs[0], V.ConstVT):
         torch_fn = torch.pow  # fx prints pow(-1, x) as `-1 ** x`, which Python reads as -(1 ** x)
     if uf in _INT_DIVISIONS and loop[1].kind in "biu" and isinstance(targs[1], V.TensorVT):
@@ -293,6 +295,7 @@ def apply_ufunc(tx, uf, torch_fn, args, kwargs) -> V.VT:
 
 
 _INT_DIVISIONS = {np.floor_divide, np.remainder, np.fmod}
+_BOOL_IDENTITIES = {np.absolute, np.fabs, np.floor, np.ceil, np.trunc, np.rint}
 
 
 def _int_division(tx, torch_fn, a, b):
