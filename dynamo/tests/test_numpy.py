@@ -399,3 +399,12 @@ def test_every_ufunc_matches_numpy_on_mixed_dtypes():
             broke = len(convert.stats.breaks) + len(convert.stats.failures) > b0
             compiled, failed = compiled + (not broke), failed + broke
     assert compiled > 250 and failed == 0, (compiled, failed)
+
+
+def test_one_value_returned_twice_is_one_array():
+    def f(a):
+        b = a + 1
+        return b, [b], torch.from_numpy(b)
+
+    x, y, t = ember.compile(f, backend="eager")(rand(3))
+    assert x is y[0] and np.shares_memory(x, t.numpy())

@@ -136,7 +136,7 @@ class CodeGen:
         if vt.source is not None and not isinstance(vt, V.NewObjectVT):
             return self.source(vt.source)
         if isinstance(vt, V.NdarrayVT):  # a NumPy value the graph computed, as NumPy returns it
-            return f"{self.expr(vt.tensor)}.numpy(){'[()]' if vt.scalar else ''}"
+            return self._bind(vt, f"{self.expr(vt.tensor)}.numpy(){'[()]' if vt.scalar else ''}")
         if isinstance(vt, V.NamedTupleVT):
             items = ", ".join(self.expr(i) for i in vt.items)
             maker = self.eager(vt.cls._make if hasattr(vt.cls, "_make") else vt.cls)
