@@ -173,21 +173,19 @@ class Builder:
 def maybe_numpy(value) -> bool:
     """A cheap test (NumPy not imported) for a value numpy_values.wrap_numpy_value may take."""
     t = type(value)
-    if _module_of(t).startswith("numpy"):
+    if _in_numpy(t):
         return True
     if t is types.BuiltinFunctionType or t is types.FunctionType or t.__name__ == (
         "cython_function_or_method"  # np.random.* functions
     ):
         owner = getattr(value, "__self__", None)  # a method: np.add.reduce, np.random.rand
-        return _module_of(value).startswith("numpy") or (
-            owner is not None and _module_of(type(owner)).startswith("numpy")
-        )
+        return _in_numpy(value) or (owner is not None and _in_numpy(type(owner)))
     return False
 
 
-def _module_of(obj) -> str:
+def _in_numpy(obj) -> bool:
     mod = getattr(obj, "__module__", None)
-    return mod if isinstance(mod, str) else ""
+    return isinstance(mod, str) and (mod == "numpy" or mod.startswith("numpy."))
 
 
 def _identity_key(key) -> bool:

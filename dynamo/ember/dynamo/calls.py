@@ -389,9 +389,10 @@ def binop(tx, op, a, b):
 
 def _numpy_operand(x) -> bool:
     """An ndarray, or a NumPy scalar or dtype constant: operators follow NumPy (numpy_values)."""
-    return isinstance(x, V.NdarrayVT) or (
-        isinstance(x, V.ConstVT) and (getattr(type(x.value), "__module__", "") or "").startswith(
-            "numpy"))  # fmt: skip
+    if isinstance(x, V.NdarrayVT):
+        return True
+    module = (getattr(type(x.value), "__module__", "") or "") if isinstance(x, V.ConstVT) else ""
+    return module == "numpy" or module.startswith("numpy.")
 
 
 def sym_binop(tx, op, a, b):
