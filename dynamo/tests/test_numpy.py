@@ -408,3 +408,41 @@ def test_one_value_returned_twice_is_one_array():
 
     x, y, t = ember.compile(f, backend="eager")(rand(3))
     assert x is y[0] and np.shares_memory(x, t.numpy())
+
+
+def test_writes_through_views_reach_the_base():
+    def f(a):
+        row = a[1]
+        row += 10
+        a.T[0, 2] = -1.0
+        flat = a.reshape(-1)
+        flat[0] = 7.0
+        a[2].fill(np.float64(2.5))
+        return a.sum(axis=0), row
+
+    check(f, rand(3, 4))
+
+
+def test_writes_near_a_flip_break_instead_of_diverging():
+    def into_flip(a):
+        b = np.flip(a)
+        b[0] = 100.0  # NumPy's flip is a view: this writes into a
+        return a
+
+    def into_base(a):
+        b = np.flip(a, 0)
+        a += 1  # ...and this shows through b
+        return b
+
+    for fn, arg in ((into_flip, rand(4)), (into_base, rand(3, 2))):
+        ember.reset()
+        n0 = len(convert.stats.breaks) + len(convert.stats.failures)
+        expected_arg = arg.copy()
+        expected = fn(expected_arg)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the frame runs eagerly (a write is no call)
+            got = ember.compile(fn, backend="eager")(arg)
+        assert_same_np([got, arg], [expected, expected_arg])
+        reasons = (convert.stats.breaks + convert.stats.failures)[n0:]
+        assert reasons and "np.flip" in reasons[0].reason, reasons
+    check(lambda a: np.flip(a, 1) * 2, rand(3, 2))

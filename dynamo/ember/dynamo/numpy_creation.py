@@ -12,8 +12,8 @@ from . import variables as V
 from .exc import Unsupported
 from .numpy_map import (FUNCTIONS, NO, asarray, const, given, graph_call, graph_method, method,
                         refuse, register, shape_arg)  # fmt: skip
-from .numpy_values import (apply_ufunc, cast, const_tensor, dtype_arg, np_dtype, result,
-                           torch_dtype, write_back)  # fmt: skip
+from .numpy_values import (cast, check_writable, const_tensor, dtype_arg, np_dtype, result,
+                           torch_dtype)  # fmt: skip
 
 
 # -- creation -------------------------------------------------------------------------------------
@@ -203,12 +203,14 @@ def ndarray_astype(tx, a, dtype, order=NO, casting=NO, subok=NO, copy=True):
 
 @method("fill")
 def ndarray_fill(tx, a, value):
-    out = apply_ufunc(tx, np.positive, torch.positive, [value], {}) if isinstance(
-        value, V.NdarrayVT) else V.ConstVT(np_dtype(a).type(const(value)).item())  # fmt: skip
-    if isinstance(out, V.NdarrayVT):
-        write_back(tx, a, out, "ndarray.fill")
+    check_writable(tx, a, "ndarray.fill")
+    if isinstance(value, V.NdarrayVT):
+        if value.tensor.example.dim() != 0:
+            raise Unsupported("ndarray.fill with an array (NumPy takes a scalar)")
+        fill = cast(tx, value.tensor, np_dtype(a))  # NumPy casts unsafely, as torch does
     else:
-        graph_method(tx, "fill_", a.tensor, out)
+        fill = np_dtype(a).type(const(value)).item()
+    graph_method(tx, "fill_", a.tensor, fill)
     return V.ConstVT(None)
 
 

@@ -16,8 +16,8 @@ from . import variables as V
 from .exc import Unsupported
 from .numpy_map import (NO, asarray, axes_arg, const, given, graph_call, graph_method, keep,
                         method, refuse, register, shape_arg)  # fmt: skip
-from .numpy_values import (apply_ufunc, as_tensor, cast, dtype_arg, key_for_result_type,
-                           np_dtype, operand, result, write_back)  # fmt: skip
+from .numpy_values import (apply_ufunc, as_tensor, cast, copied_view, dtype_arg,
+                           key_for_result_type, np_dtype, operand, result, write_back)  # fmt: skip
 
 
 # -- reductions -----------------------------------------------------------------------------------
@@ -375,7 +375,7 @@ def np_flip(tx, m, axis=NO):
     a = asarray(tx, m)
     axes = axes_arg(axis, a.tensor.example.dim())
     dims = axes if axes is not None else tuple(range(a.tensor.example.dim()))
-    return result(graph_call(tx, torch.flip, a.tensor, dims), False)
+    return copied_view(tx, a, result(graph_call(tx, torch.flip, a.tensor, dims), False))
 
 
 @register("roll")

@@ -49,6 +49,41 @@ def numpy_dtype_of(dt: torch.dtype) -> np.dtype:
         raise Unsupported(f"a {dt} tensor as a NumPy array (NumPy has no {dt})") from None
 
 
+# -- per-frame state ----------------------------------------------------------------------------
+@dataclasses.dataclass
+class NumpyState:
+    """What one frame conversion knows about its arrays."""
+
+    inputs: dict = dataclasses.field(default_factory=dict)  # id(array) -> (array, NdarrayVT)
+    # Storages (of example tensors) that a NumPy view computed here as a copy (np.flip) reads:
+    # writes into them would show through the view in NumPy only.
+    copied: set = dataclasses.field(default_factory=set)
+
+
+def state(output) -> NumpyState:
+    st = getattr(output, "numpy_state", None)
+    if st is None:
+        st = output.numpy_state = NumpyState()
+    return st
+
+
+def _storage(t: V.TensorVT) -> int:
+    return t.example.untyped_storage().data_ptr()
+
+
+def copied_view(tx, source: V.NdarrayVT, out: V.NdarrayVT) -> V.NdarrayVT:
+    """`out` is a view of `source` in NumPy but a copy here: writes into either break the graph."""
+    state(tx.output).copied.add(_storage(source.tensor))
+    out.readonly = True
+    return out
+
+
+def check_writable(tx, a: V.NdarrayVT, what: str) -> None:
+    if a.readonly or _storage(a.tensor) in state(tx.output).copied:
+        raise Unsupported(f"{what} into a read-only NumPy array, or one that np.flip returned or "
+                          "read (a view in NumPy, a copy here)")  # fmt: skip
+
+
 # -- inputs ---------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class NumpyTensorSource(Source):
@@ -107,7 +142,7 @@ def wrap_input(builder, array: np.ndarray, source) -> V.NdarrayVT:
         raise Unsupported("a NumPy array with negative or unaligned strides as an input")
     if not array.flags.writeable:
         raise Unsupported("a read-only NumPy array as an input")
-    seen = output.__dict__.setdefault("ndarray_inputs", {})
+    seen = state(output).inputs
     prev = seen.get(id(array))
     if prev is not None and prev[0] is array:  # one array reached by two names: one input
         builder.guard("SAME", source, prev[1].source)
@@ -362,8 +397,7 @@ def _square_fast_path(a, b) -> bool:
 def write_back(tx, a: V.NdarrayVT, out: V.VT, what: str) -> V.NdarrayVT:
     """An in-place update of array `a` with the value `out` computed for it, with NumPy's
     casting rule (same_kind) and shape check."""
-    if a.readonly:
-        raise Unsupported(f"in-place {what} on a read-only NumPy array")
+    check_writable(tx, a, f"in-place {what}")
     dt = np_dtype(a)
     src = out.tensor if isinstance(out, V.NdarrayVT) else scalar_tensor(tx, out.value, dt)
     src_dt = numpy_dtype_of(src.example.dtype)
@@ -444,8 +478,9 @@ def getitem(tx, a: V.NdarrayVT, key) -> V.VT:
 
 
 def setitem(tx, a: V.NdarrayVT, key, value) -> None:
-    if a.readonly or a.scalar:
-        raise Unsupported("assignment into a read-only NumPy array or a NumPy scalar")
+    if a.scalar:
+        raise Unsupported("item assignment into a NumPy scalar")
+    check_writable(tx, a, "item assignment")
     index, _ = _index(tx, key, for_write=True)
     dt = np_dtype(a)
     op = operand(tx, value)
