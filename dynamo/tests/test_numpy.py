@@ -446,3 +446,14 @@ def test_writes_near_a_flip_break_instead_of_diverging():
         reasons = (convert.stats.breaks + convert.stats.failures)[n0:]
         assert reasons and "np.flip" in reasons[0].reason, reasons
     check(lambda a: np.flip(a, 1) * 2, rand(3, 2))
+
+
+_SCALE = np.float64(0.5)
+
+
+def test_numpy_scalars_in_torch_code_are_graph_constants():
+    def f(x):  # fx printed these as `np.float64(0.5)`, a name the graph's code did not have
+        return x * (x.shape[0] * _SCALE) + x * np.float32(2) - np.int64(3), x.reshape(
+            (np.int64(2), -1))  # fmt: skip
+
+    check(f, torch.arange(6.0))

@@ -411,18 +411,16 @@ def write_back(tx, a: V.NdarrayVT, out: V.VT, what: str) -> V.NdarrayVT:
 
 
 def _const_binop(op, a, b):
-    from .calls import real_value
+    """An operator over NumPy constants (np.float32(2) * 3, dtype == np.float32): computed now by
+    NumPy, as the program would (a size in it counts as its current value, guarded)."""
+    from .builder import is_const_value
+    from .calls import const_of
 
-    try:
-        va, vb = real_value(a), real_value(b)
-    except Unsupported:
-        raise Unsupported(f"{op.__name__} of NumPy constant and {type(b).__name__}") from None
+    va, vb = (x.cls if isinstance(x, V.ClassVT) else const_of(x, "operand") for x in (a, b))
     try:
         value = op(va, vb)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001  (the program raises it when it runs)
         raise Unsupported(f"{op.__name__}({va!r}, {vb!r}) raised {type(e).__name__}") from e
-    from .builder import is_const_value
-
     if not (is_const_value(value) or isinstance(value, (np.generic, np.dtype))):
         raise Unsupported(f"{op.__name__} of NumPy constants gave a {type(value).__name__}")
     return V.ConstVT(value)

@@ -322,15 +322,25 @@ def _to_node(v):
         return slice(*(_to_node(p) for p in v.parts))
     if isinstance(v, V.ConstVT):
         if isinstance(v.value, _GRAPH_CONSTS) or _is_const_tuple(v.value):
-            return v.value
+            return _plain_number(v.value)
     if isinstance(v, V.ListVT):
         items = [_to_node(i) for i in v.items]
         return tuple(items) if v.is_tuple else items
     if isinstance(v, V.DictVT) and v.cls is dict:
         return {k: _to_node(i) for k, i in v.items.items()}
     if isinstance(v, V.ConstVT):
-        return v.value
+        return _plain_number(v.value)
     raise Unsupported(f"a {type(v).__name__} ({_describe(v)}) cannot be an argument of a graph op")
+
+
+def _plain_number(value):
+    """A NumPy scalar as the Python number torch reads it as (int and float kinds as themselves,
+    others through float()): fx would print `np.float64(0.5)`, a name the graph's code lacks."""
+    if type(value) is tuple:
+        return tuple(_plain_number(x) for x in value)
+    if getattr(type(value), "__module__", None) == "numpy" and hasattr(value, "item"):
+        return value.item() if value.dtype.kind in "iuf" else float(value.real)
+    return value
 
 
 def _to_example(v):
