@@ -457,3 +457,17 @@ def test_numpy_scalars_in_torch_code_are_graph_constants():
             (np.int64(2), -1))  # fmt: skip
 
     check(f, torch.arange(6.0))
+
+
+def test_index_placement_numpy_and_torch_disagree_on_breaks():
+    idx = np.array([2, 0])
+
+    def agree(a):
+        return a[1, idx], a[:, 1, idx], a[idx, :, 1], a[idx, 1:, idx]
+
+    def disagree(a):  # NumPy: the integer joins the advanced indices, axes go first: (2, 4)
+        return a[1, :, idx] * 2
+
+    a = np.arange(60.0).reshape(3, 4, 5)
+    check(agree, a)
+    check(disagree, a, graphs=1, breaks=1)

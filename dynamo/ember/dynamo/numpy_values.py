@@ -469,9 +469,39 @@ def _index(tx, key, for_write=False):
     return key, False
 
 
+def _check_placement(a: V.NdarrayVT, index, torch_shape) -> None:
+    """NumPy counts integers among the advanced indices and moves the indexed axes to the front
+    when a slice separates them (a[1, :, idx] is (len(idx), n)); torch applies integers first.
+    The shape NumPy gives (indexing a zero-stride stand-in) must be the one torch gave."""
+
+    def real(i):
+        if isinstance(i, V.TensorVT):
+            return i.example.cpu().numpy()
+        if isinstance(i, V.ListVT):
+            return tuple(real(x) for x in i.items) if i.is_tuple else [real(x) for x in i.items]
+        return i.value if isinstance(i, V.ConstVT) else _NO_KEY
+
+    key = real(index)
+    flat = key if isinstance(key, tuple) else (key,)
+    if any(k is _NO_KEY for k in flat):
+        return
+    stand_in = np.broadcast_to(np.empty((), np_dtype(a)), tuple(a.tensor.example.shape))
+    try:
+        numpy_shape = stand_in[key].shape
+    except (IndexError, ValueError, TypeError) as e:  # NumPy raises it when the program runs
+        raise Unsupported(f"NumPy indexing: {type(e).__name__}: {e}") from None
+    if tuple(numpy_shape) != tuple(torch_shape(key)):
+        raise Unsupported("NumPy places these indexed axes differently from torch (advanced "
+                          "indices and integers separated by a slice)")  # fmt: skip
+
+
+_NO_KEY = object()
+
+
 def getitem(tx, a: V.NdarrayVT, key) -> V.VT:
     index, has_ellipsis = _index(tx, key)
     out = tx.output.call("call_function", operator.getitem, (a.tensor, index), {})
+    _check_placement(a, index, lambda key: out.example.shape)
     return result(out, scalar_if_0d=not has_ellipsis)
 
 
@@ -480,6 +510,7 @@ def setitem(tx, a: V.NdarrayVT, key, value) -> None:
         raise Unsupported("item assignment into a NumPy scalar")
     check_writable(tx, a, "item assignment")
     index, _ = _index(tx, key, for_write=True)
+    _check_placement(a, index, lambda key: a.tensor.example[_example_key(index)].shape)
     dt = np_dtype(a)
     op = operand(tx, value)
     if op.tensor is not None:
@@ -489,6 +520,15 @@ def setitem(tx, a: V.NdarrayVT, key, value) -> None:
             raise Unsupported("assigning a complex value into a real NumPy array")
         src = V.ConstVT(op.value if dt.kind in "fc" else np.dtype(dt).type(op.value).item())
     tx.output.call("call_function", operator.setitem, (a.tensor, index, src), {})
+
+
+def _example_key(index):
+    if isinstance(index, V.TensorVT):
+        return index.example
+    if isinstance(index, V.ListVT):
+        items = [_example_key(i) for i in index.items]
+        return tuple(items) if index.is_tuple else items
+    return index.value if isinstance(index, V.ConstVT) else index
 
 
 def iterate(tx, a: V.NdarrayVT) -> list:
