@@ -16,8 +16,9 @@ from . import variables as V
 from .exc import Unsupported
 from .numpy_map import (NO, asarray, axes_arg, const, given, graph_call, graph_method, keep,
                         method, refuse, register, shape_arg)  # fmt: skip
-from .numpy_values import (apply_ufunc, as_tensor, cast, copied_view, dtype_arg,
-                           key_for_result_type, np_dtype, operand, result, write_back)  # fmt: skip
+from .numpy_values import (apply_ufunc, as_tensor, cast, copied_view, dtype_arg, getitem,
+                           key_for_result_type, np_dtype, operand, result, setitem,
+                           write_back)  # fmt: skip
 
 
 # -- reductions -----------------------------------------------------------------------------------
@@ -457,6 +458,17 @@ def np_isclose(tx, a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     out = graph_call(tx, torch.isclose, cast(tx, a.tensor, dt), cast(tx, b.tensor, dt),
                      rtol=c[0], atol=c[1], equal_nan=c[2])  # fmt: skip
     return result(out)
+
+
+@method("__getitem__")
+def ndarray_getitem(tx, a, key):
+    return getitem(tx, a, key)
+
+
+@method("__setitem__")
+def ndarray_setitem(tx, a, key, value):
+    setitem(tx, a, key, value)
+    return V.ConstVT(None)
 
 
 # -- metadata -------------------------------------------------------------------------------------
