@@ -357,8 +357,8 @@ def test_stacking_sorting_statistics_einsum():
     def f(a, b, v):
         c = a.copy()
         c.sort(axis=0)
-        return (np.vstack([a, b]), np.vstack((v, v)), np.hstack([a, a[:, :1]]), np.hstack((v, v[:2])),
-                np.sort(a), np.sort(a, axis=None), c, np.diff(v), np.diff(a, n=2, axis=0),
+        return (np.vstack([a, b]), np.vstack((v, v)), np.hstack([a, a[:, :1]]),
+                np.hstack((v, v[:2])), np.sort(a), np.sort(a, axis=None), c, np.diff(v), np.diff(a, n=2, axis=0),
                 np.median(a), np.median(a, axis=1, keepdims=True), np.median(v.astype(int)),
                 np.einsum("ij,kj->ik", a, b), np.einsum("i,i", v, v))  # fmt: skip
 
@@ -471,3 +471,12 @@ def test_index_placement_numpy_and_torch_disagree_on_breaks():
     a = np.arange(60.0).reshape(3, 4, 5)
     check(agree, a)
     check(disagree, a, graphs=1, breaks=1)
+
+
+def test_arange_dtype_and_length_follow_numpy():
+    def f(a):
+        return (np.arange(np.int32(5)), np.arange(0, np.float32(2), 0.5), np.arange(3, 11, 4),
+                np.arange(1.0, 0.0, -0.25), np.arange(5, dtype=np.float32),
+                a + np.arange(3.0))  # fmt: skip
+
+    check(f, rand(3))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
@@ -64,18 +65,24 @@ register("full_like")(_like(torch.full_like, fill=True))
 @register("arange")
 def np_arange(tx, start_or_stop, stop=NO, step=NO, *, dtype=NO, device=NO, like=NO):
     refuse("np.arange", device=device, like=like)
-    args = [const(v) for v in (start_or_stop, stop, step) if v is not NO]
-    if len(args) > 1 and args[1] is None:
-        args.pop(1)
-    bounds = args if len(args) > 1 else [0, args[0]]
-    dt = dtype_arg(dtype) or np.result_type(*bounds)
-    if dt.kind in "biu" and any(isinstance(v, float) for v in bounds):
+    first, stop, step = (None if v is NO else const(v) for v in (start_or_stop, stop, step))
+    start, stop = (0, first) if stop is None else (first, stop)
+    step = 1 if step is None else step
+    if any(not isinstance(v, (int, float, np.integer, np.floating)) for v in (start, stop, step)):
+        raise Unsupported("np.arange with non-real bounds")
+    # NumPy picks the dtype from the bounds' types (np.arange(np.int32(5)) is int64): ask it,
+    # on an empty range of the same types.
+    dt = dtype_arg(dtype) or np.arange(type(start)(0), type(stop)(0), type(step)(1)).dtype
+    if dt.kind in "biu" and any(isinstance(v, (float, np.floating)) for v in (start, stop, step)):
         raise Unsupported("np.arange with float bounds and an integer dtype")
-    expected = len(np.arange(*args, dtype=dt))
-    bounds = [v.item() if isinstance(v, np.generic) else v for v in bounds]
+    bounds = [v.item() if isinstance(v, np.generic) else v for v in (start, stop, step)]
+    if all(isinstance(v, int) for v in bounds):
+        expected = len(range(*bounds))
+    else:
+        expected = max(0, math.ceil((bounds[1] - bounds[0]) / bounds[2]))
     out = graph_call(tx, torch.arange, *bounds, dtype=torch_dtype(dt))
     if out.example.shape[0] != expected:  # torch and NumPy round the length differently here
-        raise Unsupported(f"np.arange{tuple(args)}: torch.arange gives another length")
+        raise Unsupported(f"np.arange{tuple(bounds)}: torch.arange gives another length")
     return result(out, False)
 
 
