@@ -358,9 +358,10 @@ def test_stacking_sorting_statistics_einsum():
         c = a.copy()
         c.sort(axis=0)
         return (np.vstack([a, b]), np.vstack((v, v)), np.hstack([a, a[:, :1]]),
-                np.hstack((v, v[:2])), np.sort(a), np.sort(a, axis=None), c, np.diff(v), np.diff(a, n=2, axis=0),
-                np.median(a), np.median(a, axis=1, keepdims=True), np.median(v.astype(int)),
-                np.einsum("ij,kj->ik", a, b), np.einsum("i,i", v, v))  # fmt: skip
+                np.hstack((v, v[:2])), np.sort(a), np.sort(a, axis=None), c, np.diff(v),
+                np.diff(a, n=2, axis=0), np.median(a), np.median(a, axis=1, keepdims=True),
+                np.median(v.astype(int)), np.einsum("ij,kj->ik", a, b),
+                np.einsum("i,i", v, v))  # fmt: skip
 
     a = rand(3, 4)
     a[1, 2] = np.nan  # NumPy sorts NaN last, as torch does
