@@ -6,6 +6,7 @@ import importlib
 import pkgutil
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,6 +24,10 @@ def assert_same(got, expected, path="result"):
         assert got.shape == expected.shape and got.dtype == expected.dtype, path
         torch.testing.assert_close(got, expected, equal_nan=True, msg=path)
         assert got.requires_grad == expected.requires_grad, f"{path}: requires_grad"
+    elif isinstance(expected, (np.ndarray, np.generic)):  # NumPy programs: dtypes must match
+        assert got.dtype == expected.dtype and got.shape == expected.shape, f"{path}: {got.dtype}"
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True,
+                                   err_msg=path)  # fmt: skip
     elif isinstance(expected, (list, tuple)):
         assert len(got) == len(expected), f"{path}: length"
         for i, (g, e) in enumerate(zip(got, expected)):

@@ -65,6 +65,10 @@ def getattr_impl(tx, obj, name: str) -> V.VT:
         return pending
     if isinstance(obj, V.TensorVT):
         return T.tensor_getattr(tx, obj, name)
+    if isinstance(obj, V.NdarrayVT):
+        from .numpy_values import getattr_ndarray
+
+        return getattr_ndarray(tx, obj, name)
     if isinstance(obj, V.ModuleVT):
         return module_getattr(tx, obj, name)
     if isinstance(obj, V.PyModuleVT):

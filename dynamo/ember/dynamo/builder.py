@@ -95,6 +95,12 @@ class Builder:
             if source is None:
                 raise Unsupported("a tensor reached without a source (a closure or default value?)")
             return self.output.add_input(value, source)
+        if maybe_numpy(value):  # ndarrays, NumPy scalars and dtypes, NumPy functions
+            from .numpy_values import wrap_numpy_value
+
+            vt = wrap_numpy_value(self, value, source)
+            if vt is not None:
+                return vt
         if is_const_value(value):
             if isinstance(value, (bool, type(None))) or isinstance(value, enum.Enum):
                 g("ID", source, value)
@@ -162,6 +168,24 @@ class Builder:
             raise Unsupported(f"a {type(value).__name__} object reached without a source")
         g("TYPE", source, type(value))
         return V.ObjectVT(value, source)
+
+
+def maybe_numpy(value) -> bool:
+    """A cheap test (NumPy not imported) for a value numpy_values.wrap_numpy_value may take."""
+    t = type(value)
+    if _in_numpy(t):
+        return True
+    if t is types.BuiltinFunctionType or t is types.FunctionType or t.__name__ == (
+        "cython_function_or_method"  # np.random.* functions
+    ):
+        owner = getattr(value, "__self__", None)  # a method: np.add.reduce, np.random.rand
+        return _in_numpy(value) or (owner is not None and _in_numpy(type(owner)))
+    return False
+
+
+def _in_numpy(obj) -> bool:
+    mod = getattr(obj, "__module__", None)
+    return isinstance(mod, str) and (mod == "numpy" or mod.startswith("numpy."))
 
 
 def _identity_key(key) -> bool:

@@ -190,6 +190,10 @@ def get_iter(tx, vt) -> V.IteratorVT:
             vt_len = tx.output.shape_env.size_vt(vt.node, 0, vt.sym[0])
             n = const_of(vt_len)
         return V.IteratorVT([getitem(tx, vt, V.ConstVT(i)) for i in range(n)])
+    if isinstance(vt, V.NdarrayVT):
+        from .numpy_values import iterate
+
+        return V.IteratorVT(iterate(tx, vt))
     if isinstance(vt, V.ModuleVT):
         return V.IteratorVT(module_children(tx, vt))
     if isinstance(vt, (V.ObjectVT, V.NewObjectVT)) and py_method(vt.python_type(), "__iter__"):
@@ -246,8 +250,8 @@ def truth(tx, vt) -> bool:
     if isinstance(vt, SymIntVT):
         return vt.env.decide(vt.expr > 0) if vt.expr.is_nonnegative else vt.env.decide(
             sympy.Ne(vt.expr, 0))
-    if isinstance(vt, V.TensorVT):
-        raise Unsupported("data-dependent branch on a tensor value (if tensor: ...)")
+    if isinstance(vt, (V.TensorVT, V.NdarrayVT)):
+        raise Unsupported("data-dependent branch on a tensor or array value (if tensor: ...)")
     if isinstance(vt, (V.ListVT, V.DictVT, V.SetVT)):
         return len(vt.items) > 0
     if isinstance(vt, V.DataclassVT) and issubclass(vt.cls, dict):
@@ -330,7 +334,13 @@ def binop(tx, op, a, b):
                 raise Unsupported(f"{op.__name__} of a tensor and a {_type_name(x)}")
         if not isinstance(a, V.TensorVT):  # `n += t` with n a number: Python computes n + t
             op = _INPLACE.get(op, op)
+            if op is operator.pow:  # fx prints pow(-2, t) as `-2 ** t`, read as -(2 ** t)
+                op = torch.pow
         return tx.output.call("call_function", op, (a, b), {})
+    if _numpy_operand(a) or _numpy_operand(b):
+        from .numpy_values import binop as numpy_binop
+
+        return numpy_binop(tx, op, a, b)
     if isinstance(a, SymIntVT) or isinstance(b, SymIntVT):
         return sym_binop(tx, op, a, b)
     ok_a, va = try_const(a)
@@ -381,6 +391,14 @@ def binop(tx, op, a, b):
     raise Unsupported(f"{getattr(op, '__name__', op)} of {_type_name(a)} and {_type_name(b)}")
 
 
+def _numpy_operand(x) -> bool:
+    """An ndarray, or a NumPy scalar or dtype constant: operators follow NumPy (numpy_values)."""
+    if isinstance(x, V.NdarrayVT):
+        return True
+    module = (getattr(type(x.value), "__module__", "") or "") if isinstance(x, V.ConstVT) else ""
+    return module == "numpy" or module.startswith("numpy.")
+
+
 def sym_binop(tx, op, a, b):
     """a <op> b where one side is a symbolic int: a symbolic int for + - * // % **, a guarded
     decision for comparisons, and for anything else (true division, a float operand, list
@@ -399,6 +417,10 @@ def sym_binop(tx, op, a, b):
 def unop(tx, op, a):
     if isinstance(a, V.TensorVT):
         return tx.output.call("call_function", op, (a,), {})
+    if isinstance(a, V.NdarrayVT):
+        from .numpy_values import unop as numpy_unop
+
+        return numpy_unop(tx, op, a)
     if isinstance(a, SymIntVT) and op in (operator.neg, operator.pos):
         return a.env.neg(a) if op is operator.neg else a
     ok, value = try_const(a)
@@ -420,6 +442,10 @@ def getitem(tx, obj, key):
         if isinstance(key, V.TensorVT) and key.example.dtype == torch.bool:
             raise Unsupported("indexing with a boolean mask (output shape depends on data)")
         return tx.output.call("call_function", operator.getitem, (obj, key), {})
+    if isinstance(obj, V.NdarrayVT):
+        from .numpy_values import getitem as numpy_getitem
+
+        return numpy_getitem(tx, obj, key)
     if isinstance(obj, V.ListVT):
         k = const_of(key, "list index")
         if isinstance(k, slice):
@@ -480,6 +506,11 @@ def module_getitem(tx, vt, key):
 def setitem(tx, obj, key, value):
     if isinstance(obj, V.TensorVT):
         tx.output.call("call_function", operator.setitem, (obj, key, value), {})
+        return
+    if isinstance(obj, V.NdarrayVT):
+        from .numpy_values import setitem as numpy_setitem
+
+        numpy_setitem(tx, obj, key, value)
         return
     if isinstance(obj, V.ListVT):
         k = const_of(key, "list index")
@@ -567,6 +598,10 @@ def call(tx, fn, args: list, kwargs: dict):
         from .methods import call_method_vt
 
         return call_method_vt(tx, fn, args, kwargs)
+    if isinstance(fn, V.NumpyFunctionVT):
+        from .numpy_map import call_function as call_numpy
+
+        return call_numpy(tx, fn, args, kwargs)
     if isinstance(fn, V.BuiltinVT):
         from .pybuiltins import call_builtin
 
@@ -576,6 +611,10 @@ def call(tx, fn, args: list, kwargs: dict):
         return call_builtin(tx, fn.fn, args, kwargs)
     if isinstance(fn, V.ModuleVT):
         return call_module(tx, fn, args, kwargs)
+    if isinstance(fn, V.ClassVT) and getattr(fn.cls, "__module__", None) == "numpy":
+        from .numpy_map import call_function as call_numpy
+
+        return call_numpy(tx, fn.cls, args, kwargs)
     if isinstance(fn, V.ClassVT):
         from .pybuiltins import construct
 

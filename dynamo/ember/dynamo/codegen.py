@@ -105,6 +105,8 @@ class CodeGen:
                 visit(vt.obj)
             elif isinstance(vt, V.IdVT):
                 visit(vt.target)
+            elif isinstance(vt, V.NdarrayVT):
+                visit(vt.tensor)
 
         for r in roots:
             visit(r)
@@ -133,6 +135,8 @@ class CodeGen:
             return f"{self.obj(torch.Size, 'Size')}(({items}{',' if vt.items else ''}))"
         if vt.source is not None and not isinstance(vt, V.NewObjectVT):
             return self.source(vt.source)
+        if isinstance(vt, V.NdarrayVT):  # a NumPy value the graph computed, as NumPy returns it
+            return self._bind(vt, f"{self.expr(vt.tensor)}.numpy(){'[()]' if vt.scalar else ''}")
         if isinstance(vt, V.NamedTupleVT):
             items = ", ".join(self.expr(i) for i in vt.items)
             maker = self.eager(vt.cls._make if hasattr(vt.cls, "_make") else vt.cls)
@@ -277,6 +281,7 @@ def _constant_sources(src) -> list:
             out.append(src.obj)
         elif isinstance(src, ItemSource) and not literal_key(src.key):
             out.append(src.key)
+        out.extend(getattr(src, "closure_objects", ()))  # functions a source calls (from_numpy)
         src = getattr(src, "base", None)
     return out
 

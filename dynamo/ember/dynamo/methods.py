@@ -13,6 +13,10 @@ def call_method_vt(tx, m: V.MethodVT, args, kwargs):
     obj, name = m.obj, m.name
     if isinstance(obj, V.TensorVT):
         return T.tensor_method(tx, obj, name, args, kwargs)
+    if isinstance(obj, V.NdarrayVT):
+        from .numpy_values import call_ndarray_method
+
+        return call_ndarray_method(tx, obj, name, args, kwargs)
     if isinstance(obj, V.ListVT):
         return list_method(tx, obj, name, args, kwargs)
     if isinstance(obj, V.DictVT):

@@ -91,13 +91,16 @@ class OutputGraph:
             self.shape_env = ShapeEnv(self.graph, lambda: self.where(), exporting)
 
     # -- inputs -------------------------------------------------------------------------------
-    def add_input(self, value: torch.Tensor, source: Source) -> V.TensorVT:
-        """The TensorVT for a real tensor read from `source` (one placeholder per tensor object)."""
+    def add_input(self, value: torch.Tensor, source: Source, guarded=True) -> V.TensorVT:
+        """The TensorVT for a real tensor read from `source` (one placeholder per tensor object).
+        `guarded=False`: the caller guards what the tensor is made from (a NumPy array)."""
         if source in self._input_by_source:
             return self._input_by_source[source]
         if not _plain_tensor_type(type(value)):
             raise Unsupported(f"tensor subclass {type(value).__name__} as a graph input")
-        if isinstance(value, torch.nn.Parameter) and source.is_module_param():
+        if not guarded:
+            dims = {}
+        elif isinstance(value, torch.nn.Parameter) and source.is_module_param():
             # A module's parameter: identity, requires_grad and dtype are checked (replacing a
             # parameter recompiles); in-place shape changes through .data are not detected.
             self.guards.add("PARAM", source, (value, value.requires_grad, value.dtype))
@@ -329,15 +332,25 @@ def _to_node(v):
         return slice(*(_to_node(p) for p in v.parts))
     if isinstance(v, V.ConstVT):
         if isinstance(v.value, _GRAPH_CONSTS) or _is_const_tuple(v.value):
-            return v.value
+            return _plain_number(v.value)
     if isinstance(v, V.ListVT):
         items = [_to_node(i) for i in v.items]
         return tuple(items) if v.is_tuple else items
     if isinstance(v, V.DictVT) and v.cls is dict:
         return {k: _to_node(i) for k, i in v.items.items()}
     if isinstance(v, V.ConstVT):
-        return v.value
+        return _plain_number(v.value)
     raise Unsupported(f"a {type(v).__name__} ({_describe(v)}) cannot be an argument of a graph op")
+
+
+def _plain_number(value):
+    """A NumPy scalar as the Python number torch reads it as (int and float kinds as themselves,
+    others through float()): fx would print `np.float64(0.5)`, a name the graph's code lacks."""
+    if type(value) is tuple:
+        return tuple(_plain_number(x) for x in value)
+    if getattr(type(value), "__module__", None) == "numpy" and hasattr(value, "item"):
+        return value.item() if value.dtype.kind in "iuf" else float(value.real)
+    return value
 
 
 def _to_example(v):

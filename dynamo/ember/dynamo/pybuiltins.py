@@ -87,6 +87,10 @@ def _len(tx, x):
         if T.sym_sizes(x, "len()") is not None:
             return T.size_read(tx, x, "size", [V.ConstVT(0)])
         return V.ConstVT(x.example.shape[0])
+    if isinstance(x, V.NdarrayVT):
+        from .numpy_values import length
+
+        return length(x)
     if isinstance(x, (V.ListVT, V.DictVT, V.SetVT)):
         return V.ConstVT(len(x.items))
     if isinstance(x, V.ConstVT):
@@ -257,6 +261,8 @@ def _any_all(fn):
 def _abs(tx, x):
     if isinstance(x, V.TensorVT):
         return tx.output.call("call_function", torch.abs, (x,), {})
+    if isinstance(x, V.NdarrayVT):
+        return unop(tx, operator.abs, x)
     return wrap_const(abs(const_of(x)))
 
 

@@ -173,6 +173,10 @@ def tensor_method(tx, t: V.TensorVT, name: str, args, kwargs) -> V.VT:
     """Call `t.name(*args, **kwargs)`."""
     from .calls import const_of
 
+    if name == "numpy":  # an ndarray sharing the tensor's memory (numpy_values.py)
+        from .numpy_values import tensor_numpy
+
+        return tensor_numpy(tx, t, args, kwargs)
     if name in BREAK_METHODS:
         raise Unsupported(f"Tensor.{name}() (reads tensor data or has effects outside the graph)")
     if t.sym is not None and name in SIZE_READS:
@@ -199,6 +203,10 @@ def torch_call(tx, fn, args, kwargs) -> V.VT:
     from .calls import const_of
 
     name = getattr(fn, "__name__", repr(fn))
+    if fn is torch.from_numpy:
+        from .numpy_values import from_numpy
+
+        return from_numpy(tx, args, kwargs)
     if is_break_fn(fn):
         raise Unsupported(f"torch.{name}() (effects outside the graph or data-dependent output)")
     if fn is torch.numel and args and isinstance(args[0], V.TensorVT) and args[0].sym is not None:

@@ -72,6 +72,27 @@ class TensorVT(VT):
         return f"TensorVT({self.node.name}, {tuple(self.example.shape)})"
 
 
+class NdarrayVT(VT):
+    """A NumPy ndarray, or a NumPy scalar (`scalar`), computed in the graph as the tensor `tensor`
+    (numpy_values.py gives it NumPy's behaviour); `source` is set for arrays the frame reads."""
+
+    def __init__(self, tensor: TensorVT, scalar=False, source=None, readonly=False):
+        self.tensor = tensor
+        self.scalar = scalar  # a NumPy scalar (np.float32(...)), as NumPy returns from reductions
+        self.source = source
+        self.readonly = readonly
+
+    def python_type(self):
+        import numpy as np
+
+        if self.scalar:
+            return np.dtype(str(self.tensor.example.dtype).removeprefix("torch.")).type
+        return np.ndarray
+
+    def __repr__(self):
+        return f"NdarrayVT({self.tensor!r}{', scalar' if self.scalar else ''})"
+
+
 class ListVT(VT):
     """A list (mutable) or tuple; `source` is set when it mirrors a pre-existing list."""
 
@@ -194,6 +215,10 @@ class BuiltinVT(VT):
 
     def __repr__(self):
         return f"BuiltinVT({getattr(self.fn, '__name__', self.fn)})"
+
+
+class NumpyFunctionVT(BuiltinVT):
+    """A NumPy function, ufunc or method (identity guarded); numpy_map.py traces its calls."""
 
 
 class MethodVT(VT):

@@ -35,6 +35,11 @@ def pow_neg(x, y):
     return -(x**2) + y ** 3
 
 
+@case(one)
+def negative_number_base_pow(x):
+    return (-2) ** x, (-1.5) ** x.abs().round()
+
+
 @case(two)
 def compare_ops(x, y):
     return (x > y), (x <= y), (x == x), (x != y)
