@@ -190,3 +190,25 @@ def test_short_persistent_rows_get_wide_block_candidates():
     assert max(c["XBLOCK"] for c in configs(5_000_000, 4)) == 256
     assert [c["XBLOCK"] for c in configs(4096, 2048)] == [2, 2, 2]
     assert all(c["XBLOCK"] <= 16 for c in configs(10, 4))
+
+
+@pytest.mark.parametrize("case", ["nhwc_mean", "column_sum", "column_softmax", "row_sum"])
+def test_reductions_that_walk_columns_loop_over_blocks_of_columns(case):
+    """A reduction whose reads step by 1 along x and by more along r (a mean over H*W of NHWC
+    data, a sum or softmax down the columns of a matrix) loops over [columns, rows] blocks
+    instead of holding whole rows (one element per memory sector); a row reduction stays
+    persistent. Values match eager either way."""
+    nhwc = torch.randn(2, 300, 6, 7).contiguous(memory_format=torch.channels_last)
+    fn, x = {
+        "nhwc_mean": (lambda a: a.mean((2, 3)), nhwc),
+        "column_sum": (lambda a: a.sum(0), torch.randn(50, 300)),
+        "column_softmax": (lambda a: torch.softmax(a, 0), torch.randn(50, 300)),
+        "row_sum": (lambda a: a.sum(1), torch.randn(300, 50)),
+    }[case]
+    srcs = [s for s in _kernel_sources(fn, x) if dict(s.meta)["reduction"]]
+    assert srcs, case
+    columns = {dict(s.meta)["columns"] for s in srcs}
+    assert columns == ({0} if case == "row_sum" else {1}), [s.source for s in srcs]
+    if case != "row_sum":
+        assert all("for roffset" in s.source for s in srcs)
+    check(fn, x, atol=1e-5, rtol=1e-5)

@@ -33,7 +33,7 @@ from .codegen_common import (
     size_symbols_in,
 )
 from .loop_ir import compute_dtype
-from .scheduler import whole_rows
+from .scheduler import persistent, walks_columns
 
 TL = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -334,7 +334,8 @@ class TritonRenderer(Renderer):
         )
         # The scheduler plans registers by the same rule, over the kernel's own r sizes: merged
         # ones drop size-1 dims, and a row of (1, 1) merged to () would read as no row at all.
-        self.persistent = whole_rows(k.rsizes)
+        self.persistent = persistent(k)
+        columns = bool(k.rsizes) and not self.persistent and walks_columns(k)
         self.locals, self.deferred, self.mask_stack = {}, {}, []
         reduction = bool(k.rsizes)
         pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
@@ -383,7 +384,7 @@ class TritonRenderer(Renderer):
         # a tiled kernel's second size (ynumel) travels where a reduction's rnumel does
         meta = (("xnumel", self._hint(xnumel)), ("rnumel", self._hint(rnumel)),
                 ("persistent", int(self.persistent)), ("reduction", int(reduction)),
-                ("tiled", int(tiled)))  # fmt: skip
+                ("tiled", int(tiled)), ("columns", int(columns)))  # fmt: skip
         if dynamic:  # the wrapper computes the numels from the sizes at each call
             meta += (("numel", (_py(xnumel, PY_MINMAX), _py(rnumel, PY_MINMAX))),)
         return KernelSource(self.name, "triton", src, (*self.args, *syms), types, meta=meta)
@@ -490,6 +491,11 @@ def launch_configs(src: KernelSource) -> list[dict]:
             if rows > 8 and all(c["XBLOCK"] != rows for c in configs):
                 configs.append({"XBLOCK": rows, "RBLOCK": rb, "num_warps": 4})
         return configs
+    if meta.get("columns"):
+        # x walks memory: 8 or 16 columns of 16-bit values already fill a 32-byte sector, and
+        # narrow blocks leave more programs; wider ones are tried
+        return [{"XBLOCK": min(c, next_pow2(x)), "RBLOCK": min(rb, next_pow2(r)), "num_warps": 4}
+                for c, rb in ((16, 64), (8, 128), (32, 32), (64, 16))]  # fmt: skip
     return [{"XBLOCK": 1, "RBLOCK": 2048, "num_warps": 8}, {"XBLOCK": 8, "RBLOCK": 256, "num_warps": 4},
             {"XBLOCK": 1, "RBLOCK": 512, "num_warps": 4}]  # fmt: skip
 

@@ -18,6 +18,7 @@ import itertools
 import sympy
 
 from .config import config
+from .index_simplify import simplify_index
 from .loop_ir import (
     AliasBuffer,
     Buffer,
@@ -397,12 +398,46 @@ def whole_rows(rsizes) -> bool:
 
 def persistent(k: Kernel) -> bool:
     """Whether `k` renders as a persistent Triton reduction, so the values of every phase stay
-    in registers."""
+    in registers. A reduction that walks columns (`walks_columns`) loops instead."""
     if not k.members:
         return False
     device = str(k.members[0].node.layout.device)
     triton = device.startswith("cuda") or config.cpu_backend == "triton"
-    return triton and whole_rows(k.rsizes)
+    return triton and whole_rows(k.rsizes) and not walks_columns(k)
+
+
+# Fewer output elements than this keep whole rows: blocks of many columns would leave few programs.
+COLUMN_MIN_XNUMEL = 256
+
+
+def walks_columns(k: Kernel) -> bool:
+    """Whether a reduction reads memory along x, not along r: every load over both steps by 1
+    along the innermost x dim and by more along each r dim. A mean over H*W of NHWC data (a
+    global average pool, a squeeze-and-excite) steps C elements per r: a whole-row block reads
+    one element per 32-byte sector, where a looped block of many columns reads whole sectors."""
+    xsizes = [sympy.sympify(s) for s in k.xsizes]
+    if not k.rsizes or not all(s.is_Integer for s in xsizes) or int(sympy.Mul(*xsizes)) < COLUMN_MIN_XNUMEL:
+        return False
+    xs, rs = k.vars()
+    live = [v for v, s in zip(xs, xsizes) if s != 1]
+    if not live:
+        return False
+    inner, ranges = live[-1], dict(zip([*xs, *rs], [*k.xsizes, *k.rsizes]))
+    origin = {v: 0 for v in [*xs, *rs]}
+    found = False
+    for m in k.members:
+        for _, index in k.record(m).loads:
+            e = sympy.sympify(simplify_index(index, ranges))
+            walked = [v for v in rs if e.has(v)]
+            if not walked or not e.has(inner):
+                continue
+            steps = [e.xreplace({**origin, v: 1}) - e.xreplace(origin) for v in (inner, *walked)]
+            if not all(sympy.sympify(d).is_Integer for d in steps):
+                return False  # an indirect or symbolic address: leave the kernel as it was
+            if steps[0] != 1 or any(d in (1, -1) for d in steps[1:]):
+                return False
+            found = True
+    return found
 
 
 def plan_locals(k: Kernel, readers: dict, outputs: set) -> None:
