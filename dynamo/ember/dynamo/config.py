@@ -25,6 +25,12 @@ class DynamoConfig:
     max_inline_depth: int = 64
     # Instructions one frame may symbolically execute (unrolled loops count) before giving up.
     max_instructions: int = 200_000
+    # A capture whose example values came to more bytes than this is collected (gc.collect())
+    # once converted: the interpreter's variables and the graph refer to each other, so the
+    # values (and the autograd graph they carry, a forward's saved activations) would otherwise
+    # stay alive until Python's cyclic collector happens to run, through the compile and the
+    # first call. Below it, the collection would cost more time than the memory is worth.
+    collect_after_capture_bytes: int = 16 << 20
 
 
 config = DynamoConfig()
