@@ -17,7 +17,7 @@ from ember.ir.example import example_of
 from ember.ir.locks import COMPILE_LOCK
 
 from .dynamic import SYMBOLS_META, dynamic_module_call, runnable_graph
-from .joint import trace
+from .meta_trace import trace_program as trace  # on meta copies where it can
 from .module_call import GUARDED_INPUTS_META, module_caller
 from .partition import min_cut_partition
 from .plan_codec import build_runtime

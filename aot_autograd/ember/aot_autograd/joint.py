@@ -79,7 +79,9 @@ class _Observer(TorchDispatchMode):
 def _storage_ptr(t: torch.Tensor) -> int:
     if type(t) is SymbolicTensor:
         t = t.value
-    return t.untyped_storage().data_ptr()
+    storage = t.untyped_storage()
+    # Meta storages (a metadata trace, meta_trace.py) have no data pointer: their identity.
+    return storage._cdata if t.is_meta else storage.data_ptr()
 
 
 def clone_input(t: torch.Tensor) -> torch.Tensor:
@@ -93,14 +95,16 @@ def clone_input(t: torch.Tensor) -> torch.Tensor:
     return c.requires_grad_(t.requires_grad)
 
 
-def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None) -> Traced:
+def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None,
+          clone: Callable = clone_input) -> Traced:  # fmt: skip
     """Trace `flat_fn(*inputs) -> flat outputs` into a joint graph, or an inference graph.
 
     `symbolic`: (a TensorMeta or None per input, a primtorch ShapeEnv) to trace with symbolic
     sizes: inputs with a meta become SymbolicTensors, and the graph's sizes are expressions.
+    `clone`: the private copy the program runs on (meta_trace.py passes meta-device ones).
     """
-    real_clones = [clone_input(t) for t in inputs]
-    clones = real_clones
+    copies = [clone(t) for t in inputs]
+    clones = copies
     needs_grad = torch.is_grad_enabled() and any(c.requires_grad for c in clones)
     tracer = new_tracer()
     if symbolic is not None:
@@ -138,7 +142,7 @@ def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None) -> Trace
         rng_devices=tracer.seed_devices,
     )
     # Compilers see the inputs' metadata only; the trace's copies of the inputs die here.
-    return Traced(gm, plan, is_joint, [metadata_only(t) for t in (*real_clones, *constants)])
+    return Traced(gm, plan, is_joint, [metadata_only(t) for t in (*copies, *constants)])
 
 
 def _composites(symbolic):
