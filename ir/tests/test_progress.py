@@ -22,6 +22,7 @@ def clock(monkeypatch):
     monkeypatch.setattr(progress.config, "enabled", True)
     monkeypatch.setattr(progress.config, "after_s", 10.0)
     monkeypatch.setattr(progress.config, "every_s", 5.0)
+    monkeypatch.setattr(progress.config, "watch", False)  # only the polls the test makes
     return c
 
 

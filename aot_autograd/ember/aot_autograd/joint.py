@@ -1,6 +1,7 @@
 """Tracing a program (and its backward) into one functional prim graph, plus the runtime plan.
 
-The program runs once on clones of the caller's tensors under three layers, outermost first:
+The program runs once on copies of the caller's tensors (meta-device ones where meta_trace.py
+allows) under three layers, outermost first:
 `ember.primtorch.trace.Tracer` (records every dispatched ATen op, decomposed into prims, and
 functionalises the in-place ops that reach it), our `_Observer` (notes which inputs get new values
 and which storages views share), and `torch.func.functionalize` (turns in-place ops into

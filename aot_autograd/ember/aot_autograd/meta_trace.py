@@ -8,8 +8,9 @@ strides and dtypes, which is all the graph records.
 
 Only where the meta device cannot change what is recorded; otherwise (or when the meta run fails
 in any way) the trace runs on real copies as before:
-- static sizes, every tensor input on the CPU (on CUDA, torch's composite ops choose kernels by
-  device: cuDNN batch norm, fused dropout), autocast off (its casts are keyed by device);
+- every tensor input on the CPU (on CUDA, torch's composite ops choose kernels by device: cuDNN
+  batch norm, fused dropout), autocast off (its casts are keyed by device); with symbolic sizes
+  the SymbolicTensors wrap meta values at the hints;
 - no random ops (their seeds are per device), no `scaled_dot_product_attention` (its kernel is
   chosen by device), no float16/bfloat16 value (primtorch's norms keep CPU statistics in the
   input dtype, other devices' in float32), no value check (`EMBER_PRIMTORCH_CHECK=1`).
@@ -69,11 +70,11 @@ class _DeviceChoices(TorchFunctionMode):
 
 def trace_program(flat_fn: Callable, inputs: list, symbolic=None) -> Traced:
     """`joint.trace`, on meta-device copies of the inputs where that records the same graph."""
-    device = _single_cpu_device(inputs) if symbolic is None else None
+    device = _single_cpu_device(inputs)
     if device is not None and _allowed():
         try:
             with _DeviceChoices():
-                traced = trace(flat_fn, inputs, clone=_meta_copy)
+                traced = trace(flat_fn, inputs, symbolic, clone=_meta_copy)
             _check_recordable(traced)
             return _on_device(traced, device)
         except Exception as e:  # noqa: BLE001  (any failure: the real trace decides)

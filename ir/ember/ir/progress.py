@@ -34,6 +34,7 @@ class ProgressConfig:
     after_s: float = float(os.environ.get("EMBER_COMPILE_PROGRESS_AFTER", "10"))
     every_s: float = 5.0  # at most one line this often
     clock: Callable[[], float] = time.monotonic  # tests pass a fake one
+    watch: bool = True  # also poll from a thread while a stage runs (tests of the clock: off)
 
 
 config = ProgressConfig()
@@ -47,7 +48,6 @@ class _Compile:
         self.stages: list[str] = []
         self.step: Optional[tuple[int, str]] = None  # (depth of its stage, "kernel compile 3/40")
         self.last_report: Optional[float] = None
-        self.done = threading.Event()
 
 
 _lock = threading.RLock()
@@ -86,25 +86,32 @@ def poll() -> None:
         _emit(f"ember: compiling for {elapsed:.0f}s; now: {' > '.join(shown)}")
 
 
-def _watch(c: _Compile) -> None:
-    """Poll while one stage runs long; ends with the compile."""
-    wait = max(config.after_s - (config.clock() - c.start), 0.0)
-    while not c.done.wait(wait):
-        poll()
-        wait = max(config.every_s, 0.5)
+def _watch() -> None:
+    """One thread for the process: asleep while no compile runs, else polls once a second, so
+    a stage that runs long (a C++ build, a big trace) is reported while it runs."""
+    while True:
+        _active.wait()
+        time.sleep(1.0)
+        if config.watch:
+            poll()
+
+
+_active = threading.Event()  # set while a compile runs
+_watcher: Optional[threading.Thread] = None
 
 
 @contextlib.contextmanager
 def stage(name: str):
     """Mark a stage of a compile (the outermost one starts the compile's clock)."""
-    global _current
+    global _current, _watcher
     with _lock:
         outer = _current is None
         if outer:
             _current = _Compile(config.clock())
-            if config.enabled and config.clock is time.monotonic:
-                threading.Thread(target=_watch, args=(_current,), daemon=True,
-                                 name="ember-progress").start()  # fmt: skip
+            if config.enabled and _watcher is None:
+                _watcher = threading.Thread(target=_watch, daemon=True, name="ember-progress")
+                _watcher.start()
+            _active.set()
         c = _current
         c.stages.append(name)
     poll()
@@ -114,7 +121,7 @@ def stage(name: str):
         with _lock:
             c.stages.pop()
             if outer:
-                c.done.set()
+                _active.clear()
                 _current = None
 
 
