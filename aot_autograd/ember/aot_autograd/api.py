@@ -11,8 +11,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ember.ir import NODE_META_KEY, TensorMeta
-from ember.ir import progress
+from ember.ir import NODE_META_KEY, TensorMeta, progress
 from ember.ir.example import example_of
 from ember.ir.locks import COMPILE_LOCK
 
