@@ -11,12 +11,13 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ember.ir import NODE_META_KEY, RECOMPUTE_META_KEY, TensorMeta
+from ember.ir import NODE_META_KEY, RECOMPUTE_META_KEY, TensorMeta, progress
+from ember.ir.example import example_of
 from ember.ir.locks import COMPILE_LOCK
 
 from .control_flow import compile_with_control_flow, has_control_flow
 from .dynamic import SYMBOLS_META, dynamic_module_call, runnable_graph
-from .joint import trace
+from .meta_trace import trace_program as trace  # on meta copies where it can
 from .module_call import GUARDED_INPUTS_META, module_caller
 from .partition import min_cut_partition
 from .plan_codec import build_runtime
@@ -46,8 +47,10 @@ def run_as_fx(gm: fx.GraphModule, example_inputs: list) -> Callable:
 
 
 def example_inputs_from_meta(gm: fx.GraphModule, shape_env=None) -> list:
-    """Tensors of the placeholders' TensorMeta (values unspecified), for compilers to inspect;
-    symbolic sizes take their hints in `shape_env`."""
+    """Tensors of the placeholders' TensorMeta, for compilers to inspect; symbolic sizes take
+    their hints in `shape_env`. They hold no data (ember.ir.example.MetadataOnly): real ones
+    allocated a backward's whole saved set and tangents (on a GPU, device memory) just to be
+    looked at."""
     out = []
     for n in gm.graph.find_nodes(op="placeholder"):
         meta = n.meta.get(NODE_META_KEY)
@@ -56,9 +59,7 @@ def example_inputs_from_meta(gm: fx.GraphModule, shape_env=None) -> list:
             continue
         if shape_env is not None:
             meta = shape_env.hint_meta(meta)
-        sizes = [int(s) for s in meta.sizes]
-        strides = [int(s) for s in meta.strides]
-        out.append(torch.empty_strided(sizes, strides, dtype=meta.dtype, device=meta.device))
+        out.append(example_of(meta))
     return out
 
 
@@ -109,7 +110,8 @@ class AOTFunction:
                 runtime = self.cache.get(key)
                 if runtime is None:
                     start = time.perf_counter()
-                    runtime = self.cache[key] = self._compile(flat, in_spec)
+                    with progress.stage("aot_autograd"):
+                        runtime = self.cache[key] = self._compile(flat, in_spec)
                     self.compile_seconds += time.perf_counter() - start
         return runtime
 
@@ -122,21 +124,28 @@ class AOTFunction:
             check_mutated_aliasing(plan, tensors)
             self.last_graphs = {}
             return build_runtime(plan, compiled)
-        traced = trace(_flat_program(self.fn, flat, in_spec), tensors, self.symbolic)
+        with progress.stage("trace"):
+            traced = trace(_flat_program(self.fn, flat, in_spec), tensors, self.symbolic)
         check_mutated_aliasing(traced.plan, tensors)
         example = list(traced.example_inputs)
         example += [torch.zeros((), dtype=torch.int64, device=d) for d in traced.plan.rng_devices]
         if not traced.is_joint:
             self.last_graphs = {"inference": traced.gm}
-            compiled = [self.inference_compiler(traced.gm, example)]
+            with progress.stage("inference graph compile"):
+                compiled = [self.inference_compiler(traced.gm, example)]
         else:
-            fw_gm, bw_gm = self.partition_fn(traced.gm, num_fwd_outputs=traced.plan.num_fw_outputs)
+            with progress.stage("partition"):
+                fw_gm, bw_gm = self.partition_fn(traced.gm,
+                                                 num_fwd_outputs=traced.plan.num_fw_outputs)
             self.last_graphs = {"joint": traced.gm, "forward": fw_gm, "backward": bw_gm}
             for part, gm in (("forward", fw_gm), ("backward", bw_gm)):
                 gm.meta["ember_training"] = part  # a compiler may lay training graphs out apart
-            forward = self.fw_compiler(fw_gm, example)
+            with progress.stage("forward graph compile"):
+                forward = self.fw_compiler(fw_gm, example)
             env = self.symbolic[1] if self.symbolic is not None else None
-            compiled = [forward, self.bw_compiler(bw_gm, example_inputs_from_meta(bw_gm, env))]
+            with progress.stage("backward graph compile"):
+                backward = self.bw_compiler(bw_gm, example_inputs_from_meta(bw_gm, env))
+            compiled = [forward, backward]
         if cache is not None:
             self.runtime_cache.store(flat, in_spec, traced.plan, compiled)
         return build_runtime(traced.plan, compiled)

@@ -1,6 +1,7 @@
 """Tracing a program (and its backward) into one functional prim graph, plus the runtime plan.
 
-The program runs once on clones of the caller's tensors under three layers, outermost first:
+The program runs once on copies of the caller's tensors (meta-device ones where meta_trace.py
+allows) under three layers, outermost first:
 `ember.primtorch.trace.Tracer` (records every dispatched ATen op, decomposed into prims, and
 functionalises the in-place ops that reach it), our `_Observer` (notes which inputs get new values
 and which storages views share), and `torch.func.functionalize` (turns in-place ops into
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -20,6 +22,7 @@ import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ember.ir import TensorMeta, contiguous_strides
+from ember.ir.example import metadata_only
 from ember.primtorch.prims.core import lent_to_autograd_workers
 from ember.primtorch.symbolic import SymbolicTensor, symbolic_tensor, to_expr
 from ember.primtorch.symbolic_composites import SymbolicComposites
@@ -42,31 +45,45 @@ class Traced:
     gm: fx.GraphModule
     plan: RuntimePlan
     is_joint: bool
-    example_inputs: list
+    example_inputs: list  # MetadataOnly tensors: the trace's copies of the inputs are freed
 
 
 class _Observer(TorchDispatchMode):
     """Sees each top-level ATen op between functionalize and the tracer; records aliasing facts."""
 
-    def __init__(self, inputs: list[torch.Tensor]):
+    def __init__(self, inputs: list[torch.Tensor], is_traced: Callable = lambda t: True):
         super().__init__()
+        self.is_traced = is_traced  # whether the tracer has a node for a tensor
         self._inputs = {id(t): i for i, t in enumerate(inputs)}
         self.new_values: dict[int, torch.Tensor] = {}  # input index -> value copied into it
-        self.view_roots: dict[int, torch.Tensor] = {}  # storage pointer -> tensor first viewed
+        # storage pointer -> (a weak reference to) the tensor first viewed. Weak: a strong one
+        # kept every viewed activation (a reshaped matmul output, a transposed head) alive to
+        # the end of the trace, a third more than the forward itself holds.
+        self.view_roots: dict[int, weakref.ref] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is aten.copy_.default and id(args[0]) in self._inputs:
             self.new_values[self._inputs[id(args[0])]] = args[1]
         elif func.is_view and isinstance(args[0], torch.Tensor):
-            self.view_roots.setdefault(_storage_ptr(args[0]), args[0])
+            ptr = _storage_ptr(args[0])
+            root = self.view_roots.get(ptr)
+            if root is None or root() is None:  # a freed storage's address may come back
+                self.view_roots[ptr] = weakref.ref(args[0])
         return func(*args, **kwargs)
+
+    def view_root(self, ptr: int) -> Optional[torch.Tensor]:
+        """The tensor first viewed in the storage at `ptr`, if it is still alive."""
+        root = self.view_roots.get(ptr)
+        return root() if root is not None else None
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
     if type(t) is SymbolicTensor:
         t = t.value
-    return t.untyped_storage().data_ptr()
+    storage = t.untyped_storage()
+    # Meta storages (a metadata trace, meta_trace.py) have no data pointer: their identity.
+    return storage._cdata if t.is_meta else storage.data_ptr()
 
 
 def clone_input(t: torch.Tensor) -> torch.Tensor:
@@ -80,21 +97,23 @@ def clone_input(t: torch.Tensor) -> torch.Tensor:
     return c.requires_grad_(t.requires_grad)
 
 
-def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None) -> Traced:
+def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None,
+          clone: Callable = clone_input) -> Traced:  # fmt: skip
     """Trace `flat_fn(*inputs) -> flat outputs` into a joint graph, or an inference graph.
 
     `symbolic`: (a TensorMeta or None per input, a primtorch ShapeEnv) to trace with symbolic
     sizes: inputs with a meta become SymbolicTensors, and the graph's sizes are expressions.
+    `clone`: the private copy the program runs on (meta_trace.py passes meta-device ones).
     """
-    real_clones = [clone_input(t) for t in inputs]
-    clones = real_clones
+    copies = [clone(t) for t in inputs]
+    clones = copies
     needs_grad = torch.is_grad_enabled() and any(c.requires_grad for c in clones)
     tracer = new_tracer()
     if symbolic is not None:
         metas, tracer.shape_env = symbolic
         clones = [symbolic_tensor(c, m, tracer.shape_env) if m is not None else c
                   for c, m in zip(clones, metas)]  # fmt: skip
-    observer = _Observer(clones)
+    observer = _Observer(clones, tracer.is_traced)
     with tracer:
         primals = [tracer.placeholder(c, f"primals_{i + 1}") for i, c in enumerate(clones)]
         with observer, _composites(symbolic):
@@ -124,7 +143,8 @@ def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None) -> Trace
         constants=constants,
         rng_devices=tracer.seed_devices,
     )
-    return Traced(gm, plan, is_joint, [*real_clones, *constants])
+    # Compilers see the inputs' metadata only; the trace's copies of the inputs die here.
+    return Traced(gm, plan, is_joint, [metadata_only(t) for t in (*copies, *constants)])
 
 
 def _composites(symbolic):
@@ -341,9 +361,14 @@ def _group_base(ptr: int, tensors: list, observer: _Observer) -> torch.Tensor:
     for o in tensors:
         if _storage_ptr(o) == ptr and _covers_storage(o):
             return o
-    root: Optional[torch.Tensor] = observer.view_roots.get(ptr)
+    root = observer.view_root(ptr)
     if root is not None and _covers_storage(root):
         return root
+    for o in tensors:  # a view output keeps its base alive when nothing else does
+        base = o._base
+        if (base is not None and _storage_ptr(base) == ptr and _covers_storage(base)
+                and observer.is_traced(base)):  # fmt: skip
+            return base
     raise NotImplementedError(
         "aot_autograd: outputs share a storage that no output or traced tensor covers; "
         "return the base tensor as well"

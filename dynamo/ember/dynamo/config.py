@@ -41,6 +41,12 @@ class DynamoConfig:
     repro_max_seconds: float = 600.0
     # Accuracy mode: relative and absolute tolerance (at least 1e-2 for 16-bit floats).
     repro_tolerance: float = 1e-3
+    # A capture whose example values came to more bytes than this is collected (gc.collect())
+    # once converted: the interpreter's variables and the graph refer to each other, so the
+    # values (and the autograd graph they carry, a forward's saved activations) would otherwise
+    # stay alive until Python's cyclic collector happens to run, through the compile and the
+    # first call. Below it, the collection would cost more time than the memory is worth.
+    collect_after_capture_bytes: int = 16 << 20
 
 
 config = DynamoConfig()

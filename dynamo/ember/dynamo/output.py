@@ -11,6 +11,7 @@ import torch
 import torch.fx as fx
 
 from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides
+from ember.ir.example import metadata_only, metadata_only_tree
 
 from . import shapes
 from . import variables as V
@@ -84,6 +85,8 @@ class OutputGraph:
         self.names: set[str] = set()
         self._last_placeholder = None  # the placeholder _insert_placeholder added last
         self.op_count = 0
+        # Bytes of the example values the capture computed (see convert.release_capture).
+        self.example_bytes = 0
         # Dynamic sizes: the policy choosing them, and the symbols and guards (None: all static).
         self.policy = policy
         self.shape_env = None
@@ -117,7 +120,8 @@ class OutputGraph:
         name = self._placeholder_name(source)
         node = self._insert_placeholder(name)
         example = _example_clone(value)
-        node.meta["example_value"] = example
+        self.example_bytes += example.numel() * example.element_size()
+        node.meta["example_value"] = metadata_only(example)
         node.meta[NODE_META_KEY] = TensorMeta.from_tensor(value)
         vt = V.TensorVT(node, example, source, type(value))
         vt.real = value  # identity only (set membership, `is`), never read for values
@@ -209,8 +213,12 @@ class OutputGraph:
 
     def wrap_result(self, node: fx.Node, result, sym=None) -> V.VT:
         """The VT of an op's result; `sym`: its symbolic sizes (shapes.infer), None if static."""
+        # Nodes keep the metadata of their values, never the values: the interpreter's variables
+        # hold each value only while the program can still read it, as eager does, where
+        # holding them on nodes kept the whole forward alive until the backend returned.
         if isinstance(result, torch.Tensor):
-            node.meta["example_value"] = result
+            self.example_bytes += result.numel() * result.element_size()
+            node.meta["example_value"] = metadata_only(result)
             node.meta[NODE_META_KEY] = TensorMeta.from_tensor(result)
             vt = V.TensorVT(node, result)
             vt.sym = sym
@@ -218,7 +226,7 @@ class OutputGraph:
         if isinstance(result, (tuple, list)) and all(
             isinstance(r, (torch.Tensor, *_GRAPH_CONSTS)) for r in result
         ):
-            node.meta["example_value"] = result
+            node.meta["example_value"] = metadata_only_tree(result)
             items = []
             for i, r in enumerate(result):
                 if isinstance(r, torch.Tensor):

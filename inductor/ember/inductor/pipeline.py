@@ -17,7 +17,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ember.ir import NODE_META_KEY
+from ember.ir import NODE_META_KEY, progress
 from ember.ir.locks import COMPILE_LOCK
 
 from . import (
@@ -139,15 +139,18 @@ def _compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
         gm = fold_device_constants(gm)  # 0. scalars made on the CPU from constants: constants
         gm = _small_matmuls_as_reductions(gm)  # matrix-vector products: generated kernels
         gm = merge_common_subexpressions(gm)  # each layer's copy of a mask's bias, computed once
-        lowered = lower_graph(gm, example_inputs)  # 1. prims -> loop-IR buffers
+        with progress.stage("lowering"):
+            lowered = lower_graph(gm, example_inputs)  # 1. prims -> loop-IR buffers
         verify([b for b in lowered.inputs if b is not None] + lowered.buffers,
                lowered.size_symbols)  # 2. loop-IR checks  # fmt: skip
         out_names = [o.name for o in lowered.outputs if hasattr(o, "name")]
-        steps = schedule(lowered.buffers, out_names)  # 3. dead code, fusion, phases, locals
+        with progress.stage("scheduling"):
+            steps = schedule(lowered.buffers, out_names)  # 3. dead code, fusion, phases, locals
         buffers = {b.name: b for b in [*lowered.inputs, *lowered.buffers] if b is not None}
         hints = {s: example_inputs[i].shape[d] for s, (i, d) in lowered.size_symbols.items()}
-        kernels = render_kernels(steps, buffers, lowered.device, hints)  # 4. kernel source
-        program = generate(lowered, steps, kernels)  # 5. wrapper + artifact, memory plan
+        with progress.stage("code generation"):
+            kernels = render_kernels(steps, buffers, lowered.device, hints)  # 4. kernel source
+            program = generate(lowered, steps, kernels)  # 5. wrapper + artifact, memory plan
         constants = lowered.constants
         # Tensors held by the graph are not part of the cache entry.
         if not constants:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ember.ir import cache_files, resolve
+from ember.ir import cache_files, progress, resolve
 
 from . import triton_binaries
 from .codegen_common import POINTER_TYPES
@@ -169,16 +169,26 @@ class Builds:
         """Wait for every build and bind the C++ launchers; raise one BuildError naming each
         C++ kernel that failed."""
         self.start()
+        with progress.stage("kernel compile"):
+            self._wait()
+
+    def _wait(self) -> None:
+        n = len(self.optional) + sum(len(group) for group, _ in self.cpp_jobs)
+        done = 0
         for name, future in self.optional:
             try:
                 future.result()
             except Exception as e:  # noqa: BLE001  (the launch compiles again and says why)
                 log.warning("ember.inductor: compiling kernel %s ahead of launch failed: %s: %s",
                             name, type(e).__name__, e)  # fmt: skip
+            done += 1
+            progress.step("kernels built", done, n)
         failures, total = [], 0
         for group, future in self.cpp_jobs:
             total += len(group)
             for (name, _, _, _), built in zip(group, future.result()):
+                done += 1
+                progress.step("kernels built", done, n)
                 users = self.cpp_users[name]
                 if isinstance(built, Exception):
                     shown = ", ".join(shown for shown, _ in users)
