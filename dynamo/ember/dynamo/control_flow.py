@@ -402,7 +402,7 @@ def trace_cond(tx, args: list, kwargs: dict) -> V.VT:
     gm_t, gm_f = t.module(lifted), f.module(lifted)
     tensor_ops = [o for o in ops if isinstance(o, V.TensorVT)]
     nodes = tuple([o.node for o in tensor_ops] + lifted)
-    examples = tuple([o.example for o in tensor_ops] + [n.meta["example_value"] for n in lifted])
+    examples = tuple([o.example for o in tensor_ops] + [tx.output.value_of(n) for n in lifted])
     t_node, f_node = _add_subgraph(tx, "cond_true", gm_t), _add_subgraph(tx, "cond_false", gm_f)
     result = _emit(tx, cf_ops.cond, (pred.node, t_node, f_node, nodes),
                    (pred.example, gm_t, gm_f, examples))  # fmt: skip
@@ -428,7 +428,7 @@ def trace_while_loop(tx, args: list, kwargs: dict) -> V.VT:
     result = _emit(tx, cf_ops.while_loop,
                    (c_node, b_node, tuple(x.node for x in items), tuple(lifted)),
                    (gm_c, gm_b, tuple(x.example for x in items),
-                    tuple(n.meta["example_value"] for n in lifted)))  # fmt: skip
+                    tuple(tx.output.value_of(n) for n in lifted)))  # fmt: skip
     _drop_examples(gm_c, gm_b)
     return V.ListVT(list(result.items), is_tuple=carried.is_tuple)
 
@@ -458,7 +458,7 @@ def trace_map(tx, args: list, kwargs: dict) -> V.VT:
     node = _add_subgraph(tx, "map_body", gm)
     extra_t = [e for e in extra if isinstance(e, V.TensorVT)]
     arg_nodes = tuple([e.node for e in extra_t] + lifted)
-    arg_examples = tuple([e.example for e in extra_t] + [m.meta["example_value"] for m in lifted])
+    arg_examples = tuple([e.example for e in extra_t] + [tx.output.value_of(m) for m in lifted])
     result = _emit(tx, cf_ops.map, (node, tuple(x.node for x in xs_items), arg_nodes),
                    (gm, tuple(x.example for x in xs_items), arg_examples))  # fmt: skip
     _drop_examples(gm)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from typing import Optional
 
 import sympy
@@ -71,6 +72,9 @@ class OutputGraph:
         # `graph`; `root_module` holds the subgraphs (control_flow.py swaps both for a body).
         self.root_graph = self.graph
         self.root_module = torch.nn.Module()
+        # Each node's value while the program still holds it (nodes keep metadata only): read by
+        # control flow, which runs a body on the values its lifted inputs have
+        self._values = weakref.WeakValueDictionary()
         self.code = code
         self.where = where_fn  # () -> "file:line" of the instruction being traced
         self.guards = GuardSet()
@@ -122,6 +126,7 @@ class OutputGraph:
         example = _example_clone(value)
         self.example_bytes += example.numel() * example.element_size()
         node.meta["example_value"] = metadata_only(example)
+        self._values[node] = example
         node.meta[NODE_META_KEY] = TensorMeta.from_tensor(value)
         vt = V.TensorVT(node, example, source, type(value))
         vt.real = value  # identity only (set membership, `is`), never read for values
@@ -211,6 +216,12 @@ class OutputGraph:
                 sym = shapes.infer(self.shape_env, kind, target, args, kwargs, result)
         return self.wrap_result(node, result, sym)
 
+    def value_of(self, node: fx.Node):
+        """The value `node` has in this trace, while the program still holds it; else the
+        metadata-only example on the node."""
+        value = self._values.get(node)
+        return value if value is not None else node.meta.get("example_value")
+
     def wrap_result(self, node: fx.Node, result, sym=None) -> V.VT:
         """The VT of an op's result; `sym`: its symbolic sizes (shapes.infer), None if static."""
         # Nodes keep the metadata of their values, never the values: the interpreter's variables
@@ -219,6 +230,7 @@ class OutputGraph:
         if isinstance(result, torch.Tensor):
             self.example_bytes += result.numel() * result.element_size()
             node.meta["example_value"] = metadata_only(result)
+            self._values[node] = result
             node.meta[NODE_META_KEY] = TensorMeta.from_tensor(result)
             vt = V.TensorVT(node, result)
             vt.sym = sym
