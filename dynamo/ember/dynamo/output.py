@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from typing import Optional
 
 import sympy
@@ -119,6 +120,8 @@ class OutputGraph:
         example = _example_clone(value)
         node.meta["example_value"] = example
         node.meta[NODE_META_KEY] = TensorMeta.from_tensor(value)
+        if isinstance(value, torch.nn.Parameter):  # which parameter (distributed.py's buckets)
+            node.meta["ember_param"] = weakref.ref(value)
         vt = V.TensorVT(node, example, source, type(value))
         vt.real = value  # identity only (set membership, `is`), never read for values
         if dims:
