@@ -17,6 +17,7 @@ from . import variables as V
 from .autograd_function import CHECKPOINT, call_autograd_function, call_checkpoint
 from .builder import is_const_value
 from .control_flow import handler_for
+from .distributed import eager_call_reason
 from .exc import AttrMissing, PyExc, Unsupported  # noqa: F401 (AttrMissing re-exported)
 from .frame import inline_call
 from .source import AttrSource, ItemSource, module_param_source
@@ -691,6 +692,10 @@ def call_module(tx, vt: V.ModuleVT, args, kwargs):
     """Inline `module(*args)`: forward pre-hooks, forward, forward hooks (guarded either way)."""
     m = vt.module
     from torch.nn.modules import module as module_mod
+
+    eager_reason = eager_call_reason(m)
+    if eager_reason is not None:
+        raise Unsupported(eager_reason)
 
     global_hooks = (module_mod._global_forward_hooks, module_mod._global_forward_pre_hooks,
                     module_mod._global_backward_hooks,

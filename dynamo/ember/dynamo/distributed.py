@@ -18,7 +18,7 @@ pieces' backward runs meanwhile. One bucket: the graph goes to the backend whole
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.fx as fx
@@ -35,6 +35,29 @@ def _ddp_class():
 def is_ddp(module) -> bool:
     cls = _ddp_class()
     return cls is not None and isinstance(module, cls)
+
+
+def _fsdp_class():
+    """FSDP2's FSDPModule (the class fully_shard mixes in) if the program has imported it."""
+    mod = sys.modules.get("torch.distributed.fsdp")
+    return getattr(mod, "FSDPModule", None) if mod is not None else None
+
+
+def eager_call_reason(module) -> Optional[str]:
+    """Why a call to `module` from captured code must run eagerly (a graph break), or None.
+
+    DDP's forward and FSDP2's forward hooks run collectives (all-gather, reducer bookkeeping)
+    that no graph holds; the forward they wrap is captured as its own frame."""
+    name = type(module).__name__
+    if is_ddp(module):
+        return (f"a call to DistributedDataParallel: its forward talks to the reducer and runs "
+                f"eagerly; the wrapped {type(module.module).__name__}.forward is captured as its "
+                f"own frame")  # fmt: skip
+    fsdp = _fsdp_class()
+    if fsdp is not None and isinstance(module, fsdp):
+        return (f"a call to the fully_shard (FSDP2) module {name}: its hooks all-gather and "
+                f"free parameters and run eagerly; {name}.forward is captured as its own frame")
+    return None
 
 
 def captured_module(module: torch.nn.Module) -> torch.nn.Module:
