@@ -159,12 +159,17 @@ def _ddp_called_from_function(rank):
 
     ember.reset()
     compiled = ember.compile(loss_of, backend="aot_eager")
-    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank))
-    loss_of(ref_model, x).backward()
-    compiled(model, x).backward()
+    gen = torch.Generator().manual_seed(rank)
     stats = ember.dynamo.convert.stats
+    converted = []
+    for _ in range(3):
+        x = torch.randn(8, 16, generator=gen)
+        loss_of(ref_model, x).backward()
+        compiled(model, x).backward()
+        converted.append(stats.frames_converted)
     grads = _max_diff([p.grad for p in ref_model.parameters()], [p.grad for p in model.parameters()])
-    return {"diff": grads, "reasons": [b.reason for b in stats.breaks + stats.failures]}
+    return {"diff": grads, "reasons": [b.reason for b in stats.breaks + stats.failures],
+            "converted": converted}
 
 
 def _fsdp_case(rank, backend):
@@ -278,6 +283,7 @@ def test_ddp_called_from_compiled_function_breaks_at_the_call(reports):
     r = reports["ddp_in_fn"]
     assert r["diff"] < 1e-5
     assert any("DistributedDataParallel" in reason for reason in r["reasons"]), r
+    assert r["converted"][0] == r["converted"][2], r  # later calls hit the cache: no recompiles
 
 
 def test_fsdp2_captures_each_block_and_matches_eager(reports):
