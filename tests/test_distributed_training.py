@@ -121,7 +121,9 @@ def _backward_nodes_per_param(model, x) -> int:
     return len(owners)
 
 
-def _ddp_case(rank, backend, *, unused=False, accumulate=1, bucket_mb=SMALL_BUCKET_MB):
+def _ddp_case(rank, backend, *, unused=False, accumulate=1, bucket_mb=SMALL_BUCKET_MB,
+              outer=False):
+    """Eager DDP against ember.compile(DDP(model)) (or, `outer`, DDP(ember.compile(model)))."""
     import ember
     import ember.dynamo
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -132,7 +134,10 @@ def _ddp_case(rank, backend, *, unused=False, accumulate=1, bucket_mb=SMALL_BUCK
     ref = _train(DDP(copy.deepcopy(base), **kw), rank, accumulate)
     ember.reset()
     counting = _Counting(backend)
-    compiled = ember.compile(DDP(copy.deepcopy(base), **kw), backend=counting)
+    if outer:
+        compiled = DDP(ember.compile(copy.deepcopy(base), backend=counting), **kw)
+    else:
+        compiled = ember.compile(DDP(copy.deepcopy(base), **kw), backend=counting)
     got = _train(compiled, rank, accumulate)
     stats = ember.dynamo.convert.stats
     report = {"diff": _max_diff(ref, got), "graphs": len(stats.graphs),
@@ -204,9 +209,10 @@ def _worker(rank: int, port: int, out: str, cases: list) -> None:
         for case in cases:
             name, *args = case.split(":")
             if name == "ddp":
-                backend, unused, accumulate, bucket = args
+                backend, unused, accumulate, bucket, *outer = args
                 report[case] = _ddp_case(rank, backend, unused=unused == "1",
-                                         accumulate=int(accumulate), bucket_mb=float(bucket))
+                                         accumulate=int(accumulate), bucket_mb=float(bucket),
+                                         outer=outer == ["outer"])
             elif name == "ddp_in_fn":
                 report[case] = _ddp_called_from_function(rank)
             elif name == "fsdp":
@@ -245,6 +251,7 @@ def _run_ranks(tmp_path, cases: list) -> dict:
 
 DDP_CASES = ["ddp:eager:0:1:%r" % SMALL_BUCKET_MB, "ddp:aot_eager:0:1:%r" % SMALL_BUCKET_MB,
              "ddp:aot_eager:0:2:%r" % SMALL_BUCKET_MB, "ddp:aot_eager:1:1:%r" % SMALL_BUCKET_MB,
+             "ddp:aot_eager:0:2:%r:outer" % SMALL_BUCKET_MB,
              "ddp:aot_eager:0:1:25.0", "ddp_in_fn", "fsdp:aot_eager"]  # fmt: skip
 
 
@@ -254,7 +261,7 @@ def reports(tmp_path_factory):
 
 
 def test_ddp_captures_one_graph_split_per_bucket(reports):
-    for case in DDP_CASES[:4]:
+    for case in DDP_CASES[:5]:
         r = reports[case]
         assert r["graphs"] == 1 and r["breaks"] == 0, (case, r)
         assert r["backend_graphs"] == 3, (case, r)  # one backend graph per bucket (per layer)
@@ -264,7 +271,7 @@ def test_ddp_captures_one_graph_split_per_bucket(reports):
 def test_ddp_buckets_are_separate_autograd_functions(reports):
     # The gradients of each bucket's parameters come out of their own backward node, so DDP's
     # hooks on the last layer's parameters fire before the first layer's backward runs.
-    for case in DDP_CASES[1:4]:
+    for case in DDP_CASES[1:5]:
         assert reports[case]["grad_owners"] == 3, (case, reports[case])
 
 
