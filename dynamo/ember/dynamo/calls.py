@@ -477,12 +477,47 @@ def getitem(tx, obj, key):
             raise Unsupported(f"indexing a constant: {e}") from None
     if isinstance(obj, V.ModuleVT):
         return module_getitem(tx, obj, key)
+    if isinstance(obj, V.ObjectVT) and is_typing_form(obj.obj):
+        return typing_subscript(tx, obj, key)
     if isinstance(obj, V.ObjectVT) and is_triton_kernel(obj.obj):
         return TritonLaunchVT(obj, key)  # kernel[grid]: see user_kernels.py
     if isinstance(obj, (V.ObjectVT, V.NewObjectVT)) and py_method(obj.python_type(),
                                                                    "__getitem__"):  # fmt: skip
         return call_method(tx, obj, "__getitem__", [key], {})
     raise Unsupported(f"indexing a {_type_name(obj)}")
+
+
+def is_typing_form(obj) -> bool:
+    """`Optional`, `Union`, `List`, `Dict[str, int]`...: objects of the typing module that
+    build type annotations when subscripted."""
+    return type(obj).__module__ == "typing" and hasattr(obj, "__getitem__")
+
+
+def _annotation_part(tx, vt):
+    """The real value of a subscript's part in a type annotation (a class, a string, None, a
+    typing form or a tuple of them), or Unsupported."""
+    if isinstance(vt, V.ClassVT):
+        return vt.cls
+    if isinstance(vt, V.ObjectVT) and (is_typing_form(vt.obj) or isinstance(vt.obj, type)):
+        if vt.source is not None:
+            tx.output.guards.add("ID", vt.source, vt.obj)
+        return vt.obj
+    if isinstance(vt, V.ListVT) and vt.is_tuple:
+        return tuple(_annotation_part(tx, i) for i in vt.items)
+    ok, value = try_const(vt)
+    if ok and (value is None or isinstance(value, str)):
+        return value
+    raise Unsupported(f"a type annotation over {_type_name(vt)}")
+
+
+def typing_subscript(tx, obj, key):
+    """`Optional[X]`, `Dict[str, Tensor]`: evaluated now (a pure function of guarded objects),
+    not traced through typing's internals (they format messages from the form itself)."""
+    form = _annotation_part(tx, obj)
+    try:
+        return V.ObjectVT(form[_annotation_part(tx, key)])
+    except TypeError as e:
+        raise PyExc(V.ExcVT(TypeError, [V.ConstVT(str(e))]), f"TypeError: {e}") from None
 
 
 def module_getitem(tx, vt, key):
