@@ -39,6 +39,18 @@ class MLP(torch.nn.Module):
         return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
 
 
+class NormMLP(MLP):
+    """With BatchNorm: running statistics are buffers the graph updates in place, and DDP
+    broadcasts them from rank 0 before each forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(32)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.norm(self.b(torch.relu(self.a(x))))))
+
+
 class Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -122,23 +134,26 @@ def _backward_nodes_per_param(model, x) -> int:
 
 
 def _ddp_case(rank, backend, *, unused=False, accumulate=1, bucket_mb=SMALL_BUCKET_MB,
-              outer=False):
-    """Eager DDP against ember.compile(DDP(model)) (or, `outer`, DDP(ember.compile(model)))."""
+              variant=""):
+    """Eager DDP against ember.compile(DDP(model)); variant "outer": DDP(ember.compile(model));
+    "static": static_graph=True on a model with BatchNorm buffers."""
     import ember
     import ember.dynamo
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
-    base = MLP(unused)
-    kw = dict(bucket_cap_mb=bucket_mb, find_unused_parameters=unused)
-    ref = _train(DDP(copy.deepcopy(base), **kw), rank, accumulate)
+    base = NormMLP() if variant == "static" else MLP(unused)
+    kw = dict(bucket_cap_mb=bucket_mb, find_unused_parameters=unused,
+              static_graph=variant == "static")  # fmt: skip
+    eager = DDP(copy.deepcopy(base), **kw)
+    ref = _train(eager, rank, accumulate) + list(eager.module.buffers())
     ember.reset()
     counting = _Counting(backend)
-    if outer:
+    if variant == "outer":
         compiled = DDP(ember.compile(copy.deepcopy(base), backend=counting), **kw)
     else:
         compiled = ember.compile(DDP(copy.deepcopy(base), **kw), backend=counting)
-    got = _train(compiled, rank, accumulate)
+    got = _train(compiled, rank, accumulate) + list(compiled.module.buffers())
     stats = ember.dynamo.convert.stats
     report = {"diff": _max_diff(ref, got), "graphs": len(stats.graphs),
               "breaks": len(stats.breaks) + len(stats.failures), "backend_graphs": counting.count}
@@ -209,10 +224,10 @@ def _worker(rank: int, port: int, out: str, cases: list) -> None:
         for case in cases:
             name, *args = case.split(":")
             if name == "ddp":
-                backend, unused, accumulate, bucket, *outer = args
+                backend, unused, accumulate, bucket, *variant = args
                 report[case] = _ddp_case(rank, backend, unused=unused == "1",
                                          accumulate=int(accumulate), bucket_mb=float(bucket),
-                                         outer=outer == ["outer"])
+                                         variant=variant[0] if variant else "")
             elif name == "ddp_in_fn":
                 report[case] = _ddp_called_from_function(rank)
             elif name == "fsdp":
@@ -303,13 +318,17 @@ def test_fsdp2_captures_each_block_and_matches_eager(reports):
 
 
 @pytest.mark.slow
-def test_ddp_and_fsdp2_through_inductor(tmp_path):
-    cases = ["ddp:inductor:0:2:%r" % SMALL_BUCKET_MB, "fsdp:inductor"]
+def test_ddp_and_fsdp2_through_inductor_and_static_graph(tmp_path):
+    cases = ["ddp:inductor:0:2:%r" % SMALL_BUCKET_MB, "fsdp:inductor",
+             "ddp:aot_eager:0:1:%r:static" % SMALL_BUCKET_MB]
     r = _run_ranks(tmp_path, cases)
     ddp = r[cases[0]]
     assert (ddp["graphs"], ddp["breaks"], ddp["backend_graphs"]) == (1, 0, 3), ddp
     assert ddp["diff"] < 1e-4 and ddp["grad_owners"] == 3, ddp
     assert r["fsdp:inductor"]["diff"] < 1e-4, r["fsdp:inductor"]
+    static = r[cases[2]]  # parameters and running statistics as eager's
+    assert (static["graphs"], static["breaks"], static["backend_graphs"]) == (1, 0, 3), static
+    assert static["diff"] < 1e-5, static
 
 
 if __name__ == "__main__":

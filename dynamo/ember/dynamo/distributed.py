@@ -187,12 +187,21 @@ def _compile_pieces(compiler, gm, example_inputs, part):
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     result = out_node.args[0]
     index = {n: i for i, n in enumerate(placeholders)}
+    # After each piece, the values no later piece reads (the result's are kept): autograd holds
+    # what the backward needs, the rest need not live until the last piece returns.
+    kept: set = set()
+    fx.map_arg(result, kept.add)
+    last_read = {n: k for k, p in enumerate(pieces) for n in p.inputs}
+    done_after = [[n for n, k in last_read.items() if k == i and n not in kept]
+                  for i in range(len(pieces))]  # fmt: skip
 
     def run_buckets(*args):
         values = {n: args[i] for n, i in index.items()}
-        for p in pieces:
+        for p, done in zip(pieces, done_after):
             outs = p.fn(*[values[n] for n in p.inputs])
             values.update(zip(p.outputs, outs))
+            for n in done:
+                del values[n]
         return fx.map_arg(result, lambda n: values[n])
 
     run_buckets.ember_pieces = [p.gm for p in pieces]
