@@ -1,7 +1,8 @@
-"""Type annotations built at run time (`Optional[X]`, `torch.jit.annotate(List[int], [])`, the
-annotation of `self.x: Optional[T] = v`) are evaluated while tracing, not traced through typing's
-internals (which broke the graph on an f-string over the form: torch's record_function does this
-in DDP's forward)."""
+"""Constructs of library code that captured programs run into (torch's record_function, called
+by DDP's forward, has both): type annotations built at run time (`Optional[X]`,
+`torch.jit.annotate(List[int], [])`, the annotation of `self.x: Optional[T] = v`) are evaluated
+while tracing, not traced through typing's internals (an f-string over the form broke the graph);
+profiler ranges (`with record_function(...)`) are traced through as if absent."""
 
 from typing import Dict, List, Optional, Union
 
@@ -44,3 +45,19 @@ def test_a_bad_annotation_raises_as_eager():
         bad(torch.randn(2))
     with pytest.raises(TypeError):
         ember.compile(bad, backend="eager")(torch.randn(2))
+
+
+def ranged(x):
+    with torch.autograd.profiler.record_function("first"):
+        y = x.sin() * 2
+    with torch.profiler.record_function("second"):
+        return y + 1
+
+
+def test_profiler_ranges_are_traced_through():
+    x = torch.randn(3)
+    explained = ember.dynamo.explain(ranged)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained
+    assert explained.ops_per_graph == [["sin", "mul", "add"]]
+    ember.reset()
+    torch.testing.assert_close(ember.compile(ranged, backend="eager")(x), ranged(x))
