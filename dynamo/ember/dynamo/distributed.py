@@ -88,11 +88,12 @@ def compile_for_ddp(compile_graph: Callable, gm: fx.GraphModule, example_inputs:
     return _compile_pieces(compile_graph, gm, example_inputs, part)
 
 
-def _reduced_params(ddp) -> set:
+def _reduced_params(ddp) -> dict:
+    """id -> parameter, for the parameters whose gradients DDP all-reduces."""
     params = getattr(ddp, "_module_parameters", None)
     if params is None:
         params = list(ddp.module.parameters())
-    return {id(p) for p in params if p.requires_grad}
+    return {id(p): p for p in params if p.requires_grad}
 
 
 def bucket_partition(gm: fx.GraphModule, ddp) -> dict:
@@ -108,11 +109,11 @@ def bucket_partition(gm: fx.GraphModule, ddp) -> dict:
         if has_params and size >= (first_cap if back_index == 0 else cap):
             back_index, size, has_params = back_index + 1, 0, False
         for arg in node.all_input_nodes:
-            ref = arg.meta.get("ember_param") if arg.op == "placeholder" else None
-            param = ref() if ref is not None else None
-            if param is None or id(param) not in reduced or id(param) in seen:
+            pid = arg.meta.get("ember_param_id") if arg.op == "placeholder" else None
+            param = reduced.get(pid)
+            if param is None or pid in seen:
                 continue
-            seen.add(id(param))
+            seen.add(pid)
             size += param.numel() * param.element_size()
             has_params = True
         backwards[node] = back_index

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import weakref
 from typing import Optional
 
 import sympy
@@ -121,7 +120,7 @@ class OutputGraph:
         node.meta["example_value"] = example
         node.meta[NODE_META_KEY] = TensorMeta.from_tensor(value)
         if isinstance(value, torch.nn.Parameter):  # which parameter (distributed.py's buckets)
-            node.meta["ember_param"] = weakref.ref(value)
+            node.meta["ember_param_id"] = id(value)  # the PARAM guard keeps it alive
         vt = V.TensorVT(node, example, source, type(value))
         vt.real = value  # identity only (set membership, `is`), never read for values
         if dims:
