@@ -4,7 +4,8 @@ Both ranks run this file as a script (`--rank`), train the same small models eag
 compiled, and write what they saw to JSON; the tests read rank 0's report (rank 1's must agree).
 DDP: the wrapped module is captured as one graph with no break, cut into one backend graph per
 gradient bucket (each its own autograd Function), and parameters after SGD steps equal eager
-DDP's, with no_sync + gradient accumulation and with find_unused_parameters. FSDP2
+DDP's, with no_sync + gradient accumulation, with find_unused_parameters, around an
+ember.compile'd module, and (slow) with static_graph and BatchNorm buffers. FSDP2
 (fully_shard): each sharded block's forward is captured, with a graph break at each call to a
 sharded block (its hooks all-gather), and parameters equal eager FSDP2's.
 """
