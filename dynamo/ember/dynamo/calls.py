@@ -21,6 +21,7 @@ from .distributed import eager_call_reason
 from .exc import AttrMissing, PyExc, Unsupported  # noqa: F401 (AttrMissing re-exported)
 from .frame import inline_call
 from .source import AttrSource, ItemSource, module_param_source
+from .typing_forms import is_typing_form, typing_subscript
 from .user_kernels import TritonLaunchVT, is_triton_kernel
 from .user_kernels import launch as launch_triton_kernel
 from .symbolic import COMPARE, INT_OPS, SymIntVT, SymSliceVT, as_sym, is_int_vt
@@ -485,39 +486,6 @@ def getitem(tx, obj, key):
                                                                    "__getitem__"):  # fmt: skip
         return call_method(tx, obj, "__getitem__", [key], {})
     raise Unsupported(f"indexing a {_type_name(obj)}")
-
-
-def is_typing_form(obj) -> bool:
-    """`Optional`, `Union`, `List`, `Dict[str, int]`...: objects of the typing module that
-    build type annotations when subscripted."""
-    return type(obj).__module__ == "typing" and hasattr(obj, "__getitem__")
-
-
-def _annotation_part(tx, vt):
-    """The real value of a subscript's part in a type annotation (a class, a string, None, a
-    typing form or a tuple of them), or Unsupported."""
-    if isinstance(vt, V.ClassVT):
-        return vt.cls
-    if isinstance(vt, V.ObjectVT) and (is_typing_form(vt.obj) or isinstance(vt.obj, type)):
-        if vt.source is not None:
-            tx.output.guards.add("ID", vt.source, vt.obj)
-        return vt.obj
-    if isinstance(vt, V.ListVT) and vt.is_tuple:
-        return tuple(_annotation_part(tx, i) for i in vt.items)
-    ok, value = try_const(vt)
-    if ok and (value is None or isinstance(value, str)):
-        return value
-    raise Unsupported(f"a type annotation over {_type_name(vt)}")
-
-
-def typing_subscript(tx, obj, key):
-    """`Optional[X]`, `Dict[str, Tensor]`: evaluated now (a pure function of guarded objects),
-    not traced through typing's internals (they format messages from the form itself)."""
-    form = _annotation_part(tx, obj)
-    try:
-        return V.ObjectVT(form[_annotation_part(tx, key)])
-    except TypeError as e:
-        raise PyExc(V.ExcVT(TypeError, [V.ConstVT(str(e))]), f"TypeError: {e}") from None
 
 
 def module_getitem(tx, vt, key):
