@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from . import convert
+from . import convert, distributed
 from ._native import _C
 from .backends import CompileCounter, lookup_backend
 from .dynamic import reset_automatic
@@ -52,7 +52,8 @@ def compile(model_or_fn=None, *, backend="inductor", mode=None, dynamic=None, fu
     compiler = _with_options(backend, name, mode, options)
     callback = convert.make_callback(compiler, fullgraph, name, dynamic)
     if isinstance(model_or_fn, torch.nn.Module):
-        forward = getattr(type(model_or_fn), "forward", None)
+        # DDP's forward talks to its reducer and runs eagerly; the module it wraps is captured.
+        forward = getattr(type(distributed.captured_module(model_or_fn)), "forward", None)
         if hasattr(forward, "__code__"):
             convert.force_codes[forward.__code__] = None
         return OptimizedModule(model_or_fn, callback)

@@ -17,9 +17,11 @@ from . import variables as V
 from .autograd_function import CHECKPOINT, call_autograd_function, call_checkpoint
 from .builder import is_const_value
 from .control_flow import handler_for
+from .distributed import eager_call_reason
 from .exc import AttrMissing, PyExc, Unsupported  # noqa: F401 (AttrMissing re-exported)
 from .frame import inline_call
 from .source import AttrSource, ItemSource, module_param_source
+from .typing_forms import is_typing_form, typing_subscript
 from .user_kernels import TritonLaunchVT, is_triton_kernel
 from .user_kernels import launch as launch_triton_kernel
 from .symbolic import COMPARE, INT_OPS, SymIntVT, SymSliceVT, as_sym, is_int_vt
@@ -476,6 +478,8 @@ def getitem(tx, obj, key):
             raise Unsupported(f"indexing a constant: {e}") from None
     if isinstance(obj, V.ModuleVT):
         return module_getitem(tx, obj, key)
+    if isinstance(obj, V.ObjectVT) and is_typing_form(obj.obj):
+        return typing_subscript(tx, obj, key)
     if isinstance(obj, V.ObjectVT) and is_triton_kernel(obj.obj):
         return TritonLaunchVT(obj, key)  # kernel[grid]: see user_kernels.py
     if isinstance(obj, (V.ObjectVT, V.NewObjectVT)) and py_method(obj.python_type(),
@@ -691,6 +695,10 @@ def call_module(tx, vt: V.ModuleVT, args, kwargs):
     """Inline `module(*args)`: forward pre-hooks, forward, forward hooks (guarded either way)."""
     m = vt.module
     from torch.nn.modules import module as module_mod
+
+    eager_reason = eager_call_reason(m)
+    if eager_reason is not None:
+        raise Unsupported(eager_reason)
 
     global_hooks = (module_mod._global_forward_hooks, module_mod._global_forward_pre_hooks,
                     module_mod._global_backward_hooks,

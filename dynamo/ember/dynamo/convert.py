@@ -29,6 +29,7 @@ from ._native import _C
 from .builder import Builder
 from .codegen import CodeGen, graph_module, resume_call
 from .config import config
+from .distributed import compile_for_ddp
 from .dynamic import DynamicPolicy
 from .exc import GraphBreakError, RestartAnalysis, Unsupported
 from .interpreter import RootTranslator
@@ -293,7 +294,9 @@ def finish(tx, output, code, backend, reason):
         if env is not None and env.symbols:
             gm.meta["ember_symbols"] = env.specs()
         try:
-            compiled = call_backend(backend, gm, example_inputs, code)  # EMBER_REPRO
+            # EMBER_REPRO; inside a DDP forward, one backend call per gradient bucket
+            compiled = compile_for_ddp(lambda g, ex: call_backend(backend, g, ex, code), gm,
+                                       example_inputs)  # fmt: skip
         except Exception as e:  # noqa: BLE001  (a backend that cannot take these symbols)
             if not gm.meta.get("ember_symbols"):
                 if isinstance(e, NotImplementedError):  # a construct the backend does not cover

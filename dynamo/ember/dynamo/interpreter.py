@@ -13,6 +13,8 @@ import sys
 import weakref
 from typing import Optional
 
+import torch
+
 from . import calls
 from . import variables as V
 from .config import config
@@ -630,6 +632,13 @@ class Translator:
     # -- with blocks --------------------------------------------------------------------------
     def BEFORE_WITH(self, inst):
         ctx = self.pop()
+        if isinstance(ctx, (V.ObjectVT, V.NewObjectVT)) and _is_profiler_range(ctx):
+            # record_function: a profiler range has no meaning inside a graph (the compiled call
+            # is what the profiler sees), so the block is traced as if it were not there; a
+            # grad-mode context with nothing to restore makes its exit a no-op.
+            self.push(V.ContextExitVT(V.GradModeVT(torch.is_grad_enabled())))
+            self.push(ctx)  # record_function.__enter__ returns self
+            return
         if isinstance(ctx, (V.ObjectVT, V.NewObjectVT)) and all(
             calls.py_method(ctx.python_type(), m) for m in ("__enter__", "__exit__")
         ):  # a context manager written in Python: its __enter__ and __exit__ are inlined
@@ -653,6 +662,13 @@ class Translator:
 
     def IMPORT_FROM(self, inst):
         self.push(calls.getattr_vt(self, self.stack[-1], inst.argval))
+
+
+def _is_profiler_range(ctx) -> bool:
+    """Whether `ctx` is a torch.autograd.profiler.record_function (torch.profiler's too)."""
+    profiler = sys.modules.get("torch.autograd.profiler")
+    cls = getattr(profiler, "record_function", None)
+    return isinstance(cls, type) and issubclass(ctx.python_type(), cls)
 
 
 def catches_at(code, offset: int) -> bool:
