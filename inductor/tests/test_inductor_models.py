@@ -118,3 +118,25 @@ def test_thin_matmuls_as_reductions(inner, cols, thin, monkeypatch):
         torch.testing.assert_close(out, m(x), atol=1e-5, rtol=1e-5)
     externs = [s.target for s in compiled.artifact.steps if s.kind == "extern"]
     assert (externs == []) == thin, externs
+
+
+@pytest.mark.parametrize("mode,graphed", [(None, True), ("reduce-overhead", True),
+                                          ("max-autotune", True),
+                                          ("max-autotune-no-cudagraphs", False)])  # fmt: skip
+def test_modes_ask_for_cuda_graphs_as_documented(mode, graphed, monkeypatch):
+    """Every mode but "max-autotune-no-cudagraphs" offers an inference graph to CUDA-graph
+    replay (which then applies on CUDA only); an unknown mode is refused."""
+    from ember.inductor import compile_fx, pipeline
+
+    asked = []
+    monkeypatch.setattr(pipeline.CompiledGraph, "use_cudagraphs", lambda self: asked.append(1))
+    monkeypatch.setattr(pipeline.config, "fx_cache", False)
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) * 2)
+    x = torch.randn(4, 4)
+    with torch.no_grad():
+        out = compile_fx(gm, [x], mode=mode)(x)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        torch.testing.assert_close(out, torch.relu(x) * 2)
+    assert bool(asked) == graphed
+    with pytest.raises(ValueError, match="unknown mode"):
+        compile_fx(gm, [x], mode="fastest")

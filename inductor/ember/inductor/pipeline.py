@@ -45,11 +45,21 @@ log = logging.getLogger("ember.inductor")
 # cpp_wrapper (ARCHITECTURE.md), so the runtime is resolved by name when that option is asked for.
 CPP_WRAPPER_LOADER = "ember.cpp_wrapper:load_artifact"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+MODES_TEXT = """What each mode does in Ember (torch.compile's names):
+- None / "default": static-size inference graphs on CUDA replay from CUDA graphs (config.cudagraphs
+  "auto"; training graphs are not graphed); Triton block sizes are autotuned among a few
+  candidates on the first call and remembered on disk.
+- "reduce-overhead": the same as the default: Ember's default already replays CUDA graphs, which
+  is what this mode turns on in torch.
+- "max-autotune": today the same as the default. Matmul and convolution templates chosen by
+  measurement (torch's meaning) are not built yet: matmuls and convolutions stay library calls.
+- "max-autotune-no-cudagraphs": as "max-autotune", never replayed from CUDA graphs."""
 
 
 def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
     """A backend with the torch compiler's backend contract: aot_autograd, with inductor
-    compiling forward and backward. options: {"cpp_wrapper": True} runs the C++ wrapper.
+    compiling forward and backward. options: {"cpp_wrapper": True} runs the C++ wrapper; mode:
+    one of MODES (MODES_TEXT says what each does).
 
     What it compiles is remembered on disk by `gm` and the inputs of each call (fx_cache.py), so
     a later compile of the same graph skips tracing and lowering."""
@@ -71,10 +81,12 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
     else:
         compile_graph = lambda gm, inputs: finish(compile_prims(gm, inputs))  # noqa: E731
 
+    graphs = mode != "max-autotune-no-cudagraphs"  # see MODES_TEXT
+
     def compiler(gm, inputs):
         compiled = compile_graph(gm, inputs)
         use_cudagraphs = getattr(compiled, "use_cudagraphs", None)
-        if use_cudagraphs is not None and not gm.meta.get("ember_training"):
+        if graphs and use_cudagraphs is not None and not gm.meta.get("ember_training"):
             use_cudagraphs()  # an inference graph
         return compiled
 
