@@ -131,3 +131,31 @@ def test_a_size_rounded_up_to_a_multiple_stays_symbolic():
         for got, want in zip(compiled(x), _pad_to_16(x)):
             torch.testing.assert_close(got, want)
     assert len(calls) == 1
+
+
+@ember.disable
+def _square_eagerly(t):
+    return t * t
+
+
+def _sum_after_a_break(x):
+    return _square_eagerly(x.sin()).sum()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_backward_that_only_knows_a_size_from_the_forward(backend):
+    """The second graph is sum(y) of a symbolic-size y: its backward broadcasts the scalar
+    tangent to y's size, which nothing in the backward carried (aot_eager failed with NameError
+    's1' in the backward, inductor fell back to static sizes); the forward input of that size is
+    saved for it, and one program serves every size with eager's gradients."""
+    import warnings
+
+    f = ember.compile(_sum_after_a_break, backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no retrace with static sizes
+        for n in SIZES[:4]:
+            x = torch.randn(n, requires_grad=True)
+            f(x).backward()
+            ref = x.detach().clone().requires_grad_()
+            _sum_after_a_break(ref).backward()
+            torch.testing.assert_close(x.grad, ref.grad)

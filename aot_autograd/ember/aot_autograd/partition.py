@@ -289,6 +289,7 @@ def _copy_overwritten(j: _Joint, saved: list[fx.Node]) -> tuple[_Joint, list[fx.
 
 
 def _build(j: _Joint, saved: list[fx.Node]):
+    saved = _with_size_carriers(j, saved)
     j, saved = _copy_overwritten(j, saved)
     fw = extract_graph(j.gm, j.fw_inputs, [*j.fw_outputs, *saved])
     bw_inputs = [*saved, *j.tangents]
@@ -298,6 +299,44 @@ def _build(j: _Joint, saved: list[fx.Node]):
         raise RuntimeError(f"backward graph would need unsaved inputs {[n.name for n in extra]}")
     bw = extract_graph(j.gm, bw_inputs, j.bw_outputs, order=_backward_order(j, bw_inputs))
     return fw, bw
+
+
+def _size_symbols(node: fx.Node) -> set:
+    """The size symbols `node`'s arguments and value's sizes are written in."""
+    found: set = set()
+
+    def collect(v):
+        if isinstance(v, sympy.Basic):
+            found.update(v.free_symbols)
+        return v
+
+    fx.node.map_aggregate((node.args, node.kwargs), collect)
+    meta = node.meta.get(NODE_META_KEY)
+    if isinstance(meta, TensorMeta):
+        for size in (*meta.sizes, *meta.strides):
+            collect(sympy.sympify(size))
+    return found
+
+
+def _with_size_carriers(j: _Joint, saved: list[fx.Node]) -> list[fx.Node]:
+    """`saved`, plus a forward value for each size symbol the backward computes with that no
+    saved value or tangent carries in its sizes: the gradient of a sum over a dim of symbolic
+    size is the scalar tangent broadcast to that size, and nothing else in the backward says
+    what the size is. The forward input of that size is saved (the caller holds it anyway)."""
+    from .dynamic import _symbol_sources
+
+    inputs = [*saved, *j.tangents]
+    backward = _ancestors(j.bw_outputs, stop=frozenset(inputs)) - set(inputs)
+    needed = set().union(*(_size_symbols(n) for n in backward)) if backward else set()
+    missing = needed - set(_symbol_sources(inputs))
+    if not missing:
+        return saved
+    saved = list(saved)
+    for s in sorted(missing, key=str):  # symbols are sizes of the inputs (dynamo's, export's)
+        carrier = next((c for c in j.fw_inputs if s in _symbol_sources([c])), None)
+        if carrier is not None and carrier not in saved:
+            saved.append(carrier)
+    return saved
 
 
 def _backward_order(j: _Joint, bw_inputs: list) -> list[fx.Node]:
