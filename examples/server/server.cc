@@ -13,7 +13,8 @@
 // and run them. The runtime lets one EmberModel run from many threads at once (per-call state, a
 // thread-safe pool), so workers share one model by default; --model-per-worker loads one model
 // per worker (separate pools, weights mapped once per model). On CUDA each worker gets its own
-// stream (created through libcuda, opened with dlopen, as the runtime does), so workers' runs overlap.
+// stream (created through libcuda, opened with dlopen, as the runtime does), so workers' runs
+// overlap.
 #include <dlfcn.h>
 
 #include <condition_variable>
@@ -50,9 +51,9 @@ struct NpyType {
   uint8_t code, bits;
 };
 const NpyType kNpyTypes[] = {
-    {"<f4", kDLFloat, 32}, {"<f8", kDLFloat, 64}, {"<f2", kDLFloat, 16}, {"<i8", kDLInt, 64},
-    {"<i4", kDLInt, 32},   {"<i2", kDLInt, 16},   {"|i1", kDLInt, 8},    {"|u1", kDLUInt, 8},
-    {"|b1", kDLBool, 8},
+    {"<f4", kDLFloat, 32}, {"<f8", kDLFloat, 64}, {"<f2", kDLFloat, 16},
+    {"<i8", kDLInt, 64},   {"<i4", kDLInt, 32},   {"<i2", kDLInt, 16},
+    {"|i1", kDLInt, 8},    {"|u1", kDLUInt, 8},   {"|b1", kDLBool, 8},
 };
 
 struct Array {
@@ -62,13 +63,15 @@ struct Array {
 };
 
 // The value of `key` in numpy's header dict ("{'descr': '<f4', 'fortran_order': False, ...}").
-std::string header_field(const std::string& header, const std::string& key, const std::string& path) {
+std::string header_field(const std::string& header, const std::string& key,
+                         const std::string& path) {
   size_t at = header.find("'" + key + "':");
   if (at == std::string::npos) bad_input(path + ": .npy header has no '" + key + "'");
   at += key.size() + 3;
   while (at < header.size() && header[at] == ' ') ++at;
   size_t end = header[at] == '(' ? header.find(')', at) + 1 : header.find_first_of(",}", at);
-  if (end == std::string::npos || end == 0 || end <= at) bad_input(path + ": malformed .npy header");
+  if (end == std::string::npos || end == 0 || end <= at)
+    bad_input(path + ": malformed .npy header");
   return header.substr(at, end - at);
 }
 
@@ -93,7 +96,8 @@ Array read_npy(const std::string& path) {
   std::string descr = header_field(header, "descr", path);
   bool known = false;
   for (const NpyType& t : kNpyTypes) {
-    if (descr == std::string("'") + t.descr + "'") a.dtype = DLDataType{t.code, t.bits, 1}, known = true;
+    if (descr == std::string("'") + t.descr + "'")
+      a.dtype = DLDataType{t.code, t.bits, 1}, known = true;
   }
   if (!known) bad_input(path + ": unsupported .npy dtype " + descr);
   if (header_field(header, "fortran_order", path) != "False") {
@@ -111,7 +115,8 @@ Array read_npy(const std::string& path) {
     } catch (const std::exception&) {
     }
     if (used == 0 || n < 0 || n > (int64_t(1) << 40)) bad_input(path + ": bad .npy shape " + shape);
-    if (a.shape.size() >= 32 || (n && count > (int64_t(1) << 40) / n)) bad_input(path + ": .npy too large");
+    if (a.shape.size() >= 32 || (n && count > (int64_t(1) << 40) / n))
+      bad_input(path + ": .npy too large");
     a.shape.push_back(n);
     count *= n;
     i += used;
@@ -139,17 +144,24 @@ void write_npy(const std::string& path, const DLTensor& t) {
   if (!descr) throw RequestError(EMBER_ERR_UNSUPPORTED, "an output dtype .npy cannot hold");
   std::string shape = "(";
   int64_t count = 1;
-  for (int i = 0; i < t.ndim; ++i) shape += std::to_string(t.shape[i]) + (t.ndim == 1 ? "," : i + 1 < t.ndim ? ", " : ""), count *= t.shape[i];
+  for (int i = 0; i < t.ndim; ++i)
+    shape += std::to_string(t.shape[i]) + (t.ndim == 1      ? ","
+                                           : i + 1 < t.ndim ? ", "
+                                                            : ""),
+        count *= t.shape[i];
   shape += ")";
-  std::string header = "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  std::string header =
+      "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': " + shape + ", }";
   while ((10 + header.size() + 1) % 64) header += ' ';
   header += '\n';
   std::string tmp = path + ".part";
   FILE* f = fopen(tmp.c_str(), "wb");
   if (!f) bad_input("cannot write " + path + ": " + strerror(errno));
   std::unique_ptr<FILE, int (*)(FILE*)> closer(f, fclose);
-  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, uint8_t(header.size()), uint8_t(header.size() >> 8)};
-  bool ok = fwrite(pre, 1, 10, f) == 10 && fwrite(header.data(), 1, header.size(), f) == header.size();
+  unsigned char pre[10] = {
+      0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, uint8_t(header.size()), uint8_t(header.size() >> 8)};
+  bool ok =
+      fwrite(pre, 1, 10, f) == 10 && fwrite(header.data(), 1, header.size(), f) == header.size();
   size_t isz = t.dtype.bits / 8;
   const char* base = static_cast<const char*>(t.data) + t.byte_offset;
   std::vector<int64_t> idx(size_t(t.ndim), 0);
@@ -166,16 +178,17 @@ void write_npy(const std::string& path, const DLTensor& t) {
     }
   }
   closer.reset();
-  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) bad_input("cannot write " + path + ": " + strerror(errno));
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0)
+    bad_input("cannot write " + path + ": " + strerror(errno));
 }
 
 // ---- CUDA streams (only for CUDA packages; libcuda is opened at run time) --------------------
 
 struct Cuda {
-  int (*retain)(void**, int) = nullptr;               // cuDevicePrimaryCtxRetain
-  int (*set_current)(void*) = nullptr;                // cuCtxSetCurrent
-  int (*stream_create)(void**, unsigned) = nullptr;   // cuStreamCreate
-  int (*stream_destroy)(void*) = nullptr;             // cuStreamDestroy_v2
+  int (*retain)(void**, int) = nullptr;              // cuDevicePrimaryCtxRetain
+  int (*set_current)(void*) = nullptr;               // cuCtxSetCurrent
+  int (*stream_create)(void**, unsigned) = nullptr;  // cuStreamCreate
+  int (*stream_destroy)(void*) = nullptr;            // cuStreamDestroy_v2
   void* ctx = nullptr;
 
   explicit Cuda(int device) {
@@ -212,11 +225,17 @@ struct Queue {
   bool closed = false;
 
   void push(Request r) {
-    { std::lock_guard<std::mutex> lock(mu); items.push_back(std::move(r)); }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      items.push_back(std::move(r));
+    }
     cv.notify_one();
   }
   void close() {
-    { std::lock_guard<std::mutex> lock(mu); closed = true; }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      closed = true;
+    }
     cv.notify_all();
   }
   bool pop(Request* r) {  // false once closed and empty
@@ -235,7 +254,8 @@ size_t g_served = 0, g_failed = 0;
 void answer(const std::string& id, const std::string& text, bool ok) {
   std::lock_guard<std::mutex> lock(g_out_mu);
   std::string line = id + (ok ? " ok" : " error " + text);
-  for (char& c : line) if (c == '\n') c = ' ';  // one answer, one line
+  for (char& c : line)
+    if (c == '\n') c = ' ';  // one answer, one line
   fprintf(stdout, "%s\n", line.c_str());
   fflush(stdout);
   ++(ok ? g_served : g_failed);
@@ -248,7 +268,8 @@ void check(EmberStatus st, const std::string& what) {
 struct Releaser {  // gives back the runtime's tensors of one request, whatever happens
   std::vector<DLManagedTensor*> tensors;
   ~Releaser() {
-    for (DLManagedTensor* t : tensors) if (t && t->deleter) t->deleter(t);
+    for (DLManagedTensor* t : tensors)
+      if (t && t->deleter) t->deleter(t);
   }
 };
 
@@ -267,12 +288,18 @@ void serve_one(EmberModel* model, void* stream, const Request& r) {
   for (size_t i = 0; i < n_in; ++i) {
     arrays[i] = read_npy(r.paths[i]);
     host[i] = DLManagedTensor{};
-    host[i].dl_tensor = DLTensor{arrays[i].data.data(), DLDevice{kDLCPU, 0}, int32_t(arrays[i].shape.size()),
-                                 arrays[i].dtype, arrays[i].shape.data(), nullptr, 0};
+    host[i].dl_tensor = DLTensor{arrays[i].data.data(),
+                                 DLDevice{kDLCPU, 0},
+                                 int32_t(arrays[i].shape.size()),
+                                 arrays[i].dtype,
+                                 arrays[i].shape.data(),
+                                 nullptr,
+                                 0};
     inputs[i] = &host[i];  // borrowed by the run: no deleter is called
     if (!cpu) {
       DLManagedTensor* d = nullptr;
-      check(ember_tensor_empty(device, arrays[i].dtype, host[i].dl_tensor.ndim, arrays[i].shape.data(), &d),
+      check(ember_tensor_empty(device, arrays[i].dtype, host[i].dl_tensor.ndim,
+                               arrays[i].shape.data(), &d),
             "staging input " + std::to_string(i));
       staged.tensors.push_back(d);
       check(ember_tensor_copy(&host[i].dl_tensor, &d->dl_tensor, stream), "copying input");
@@ -285,7 +312,8 @@ void serve_one(EmberModel* model, void* stream, const Request& r) {
     const DLTensor* t = &outputs[i]->dl_tensor;
     if (!cpu) {  // outputs are dense row-major; the copy synchronises the worker's stream
       DLManagedTensor* h = nullptr;
-      check(ember_tensor_empty(DLDevice{kDLCPU, 0}, t->dtype, t->ndim, t->shape, &h), "host output");
+      check(ember_tensor_empty(DLDevice{kDLCPU, 0}, t->dtype, t->ndim, t->shape, &h),
+            "host output");
       staged.tensors.push_back(h);
       check(ember_tensor_copy(t, &h->dl_tensor, stream), "copying output");
       t = &h->dl_tensor;
@@ -360,7 +388,8 @@ int main(int argc, char** argv) {
       return int(e.status);
     }
   }
-  printf("ready %zu %zu %d\n", ember_model_num_inputs(models[0]), ember_model_num_outputs(models[0]), threads);
+  printf("ready %zu %zu %d\n", ember_model_num_inputs(models[0]),
+         ember_model_num_outputs(models[0]), threads);
   fflush(stdout);
   Queue queue;
   std::vector<std::thread> pool;

@@ -131,7 +131,9 @@ def _malformed(tmp, features):
 
 
 # A model per worker is the same code path but for the load: run on the MLP only, to stay fast.
-@pytest.mark.parametrize("name, mode", [("mlp", "shared"), ("cnn", "shared"), ("mlp", "per_worker")])
+@pytest.mark.parametrize(
+    "name, mode", [("mlp", "shared"), ("cnn", "shared"), ("mlp", "per_worker")]
+)
 def test_server_answers_concurrent_requests_and_survives_bad_ones(
     server_program, packages, name, mode, tmp_path
 ):
