@@ -533,8 +533,11 @@ class WrapperCodegen:
         args = [decode_value(v) for v in args]
         kwargs = {k: decode_value(v) for k, v in (step.kwargs or {}).items()}
         spec, bound = bind_extern(step.target, args, kwargs, self.device.type)
-        if len(step.outputs) != 1:
-            raise UnsupportedArtifactError(f"{step.target} with {len(step.outputs)} outputs")
+        if len(step.outputs) != spec.outputs:
+            raise UnsupportedArtifactError(
+                f"{step.target} with {len(step.outputs)} outputs (the runtime writes "
+                f"{spec.outputs})"
+            )
         first = buffer_ref(bound[spec.tensors[0]])
         bound["__spatial__"] = len(self.bufs[first].layout.sizes) - 2 if first in self.bufs else 0
         views = []
@@ -543,7 +546,7 @@ class WrapperCodegen:
             if ref is None and not (param in spec.optional and bound[param] is None):
                 raise UnsupportedArtifactError(f"{step.target}: argument {param} is not a tensor")
             views.append(self.view_struct(self.buf(ref) if ref else None))
-        views.append(self.view_struct(self.buf(step.outputs[0])))
+        views.extend(self.view_struct(self.buf(out)) for out in step.outputs)
         ints = [int(i) for i in spec.ints(bound)]
         floats = [float(f) for f in spec.floats(bound)]
         self.emit("{")
