@@ -4,6 +4,8 @@ Each case is a hand-built artifact of one extern step whose outputs take eager's
 include transposed views, NaN, ties, integer dtypes and half precision.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from ember.ir import BufferIR, StepIR, TensorMeta, new_artifact
@@ -95,3 +97,19 @@ def test_topk_with_a_dynamic_k_is_refused_at_build_time():
     art = _one_extern("topk", x, [{"expr": {"sym": "s0"}}, 1, True, True], {}, want)
     with pytest.raises(UnsupportedArtifactError, match="non-constant k"):
         load_artifact(art)
+
+
+def test_an_unread_second_output_gets_scratch_storage():
+    """Inductor declares no buffer for a result nobody reads (sort(...).values): the wrapper
+    allocates one for the kernel to write and releases it after the step."""
+    x = _data(transposed=True)
+    values = torch.sort(x, dim=1).values
+    art = _one_extern("sort", x, [1, False], {}, [values])
+    step = dataclasses.replace(art.steps[0], outputs=("out0", "unread_indices"))
+    got = load_artifact(dataclasses.replace(art, steps=(step,)))(x)
+    assert len(got) == 1
+    torch.testing.assert_close(got[0], values)
+    step = dataclasses.replace(art.steps[0], outputs=("unread_values", "out0"))
+    art = _one_extern("sort", x, [1, False], {}, [torch.sort(x, dim=1).indices])
+    got = load_artifact(dataclasses.replace(art, steps=(step,)))(x)
+    torch.testing.assert_close(got[0], torch.sort(x, dim=1).indices)
