@@ -185,20 +185,23 @@ void write_npy(const std::string& path, const DLTensor& t) {
 // ---- CUDA streams (only for CUDA packages; libcuda is opened at run time) --------------------
 
 struct Cuda {
-  int (*retain)(void**, int) = nullptr;              // cuDevicePrimaryCtxRetain
   int (*set_current)(void*) = nullptr;               // cuCtxSetCurrent
   int (*stream_create)(void**, unsigned) = nullptr;  // cuStreamCreate
   int (*stream_destroy)(void*) = nullptr;            // cuStreamDestroy_v2
   void* ctx = nullptr;
 
-  explicit Cuda(int device) {
+  explicit Cuda(int ordinal) {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (!lib) throw RequestError(EMBER_ERR_CUDA, "a CUDA package needs libcuda.so.1");
-    retain = reinterpret_cast<decltype(retain)>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+    auto init = reinterpret_cast<int (*)(unsigned)>(dlsym(lib, "cuInit"));
+    auto device_get = reinterpret_cast<int (*)(int*, int)>(dlsym(lib, "cuDeviceGet"));
+    auto retain = reinterpret_cast<int (*)(void**, int)>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
     set_current = reinterpret_cast<decltype(set_current)>(dlsym(lib, "cuCtxSetCurrent"));
     stream_create = reinterpret_cast<decltype(stream_create)>(dlsym(lib, "cuStreamCreate"));
     stream_destroy = reinterpret_cast<decltype(stream_destroy)>(dlsym(lib, "cuStreamDestroy_v2"));
-    if (!retain || !set_current || !stream_create || !stream_destroy || retain(&ctx, device) != 0) {
+    int device = -1;
+    if (!init || !device_get || !retain || !set_current || !stream_create || !stream_destroy ||
+        init(0) != 0 || device_get(&device, ordinal) != 0 || retain(&ctx, device) != 0) {
       throw RequestError(EMBER_ERR_CUDA, "cannot retain the CUDA device's primary context");
     }
   }
