@@ -183,7 +183,7 @@ def test_generated_wrapper_reads_like_the_plan():
         (lambda a: dataclasses.replace(a, ir_version=2), "IR version 2"),
         (
             lambda a: dataclasses.replace(
-                a, steps=(A.extern("extern.cumsum", [A.node("x"), 0], "out"),)
+                a, steps=(A.extern("extern.nonzero", [A.node("x")], "out"),)
             ),
             "no C\\+\\+ runtime",
         ),

@@ -53,6 +53,21 @@ def test_package_runs_in_process(mlp_package):
     )
 
 
+def test_two_packages_live_in_one_process(mlp_package, tmp_path):
+    """Each package's own library runs, though both were opened as /proc/self/fd/N (dlopen
+    matches loaded libraries by that name: the second load once got the first's library)."""
+    path, consts = mlp_package
+    w = torch.randn(8)
+    other = package(A.elementwise_reduction(), tmp_path / "ew", constants={"w": w})
+    for _ in range(2):  # then again, once the first pair is freed
+        mlp, ew = load_package(path), load_package(other)
+        x = torch.randn(6, 8)
+        torch.testing.assert_close(mlp(x)[0], A.small_mlp_eager(x, consts), atol=1e-4, rtol=1e-4)
+        for got, want in zip(ew(x), A.elementwise_reduction_eager(x, w)):
+            torch.testing.assert_close(got, want)
+        del mlp, ew
+
+
 def test_run_package_reads_and_writes_npy(mlp_package, run_package, tmp_path):
     path, consts = mlp_package
     x = torch.randn(6, 8)

@@ -5,7 +5,7 @@ from ember.ir import component_version, require
 require("cpp_wrapper", reads=(1,), writes=1)
 __version__ = component_version("cpp_wrapper", __file__)
 
-from .build_run_package import install_run_package  # noqa: E402
+from .build_run_package import build_program, install_run_package  # noqa: E402
 from .codegen import generate_wrapper  # noqa: E402
 from .config import config  # noqa: E402
 from .errors import EmberRuntimeError, UnsupportedArtifactError  # noqa: E402
@@ -17,6 +17,7 @@ __all__ = [
     "EmberRuntimeError",
     "UnsupportedArtifactError",
     "build_model_library",
+    "build_program",
     "config",
     "freeze_inputs",
     "generate_wrapper",

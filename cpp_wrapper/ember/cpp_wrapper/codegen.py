@@ -17,7 +17,7 @@ from typing import Mapping, Optional
 import sympy
 import torch
 
-from ember.ir import CompiledArtifact, KernelIR, TensorMeta
+from ember.ir import CompiledArtifact, KernelIR, TensorMeta, contiguous_strides
 from ember.ir.codec import value_from_json
 from ember.ir.symbols import expr_from_json
 
@@ -533,8 +533,11 @@ class WrapperCodegen:
         args = [decode_value(v) for v in args]
         kwargs = {k: decode_value(v) for k, v in (step.kwargs or {}).items()}
         spec, bound = bind_extern(step.target, args, kwargs, self.device.type)
-        if len(step.outputs) != 1:
-            raise UnsupportedArtifactError(f"{step.target} with {len(step.outputs)} outputs")
+        if len(step.outputs) != spec.outputs:
+            raise UnsupportedArtifactError(
+                f"{step.target} with {len(step.outputs)} outputs (the runtime writes "
+                f"{spec.outputs})"
+            )
         first = buffer_ref(bound[spec.tensors[0]])
         bound["__spatial__"] = len(self.bufs[first].layout.sizes) - 2 if first in self.bufs else 0
         views = []
@@ -543,7 +546,9 @@ class WrapperCodegen:
             if ref is None and not (param in spec.optional and bound[param] is None):
                 raise UnsupportedArtifactError(f"{step.target}: argument {param} is not a tensor")
             views.append(self.view_struct(self.buf(ref) if ref else None))
-        views.append(self.view_struct(self.buf(step.outputs[0])))
+        scratch = [self.scratch_output(step, i, first) for i, out in enumerate(step.outputs)
+                   if out not in self.bufs]  # fmt: skip
+        views.extend(self.view_struct(self.buf(out)) for out in step.outputs)
         ints = [int(i) for i in spec.ints(bound)]
         floats = [float(f) for f in spec.floats(bound)]
         self.emit("{")
@@ -554,7 +559,26 @@ class WrapperCodegen:
             f"  if ((st = h->extern_op(c, {spec.op_id}, v, {len(views)}, ints, {len(ints)}, "
             f"floats, {len(floats)}))) return st;  // {step.target}"
         )
+        for buf in scratch:
+            self.emit(f"  h->release(c, {buf.var});  // {buf.name} is unused")
         self.emit("}")
+
+    def scratch_output(self, step, index: int, source: str) -> Buf:
+        """Storage for an output the plan declares no buffer for (a result nobody reads: sort's
+        indices under `.values`). Only (values, indices) externs have several outputs: both
+        take the sizes of the other, values the input's dtype and indices int64."""
+        others = [o for o in step.outputs if o in self.bufs]
+        if len(step.outputs) != 2 or not others:
+            raise UnsupportedArtifactError(f"{step.target} writes the unknown buffer "
+                                           f"{step.outputs[index]!r}")  # fmt: skip
+        dtype = self.bufs[source].layout.dtype if index == 0 else torch.int64
+        sizes = self.bufs[others[0]].layout.sizes
+        layout = Layout(dtype, sizes, tuple(contiguous_strides(sizes)), sympy.S.Zero)
+        name = step.outputs[index]
+        buf = Buf(name, "intermediate", f"U{len(self.bufs)}", name, layout)
+        self.bufs[name] = buf
+        self.alloc(buf)
+        return buf
 
     def emit_outputs(self) -> None:
         for i, name in enumerate(self.a.outputs):

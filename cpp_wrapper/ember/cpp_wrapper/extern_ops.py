@@ -14,6 +14,7 @@ from .errors import UnsupportedArtifactError
 
 # Values of ember_abi::ExternOp in csrc/detail/model_abi.h.
 OP_MM, OP_BMM, OP_ADDMM, OP_CONVOLUTION, OP_COPY, OP_BADDBMM = 1, 2, 3, 4, 5, 6
+OP_CUMSUM, OP_CUMPROD, OP_LOGCUMSUMEXP, OP_CUMMAX, OP_CUMMIN, OP_SORT, OP_TOPK = range(7, 14)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,7 @@ class ExternSpec:
     ints: Callable[[dict], Sequence[int]] = lambda b: ()
     floats: Callable[[dict], Sequence[float]] = lambda b: ()
     devices: tuple[str, ...] = ("cpu", "cuda")  # where csrc/runtime/externs.cc runs it
+    outputs: int = 1  # the step's outputs, passed in order after the input tensors
 
 
 def _pair(value, fill, spatial: int) -> list[int]:
@@ -55,6 +57,26 @@ def _conv_ints(b: dict) -> list[int]:
         int(bool(b["transposed"])),
         int(b["groups"]),
     ]
+
+
+def _static_int(b: dict, key: str, op: str) -> int:
+    value = b[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UnsupportedArtifactError(f"{op} with a non-constant {key} ({value!r})")
+    return value
+
+
+def _scan(op_id: int, name: str, outputs: int = 1, dtype: bool = True) -> ExternSpec:
+    """A cumulative op along `dim` (scans.cc); the output buffer's dtype is the result's."""
+    return ExternSpec(
+        op_id,
+        ("self", "dim", "dtype") if dtype else ("self", "dim"),
+        {"dtype": None} if dtype else {},
+        ("self",),
+        ints=lambda b: (_static_int(b, "dim", name),),
+        devices=("cpu",),
+        outputs=outputs,
+    )
 
 
 EXTERN_OPS: dict[str, ExternSpec] = {
@@ -101,6 +123,35 @@ EXTERN_OPS: dict[str, ExternSpec] = {
         optional=frozenset({"bias"}),
         ints=_conv_ints,
         devices=("cpu",),  # CUDA packages get im2col + matmul (config.conv_as_matmul)
+    ),
+    "extern.cumsum": _scan(OP_CUMSUM, "extern.cumsum"),
+    "extern.cumprod": _scan(OP_CUMPROD, "extern.cumprod"),
+    "extern.logcumsumexp": _scan(OP_LOGCUMSUMEXP, "extern.logcumsumexp", dtype=False),
+    "extern.cummax": _scan(OP_CUMMAX, "extern.cummax", outputs=2, dtype=False),
+    "extern.cummin": _scan(OP_CUMMIN, "extern.cummin", outputs=2, dtype=False),
+    # Always a stable sort: a valid answer for stable=False too (ties keep their order).
+    "extern.sort": ExternSpec(
+        OP_SORT,
+        ("self", "dim", "descending", "stable"),
+        {"dim": -1, "descending": False, "stable": False},
+        ("self",),
+        ints=lambda b: (_static_int(b, "dim", "extern.sort"), int(bool(b["descending"]))),
+        devices=("cpu",),
+        outputs=2,
+    ),
+    # Always sorted: a valid answer for sorted=False too (torch leaves that order unspecified).
+    "extern.topk": ExternSpec(
+        OP_TOPK,
+        ("self", "k", "dim", "largest", "sorted"),
+        {"dim": -1, "largest": True, "sorted": True},
+        ("self",),
+        ints=lambda b: (
+            _static_int(b, "k", "extern.topk"),
+            _static_int(b, "dim", "extern.topk"),
+            int(bool(b["largest"])),
+        ),
+        devices=("cpu",),
+        outputs=2,
     ),
 }
 

@@ -31,6 +31,18 @@ struct ConvParams {
 void conv_forward(const ember_abi::View& x, const ember_abi::View& w, const ember_abi::View* bias,
                   const ember_abi::View& out, const ConvParams& p);
 
+// Scans along `dim` (scans.cc): out[..., j, ...] = op over in[..., :j+1, ...]. kMax/kMin also
+// write the index of the running extreme into `indices` (int64); the others take no indices.
+// Float outputs accumulate in double; integer ones in int64 (wrapping).
+enum class ScanKind { kSum, kProd, kLogSumExp, kMax, kMin };
+void scan_forward(ScanKind kind, const ember_abi::View& in, const ember_abi::View& out,
+                  const ember_abi::View* indices, int64_t dim);
+
+// Stable sort along `dim` (NaN above every number), writing the first k (k < 0: all) sorted
+// values and their int64 indices: extern.sort (k = -1) and extern.topk.
+void sort_forward(const ember_abi::View& in, const ember_abi::View& values,
+                  const ember_abi::View& indices, int64_t dim, bool descending, int64_t k);
+
 // Scalar conversions of the half types (round to nearest even).
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);

@@ -65,6 +65,13 @@ enum ExternOp : int32_t {
                      //                    output_padding, groups) -> out
   kCopy = 5,         // strided copy: tensors = {dst, src}
   kBaddBMM = 6,      // extern.baddbmm(bias, a, b, beta, alpha) -> out
+  kCumsum = 7,       // extern.cumsum(x) -> out; ints {dim} (the output's dtype is the result's)
+  kCumprod = 8,      // extern.cumprod(x) -> out; ints {dim}
+  kLogcumsumexp = 9, // extern.logcumsumexp(x) -> out; ints {dim}
+  kCummax = 10,      // extern.cummax(x) -> values, indices; ints {dim}
+  kCummin = 11,      // extern.cummin(x) -> values, indices; ints {dim}
+  kSort = 12,        // extern.sort(x) -> values, indices; ints {dim, descending}
+  kTopK = 13,        // extern.topk(x) -> values, indices; ints {k, dim, largest}
 };
 
 struct Call;  // the runtime's per-call state (opaque here)

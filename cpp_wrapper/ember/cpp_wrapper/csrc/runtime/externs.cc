@@ -1,4 +1,5 @@
-// Extern ops: matmul and convolution on CPU (gemm.cc, conv.cc), matmul on CUDA via cuBLAS.
+// Extern ops: matmul, convolution, scans and sorting on CPU (gemm.cc, conv.cc, scans.cc), matmul
+// on CUDA via cuBLAS.
 #include <cstring>
 
 #include "detail/common.h"
@@ -86,6 +87,30 @@ void cpu_extern(int32_t op, const View* t, int32_t nt, const int64_t* ints, int3
     case ember_abi::kCopy:
       need(nt == 2, "copy takes dst, src");
       strided_copy(t[0], t[1]);
+      return;
+    case ember_abi::kCumsum:
+    case ember_abi::kCumprod:
+    case ember_abi::kLogcumsumexp: {
+      need(nt == 2 && ni == 1, "a cumulative op takes x, out and {dim}");
+      ScanKind kind = op == ember_abi::kCumsum    ? ScanKind::kSum
+                      : op == ember_abi::kCumprod ? ScanKind::kProd
+                                                  : ScanKind::kLogSumExp;
+      scan_forward(kind, t[0], t[1], nullptr, ints[0]);
+      return;
+    }
+    case ember_abi::kCummax:
+    case ember_abi::kCummin:
+      need(nt == 3 && ni == 1, "cummax/cummin take x, values, indices and {dim}");
+      scan_forward(op == ember_abi::kCummax ? ScanKind::kMax : ScanKind::kMin, t[0], t[1], &t[2],
+                   ints[0]);
+      return;
+    case ember_abi::kSort:
+      need(nt == 3 && ni == 2, "sort takes x, values, indices and {dim, descending}");
+      sort_forward(t[0], t[1], t[2], ints[0], ints[1] != 0, -1);
+      return;
+    case ember_abi::kTopK:
+      need(nt == 3 && ni == 3, "topk takes x, values, indices and {k, dim, largest}");
+      sort_forward(t[0], t[1], t[2], ints[1], ints[2] != 0, ints[0]);
       return;
     default:
       fail(EMBER_ERR_UNSUPPORTED, "extern op " + std::to_string(op) + " on CPU");

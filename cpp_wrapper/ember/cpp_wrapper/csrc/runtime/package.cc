@@ -9,7 +9,9 @@
 // hashed native code is the ground truth): inputs, outputs, and each constant's dtype, shape,
 // strides, storage offset and byte range, which must tile weights.bin exactly as the writer
 // (package.py) lays it out, so no offset can point a constant at other bytes.
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <link.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -104,10 +106,34 @@ struct File {
   ~File() {
     if (fd >= 0) ::close(fd);
   }
-  // A path that names this very inode (for dlopen), where /proc is mounted.
-  std::string stable_path() const {
-    std::string p = "/proc/self/fd/" + std::to_string(fd);
-    return access(p.c_str(), R_OK) == 0 ? p : path;
+  // A path that names this very inode (for dlopen), where /proc is mounted. dlopen hands back a
+  // loaded library whose name is the same string, whatever file that name points at now: a
+  // package's library loaded as /proc/self/fd/5 stays loaded under that name after its descriptor
+  // is closed, so the next package opened as fd 5 would get it. Such a number is swapped for a
+  // higher one (the hash check after dlopen would refuse the wrong library, never run it).
+  std::string stable_path() {
+    for (int tries = 0; tries < 256; ++tries) {
+      std::string p = "/proc/self/fd/" + std::to_string(fd);
+      if (access(p.c_str(), R_OK) != 0) return path;
+      if (!loaded_under(p)) return p;
+      int higher = fcntl(fd, F_DUPFD_CLOEXEC, fd + 1);
+      if (higher < 0) break;
+      ::close(fd);
+      fd = higher;
+    }
+    return path;
+  }
+
+ private:
+  // Is a library loaded under exactly this name? (RTLD_NOLOAD also finds the same inode loaded
+  // under another name: that one is this very file, and fine to share.)
+  static bool loaded_under(const std::string& name) {
+    void* h = dlopen(name.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) return false;
+    struct link_map* map = nullptr;
+    bool same = dlinfo(h, RTLD_DI_LINKMAP, &map) == 0 && map && name == map->l_name;
+    dlclose(h);
+    return same;
   }
 };
 

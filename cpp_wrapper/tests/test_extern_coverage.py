@@ -1,0 +1,77 @@
+"""Every extern op of the vocabulary is either run by the C++ runtime on the CPU or listed here,
+with the reason it is not: a new extern, or one the runtime drops, fails this test.
+
+Inductor calls an extern op it has no lowering for through its reference implementation, so any
+extern-tagged op of the opset may appear in a CPU artifact; the in-process wrapper and packages then
+need a kernel for it in csrc/runtime (extern_ops.EXTERN_OPS says which ones have one).
+"""
+
+import re
+
+from ember.ir.ops import golden_opset
+
+from ember.cpp_wrapper import extern_ops
+from ember.cpp_wrapper._build import CSRC
+
+# Externs that inductor records only for CUDA tensors (the kernels behind them are CUDA-only).
+CUDA_ONLY = {
+    "extern.sdpa_cudnn": "cuDNN attention (primtorch.attention records it for CUDA inputs only)",
+    "extern.sdpa_efficient": "memory-efficient attention is a CUDA kernel",
+    "extern.sdpa_efficient_backward": "memory-efficient attention is a CUDA kernel",
+    "extern.sdpa_flash": "flash attention is a CUDA kernel (the CPU one is sdpa_flash_cpu)",
+    "extern.sdpa_flash_backward": "flash attention is a CUDA kernel",
+}
+
+# Externs that can reach a CPU artifact but have no C++ kernel yet, and why. Shrink this list:
+# an entry that gains a kernel must leave it (checked below).
+KNOWN_MISSING = {
+    "extern.custom_op": "a torch.library operator or user Triton kernel is Python/torch code; "
+    "there is nothing to call without Python (codegen says so and names the op)",
+    "extern.nonzero": "a data-dependent output size: the runtime allocates outputs before the "
+    "step runs, from sizes the plan knows",
+    "extern.masked_select": "a data-dependent output size (as nonzero)",
+    "extern.sdpa_flash_cpu": "CPU attention: inductor is getting its own generated attention "
+    "kernel for the CPU, which replaces this extern in compiled graphs; until then, attention "
+    "artifacts run with the Python wrapper",
+    "extern.sdpa_flash_cpu_backward": "training only: packages and the C++ wrapper run inference "
+    "graphs in practice, and the backward of attention is a large kernel",
+    "extern.convolution_backward": "training only (as above); the forward convolution has a kernel",
+}
+
+
+def _vocabulary_externs() -> set[str]:
+    return {name for name, op in golden_opset()["ops"].items() if "extern" in op["tags"]}
+
+
+def _cpu_kernels() -> set[str]:
+    return {name for name, spec in extern_ops.EXTERN_OPS.items() if "cpu" in spec.devices}
+
+
+def test_every_extern_has_a_cpu_kernel_or_a_stated_reason():
+    externs = _vocabulary_externs()
+    assert "extern.mm" in externs and len(externs) > 10, sorted(externs)  # the table is read
+    unaccounted = externs - _cpu_kernels() - set(CUDA_ONLY) - set(KNOWN_MISSING)
+    assert not unaccounted, (
+        f"extern ops with neither a CPU kernel in the C++ runtime (csrc/runtime, extern_ops.py) "
+        f"nor a reason in KNOWN_MISSING/CUDA_ONLY: {sorted(unaccounted)}"
+    )
+
+
+def test_the_lists_only_shrink():
+    implemented = _cpu_kernels() & (set(KNOWN_MISSING) | set(CUDA_ONLY))
+    assert not implemented, f"implemented on the CPU now: unlist {sorted(implemented)}"
+    listed = set(KNOWN_MISSING) | set(CUDA_ONLY) | set(extern_ops.EXTERN_OPS)
+    stale = listed - _vocabulary_externs()
+    assert not stale, f"not in the vocabulary (renamed or removed?): {sorted(stale)}"
+    assert not set(KNOWN_MISSING) & set(CUDA_ONLY)
+
+
+def test_the_runtime_switch_knows_every_op_id_the_table_emits():
+    """extern_ops.py's op ids are ember_abi::ExternOp values with a CPU case in externs.cc."""
+    header = (CSRC / "detail" / "model_abi.h").read_text()
+    enum = dict((int(v), k) for k, v in re.findall(r"\b(k\w+)\s*=\s*(\d+),", header))
+    switch = (CSRC / "runtime" / "externs.cc").read_text()
+    cases = set(re.findall(r"case ember_abi::(k\w+):", switch))
+    for name, spec in extern_ops.EXTERN_OPS.items():
+        assert spec.op_id in enum, f"{name}: op id {spec.op_id} is not in ember_abi::ExternOp"
+        assert enum[spec.op_id] in cases, f"{name}: externs.cc has no case {enum[spec.op_id]}"
