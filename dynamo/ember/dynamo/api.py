@@ -46,11 +46,12 @@ def compile(model_or_fn=None, *, backend="inductor", mode=None, dynamic=None, fu
     False: every size is specialised. Symbols are used with backends that support them (see
     symbolic.py for the rules); sizes 0 and 1 are always specialised.
 
-    mode, with the inductor backend (torch.compile's names): None or "default" replays static
-    inference graphs on CUDA from CUDA graphs, as torch's "reduce-overhead" does, and autotunes
-    Triton block sizes; "reduce-overhead" is the same; "max-autotune" is the same today (matmul
-    and convolution templates are not built yet); "max-autotune-no-cudagraphs" never replays
-    from CUDA graphs. ember.inductor's README says more."""
+    mode, with the inductor backend (the names torch's compiler uses): None or "default"
+    replays static inference graphs on CUDA from CUDA graphs, as torch's "reduce-overhead"
+    does, and autotunes Triton block sizes; "reduce-overhead" is the same; "max-autotune" is
+    the same today (matmul and convolution templates are not built yet);
+    "max-autotune-no-cudagraphs" never replays from CUDA graphs. ember.inductor's README says
+    more."""
     if model_or_fn is None:
         return functools.partial(compile, backend=backend, mode=mode, dynamic=dynamic,
                                  fullgraph=fullgraph, options=options)  # fmt: skip

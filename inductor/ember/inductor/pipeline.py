@@ -45,7 +45,7 @@ log = logging.getLogger("ember.inductor")
 # cpp_wrapper (ARCHITECTURE.md), so the runtime is resolved by name when that option is asked for.
 CPP_WRAPPER_LOADER = "ember.cpp_wrapper:load_artifact"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-MODES_TEXT = """What each mode does in Ember (torch.compile's names):
+MODES_TEXT = """What each mode does in Ember (the names torch's compiler uses):
 - None / "default": static-size inference graphs on CUDA replay from CUDA graphs (config.cudagraphs
   "auto"; training graphs are not graphed); Triton block sizes are autotuned among a few
   candidates on the first call and remembered on disk.
