@@ -172,6 +172,18 @@ inline void vstore_bf(uint16_t* p, vf v) {
 }
 inline vf vround_half(vf v) { uint16_t t[W]; vstore_h(t, v); return vload_h(t); }
 inline vf vround_bf16(vf v) { uint16_t t[W]; vstore_bf(t, v); return vload_bf(t); }
+// 8-bit integers (quantized weights) held exactly in float lanes; their bit operations run on
+// int32 lanes, exact for these values
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+inline vf vload_i8(const int8_t* p) { vf v; for (int i = 0; i < W; ++i) v[i] = p[i]; return v; }
+inline vf vload_u8(const uint8_t* p) { vf v; for (int i = 0; i < W; ++i) v[i] = p[i]; return v; }
+// lane i from f(i): a load whose index is not affine in the vector variable (a nibble's byte)
+template <class F> inline vf vlanes(F f) { vf v; for (int i = 0; i < W; ++i) v[i] = f(i); return v; }
+inline vi vf2i(vf x) { return __builtin_convertvector(x, vi); }
+inline vf vi2f(vi x) { return __builtin_convertvector(x, vf); }
+inline vf vshr(vf a, vf b) { return vi2f(vf2i(a) >> vf2i(b)); }
+inline vf vand(vf a, vf b) { return vi2f(vf2i(a) & vf2i(b)); }
+inline vf vor(vf a, vf b) { return vi2f(vf2i(a) | vf2i(b)); }
 inline vf vload_b(const bool* p) { vf v; for (int i = 0; i < W; ++i) v[i] = p[i]; return v; }
 inline vm vload_mask(const bool* p) { vm v; for (int i = 0; i < W; ++i) v[i] = p[i] ? -1 : 0; return v; }
 inline void vstore_mask(bool* p, vm m) { for (int i = 0; i < W; ++i) p[i] = m[i] != 0; }
