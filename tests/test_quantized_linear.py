@@ -156,14 +156,19 @@ def test_prefill_dequantizes_for_the_gemm(programs):
     assert steps.count("extern.addmm") == 2, steps
 
 
-def test_bfloat16_model():
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_bfloat16_model(programs, mode):
+    """bf16 activations: the dequantization has more casts, and is still fused and vectorised."""
     torch.manual_seed(0)
-    q = ember.quantize_weights(MLP().to(torch.bfloat16), "int4", group_size=64)
+    q = ember.quantize_weights(MLP().to(torch.bfloat16), mode, group_size=64)
     x = torch.randn(1, 1, 128, dtype=torch.bfloat16)
     with torch.no_grad():
         out = ember.compile(q)(x)
         assert out.dtype == torch.bfloat16
         assert _rel(out.float(), q(x).float()) < 1e-2
+    assert _float_buffers(programs, 128 * 256) == []
+    src = "\n".join(k.source for p in programs for k in p.artifact.kernels)
+    assert ("vload_i8" if mode == "int8" else "vlanes") in src
 
 
 def test_quantize_weights_filter_and_errors():

@@ -248,8 +248,11 @@ class CppRenderer(Renderer):
         if self.vector_mode:
             if dtype == torch.float32 and src == torch.float32:
                 return value
-            if src in BYTE_INTS and dtype in (src, torch.float32):
-                return self.emit(str(value), dtype)  # the lanes hold the values already
+            if src in BYTE_INTS and dtype == src:
+                return value
+            if src in BYTE_INTS and dtype in (torch.float32, torch.float16, torch.bfloat16):
+                # the lanes hold the values already, exact in each of these types
+                return self.emit(str(value), compute_dtype(dtype))
             table = {(torch.float32, torch.float16): "ember::vround_half({0})",
                      (torch.float32, torch.bfloat16): "ember::vround_bf16({0})",
                      (torch.bool, torch.float32): "ember::vm2f({0})",

@@ -211,7 +211,7 @@ def _small_matmuls_as_reductions(gm: fx.GraphModule) -> fx.GraphModule:
 _NARROW_INTS = (torch.int8, torch.uint8)
 
 
-def _dequantized_weight(node, depth: int = 24) -> bool:
+def _dequantized_weight(node, limit: int = 64) -> bool:
     """Whether a float matrix is computed, by pointwise and view prims only, from a graph input
     or constant of 8-bit integers: a weight stored quantized and dequantized where it is used."""
     from ember.ir import target_name
@@ -226,7 +226,7 @@ def _dequantized_weight(node, depth: int = 24) -> bool:
         if n in seen:
             continue
         seen.add(n)
-        if len(seen) > depth:
+        if len(seen) > limit:  # a whole subgraph, not a weight's dequantization
             return False
         m = n.meta.get(NODE_META_KEY)
         if n.op in ("placeholder", "get_attr"):
