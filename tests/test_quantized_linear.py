@@ -2,9 +2,13 @@
 match the eager quantized model, and decoding-sized products never write the float weight."""
 
 import math
+import os
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported (the Triton test)
 import torch.nn.functional as F
 from torch import nn
 
@@ -143,6 +147,22 @@ def test_decoder_logits(programs, mode, group, rows):
         assert _rel(logits, deq(x, caches)) < 1e-2
         assert _rel(logits, ref(x, caches)) < (0.05 if mode == "int8" else 0.3)
     assert _float_buffers(programs, 128 * 128) == []
+
+
+@pytest.mark.parametrize("mode,group,rows", [("int8", 128, 1), ("int4", 32, 4)])
+def test_triton_reduction_reads_quantized_bytes(programs, monkeypatch, mode, group, rows):
+    """The same rewrite feeds the Triton renderer (CUDA's; here the interpreter): one generated
+    reduction per Linear that loads the int8/uint8 weight."""
+    monkeypatch.setattr(config, "cpu_backend", "triton")
+    torch.manual_seed(0)
+    q = ember.quantize_weights(MLP(), mode, group_size=group)
+    x = torch.randn(rows, 1, 128)
+    with torch.no_grad():
+        torch.testing.assert_close(ember.compile(q)(x), q(x), rtol=1e-5, atol=1e-5)
+    assert _float_buffers(programs, 128 * 256) == []
+    kernels = [k for p in programs for k in p.artifact.kernels]
+    assert kernels and all(k.language == "triton" for k in kernels)
+    assert not [s for p in programs for s in p.artifact.steps if s.kind == "extern"]
 
 
 def test_prefill_dequantizes_for_the_gemm(programs):
