@@ -83,6 +83,10 @@ VECTOR_OPS = {
 BYTE_INTS = (torch.int8, torch.uint8)
 BYTE_VECTOR_OPS = {"bitwise_and": "ember::vand({0}, {1})", "bitwise_or": "ember::vor({0}, {1})",
                    "shift_right": "ember::vshr({0}, {1})"}  # fmt: skip
+# integer types narrower than C++'s int, whose arithmetic C++ promotes to int: the result is cast
+# back, so it wraps as torch's does (uint8 200 + 100 is 44)
+NARROW_INTS = (torch.int8, torch.uint8, torch.int16, torch.uint16)
+WRAPPING_OPS = ("add", "sub", "mul", "neg", "shift_left", "bitwise_not")
 MASK_OPS = {"logical_and": "{0} & {1}", "logical_or": "{0} | {1}", "logical_not": "~{0}",
             "logical_xor": "{0} ^ {1}", "eq": "{0} == {1}", "ne": "{0} != {1}"}  # fmt: skip
 REDUCE_INIT = {"sum": "0", "prod": "1", "any": "false"}
@@ -305,7 +309,10 @@ class CppRenderer(Renderer):
         if name.startswith("bitwise") and dtype == torch.bool:  # C++'s bool & bool is an int
             return f"static_cast<bool>({SCALAR_BINARY[name].format(*args)})"
         table = SCALAR_UNARY if len(args) == 1 else SCALAR_BINARY
-        return table[name].format(*args, one=one)
+        text = table[name].format(*args, one=one)
+        if dtype in NARROW_INTS and name in WRAPPING_OPS:  # C++ computes these in int: wrap back
+            return f"static_cast<{CTYPE[dtype]}>({text})"
+        return text
 
     def masked(self, mask, body, other):
         if self.vector_mode:
