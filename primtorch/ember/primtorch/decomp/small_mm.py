@@ -58,7 +58,7 @@ def _check(a, b):
 def _product(a, b):
     # (M, 1, K) * (1, N, K) summed over the last dim, K, in float32 for 16-bit inputs
     acc = torch.float32 if a.dtype in (torch.float16, torch.bfloat16) else a.dtype
-    if a.shape[0] > MAX_ROWS:
+    if MAX_ROWS < a.shape[0] <= _max_rows[-1]:  # a few rows, allowed for a dequantized weight
         # reduced as (N, M): a weight row's reads serve every row of `a` in turn; then copied
         # (M * N elements) into the row-major layout that the product's consumers were traced with
         return (b.to(acc).t().unsqueeze(1) * a.to(acc).unsqueeze(0)).sum(2).t().contiguous()
