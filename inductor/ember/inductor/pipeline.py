@@ -200,11 +200,11 @@ def _small_matmuls_as_reductions(gm: fx.GraphModule) -> fx.GraphModule:
         rows = static(ops[0].sizes[0])
         return rows is not None and rows <= MAX_DEQUANTIZED_ROWS and _dequantized_weight(ops[2])
 
-    chosen = {n.name for n in gm.graph.nodes if candidate(n) or dequantized(n)}
+    dequantizing = {n.name for n in gm.graph.nodes if dequantized(n)}
+    chosen = dequantizing | {n.name for n in gm.graph.nodes if candidate(n)}
     if not chosen:
         return gm
-    with allow_rows(MAX_DEQUANTIZED_ROWS if any(dequantized(n) for n in gm.graph.nodes
-                                                if n.name in chosen) else 2):  # fmt: skip
+    with allow_rows(MAX_DEQUANTIZED_ROWS if dequantizing else 2):
         return decompose_externs(gm, _SMALL_MM, only=chosen)
 
 
