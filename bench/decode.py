@@ -37,7 +37,8 @@ def _args(argv=None):
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per timed run")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--group-size", type=int, default=128, help="int4 group size")
-    p.add_argument("--weights", default="bf16,int8,int4")
+    p.add_argument("--weights", default=None,
+                   help="float (the activation dtype's weights), int8, int4; default all three")
     p.add_argument("--backends", default="eager,torch_compile,ember")
     p.add_argument("--dtype", default="bf16", help="activation dtype: bf16 or fp32")
     p.add_argument("--check-steps", type=int, default=4)
@@ -155,7 +156,7 @@ def build(cfg, device, dtype):
 def variant(base, weights, group_size):
     """(model, reference): the model with `weights`, and the float model it should reproduce."""
     m = copy.deepcopy(base)
-    if weights == "bf16":
+    if weights == "float":
         return m, None
     ember.quantize_weights(m, weights, group_size=group_size)
     return m, ember.dequantize_weights(copy.deepcopy(m))
@@ -199,7 +200,7 @@ def check(fn, reference, cfg, device, steps):
 def run_one(base, cfg, device, weights, backend):
     model, reference = variant(base, weights, cfg.group_size)
     fn = backend_of(backend, model)
-    row = {"weights": weights, "backend": backend}
+    row = {"weights": cfg.dtype if weights == "float" else weights, "backend": backend}
     with torch.no_grad():
         t0 = time.perf_counter()
         generate(fn, cfg, device, 2)  # compiles
@@ -230,12 +231,14 @@ def main(cfg):
           f"batch {cfg.batch}, {cfg.tokens} tokens, {device}, {cfg.dtype} activations, "
           f"{torch.get_num_threads()} threads", flush=True)  # fmt: skip
     rows = []
-    for weights in cfg.weights.split(","):
+    for weights in (cfg.weights or "float,int8,int4").split(","):
         for backend in cfg.backends.split(","):
             try:
                 row = run_one(base, cfg, device, weights, backend)
             except Exception as e:  # a backend's failure is a result, not a crash
-                row = {"weights": weights, "backend": backend, "error": f"{type(e).__name__}: {e}"[:300]}
+                label = cfg.dtype if weights == "float" else weights
+                row = {"weights": label, "backend": backend,
+                       "error": f"{type(e).__name__}: {e}"[:300]}
             rows.append(row)
             print(json.dumps(row), flush=True)
             ember.reset()
