@@ -247,7 +247,8 @@ def main(cfg):
     if cfg.out:
         os.makedirs(cfg.out, exist_ok=True)
         with open(os.path.join(cfg.out, "results.json"), "w") as f:
-            json.dump({"config": vars(cfg), "device": device, "params": params, "rows": rows}, f, indent=1)
+            json.dump({"config": vars(cfg), "device": device, "params": params, "rows": rows}, f,
+                      indent=1)
         with open(os.path.join(cfg.out, "results.md"), "w") as f:
             f.write(md)
     return rows

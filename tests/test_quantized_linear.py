@@ -40,7 +40,8 @@ class Block(nn.Module):
     def forward(self, x, k_cache, v_cache):
         b, t, d = x.shape
         h = self.n1(x)
-        q, k, v = (f(h).view(b, t, self.heads, -1).transpose(1, 2) for f in (self.q, self.k, self.v))
+        q, k, v = (f(h).view(b, t, self.heads, -1).transpose(1, 2)
+                   for f in (self.q, self.k, self.v))
         k, v = torch.cat([k_cache, k], 2), torch.cat([v_cache, v], 2)
         a = F.scaled_dot_product_attention(q, k, v)
         x = x + self.o(a.transpose(1, 2).reshape(b, t, d))

@@ -23,7 +23,8 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 class Int8WeightLinear(nn.Module):
     """A Linear whose weight is int8 with one scale per output channel (symmetric)."""
 
-    def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor]):
+    def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor,
+                 bias: Optional[torch.Tensor]):
         super().__init__()
         self.out_features, self.in_features = weight_int8.shape
         self.register_buffer("weight_int8", weight_int8)
@@ -146,7 +147,8 @@ def dequantize_weights(model: nn.Module) -> nn.Module:
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     if not name:
-        raise ValueError("ember.quantize_weights: the model itself is a Linear; wrap it in a module")
+        raise ValueError("ember.quantize_weights: the model itself is a Linear; wrap it in a "
+                         "module")
     parent_name, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent_name), attr, new)
 
