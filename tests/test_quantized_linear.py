@@ -130,7 +130,7 @@ def test_mlp_reads_quantized_bytes(programs, mode, group, rows):
     steps = [s.target for p in programs for s in p.artifact.steps if s.kind == "extern"]
     assert not any("mm" in op for op in steps), steps
     src = "\n".join(k.source for p in programs for k in p.artifact.kernels)
-    assert ("vload_i8" if mode == "int8" else "vlanes") in src  # the weight is read vectorised
+    assert ("vload_i8" if mode == "int8" else "vload_u8_dup2") in src  # the weight is read vectorised
 
 
 @pytest.mark.parametrize("mode,group,rows", [("int8", 128, 1), ("int4", 32, 4), ("int4", 128, 1)])
@@ -189,7 +189,7 @@ def test_bfloat16_model(programs, mode):
         assert _rel(out.float(), q(x).float()) < 1e-2
     assert _float_buffers(programs, 128 * 256) == []
     src = "\n".join(k.source for p in programs for k in p.artifact.kernels)
-    assert ("vload_i8" if mode == "int8" else "vlanes") in src
+    assert ("vload_i8" if mode == "int8" else "vload_u8_dup2") in src
 
 
 def test_quantize_weights_filter_and_errors():

@@ -47,7 +47,8 @@ def test_eight_bit_integers_wrap_and_vectorise():
     unpack = check(lambda u, s, f: ((u.unsqueeze(-1) >> s) & 15).reshape(37, 140)[:, :128]
                    .reshape(37, 4, 32).float().mul(f[:, :4, None]).sum((1, 2)), u, shifts, f,
                    atol=1e-4, rtol=1e-5)  # fmt: skip
-    assert "ember::vlanes" in unpack.source and "ember::vshr" in unpack.source
+    assert "ember::vload_u8_dup2" in unpack.source and "ember::vshr" in unpack.source
+    check(lambda f: f.unsqueeze(-1).expand(37, 70, 3).reshape(37, 210) * 2, f)
 
 
 def test_integer_and_bool_math():

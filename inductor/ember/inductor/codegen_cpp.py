@@ -186,8 +186,12 @@ class CppRenderer(Renderer):
             raise CantRender(f"vector load of {dtype} at {index}")
         ptr, v = self._ptr(name), self.vec_var
         conv = {torch.float16: "ember::h2f", torch.bfloat16: "ember::bf2f"}.get(dtype, "")
+        pattern = _pair_pattern(index, v) if dtype == torch.uint8 else None
         if _uniform_in_vector(index, v):
             text = f"ember::vbcast(static_cast<float>({conv}({ptr}[{self.index_text(index)}])))"
+        elif pattern is not None:  # a packed int4 byte, or the shift of its nibble
+            kind, first = pattern
+            text = f"ember::vload_u8_{kind}({ptr} + {self.index_text(first)})"
         else:
             lane = sympy.Symbol("lane", integer=True, nonnegative=True)
             idx = self.index_text(index.subs(v, v + lane))
@@ -520,6 +524,29 @@ def _uniform_in_vector(expr, v) -> bool:
     if isinstance(expr, (sympy.Add, sympy.Mul)):
         return all(_uniform_in_vector(a, v) for a in expr.args)
     return False
+
+
+def _pair_pattern(index, v):
+    """("dup2", first) when lanes read elements first, first, first+1, first+1, ... (v enters
+    only as FloorDiv(v + even, 2)), ("period2", first) when they read first, first+1, first,
+    first+1, ... (as ModularIndexing(v + even, 1, 2)); first is the index at lane 0 (v is even:
+    a multiple of the vector width). None otherwise."""
+    terms = sympy.Add.make_args(sympy.expand(index))
+    stepping = [t for t in terms if t.has(v)]
+    if len(stepping) != 1:
+        return None
+    t = stepping[0]
+    if isinstance(t, FloorDiv) and t.args[1] == 2:
+        kind = "dup2"
+    elif isinstance(t, ModularIndexing) and t.args[1] == 1 and t.args[2] == 2:
+        kind = "period2"
+    else:
+        return None
+    rest = sympy.expand(t.args[0] - v)
+    coeffs = [c.as_coeff_Mul()[0] for c in sympy.Add.make_args(rest)]
+    if rest.has(v) or not all(c.is_Integer and int(c) % 2 == 0 for c in coeffs):
+        return None
+    return kind, (index if kind == "dup2" else index - t)
 
 
 def _indent(lines, n=1):
