@@ -34,6 +34,23 @@ def test_other_reductions():
     )
 
 
+def test_eight_bit_integers_wrap_and_vectorise():
+    """uint8/int8 arithmetic wraps as torch's does (C++ promotes it to int), and 8-bit loads,
+    shifts and masks feed float math through the vector loop (a nibble unpack, a group scale)."""
+    u = torch.randint(0, 256, (37, 70), dtype=torch.uint8)
+    i = torch.randint(-128, 128, (37, 70), dtype=torch.int8)
+    f = torch.randn(37, 70)
+    shifts = torch.tensor([0, 4], dtype=torch.uint8)
+    check(lambda u, i: (u + u, i * 3, -i, u << 2), u, i)
+    check(lambda u, i, f: (u.float() / 255 + f, i.t().float(), ((u >> 3) & 7).float() + (i >> 2),
+                           (u | 17).to(torch.bfloat16) * f.to(torch.bfloat16)), u, i, f)  # fmt: skip
+    unpack = check(lambda u, s, f: ((u.unsqueeze(-1) >> s) & 15).reshape(37, 140)[:, :128]
+                   .reshape(37, 4, 32).float().mul(f[:, :4, None]).sum((1, 2)), u, shifts, f,
+                   atol=1e-4, rtol=1e-5)  # fmt: skip
+    assert "ember::vload_u8_dup2" in unpack.source and "ember::vshr" in unpack.source
+    check(lambda f: f.unsqueeze(-1).expand(37, 70, 3).reshape(37, 210) * 2, f)
+
+
 def test_integer_and_bool_math():
     a = torch.randint(-20, 20, (5, 8))
     b = torch.randint(1, 7, (5, 8))

@@ -12,9 +12,11 @@ from .config import config  # noqa: E402
 from .dynamic import Dim, mark_dynamic  # noqa: E402
 from .exc import GraphBreakError, Unsupported  # noqa: E402
 from .exported import ExportedProgram, TensorSpec, load_exported  # noqa: E402
+from .quantize import dequantize_weights, quantize_weights  # noqa: E402
 from .symbolic import SpecializationError  # noqa: E402
 
 __all__ = ["CompileCounter", "Dim", "ExplainOutput", "ExportedProgram", "GraphBreakError",
            "OptimizedModule", "SpecializationError", "TensorSpec", "Unsupported", "compile",
-           "config", "disable", "explain", "export", "list_backends", "load_exported",
-           "lookup_backend", "mark_dynamic", "register_backend", "reset"]  # fmt: skip
+           "config", "dequantize_weights", "disable", "explain", "export", "list_backends",
+           "load_exported", "lookup_backend", "mark_dynamic", "quantize_weights",
+           "register_backend", "reset"]  # fmt: skip

@@ -12,6 +12,8 @@ import math
 import sympy
 import torch
 
+from ember.ir.symbols import FloorDiv, ModularIndexing
+
 from .codegen_common import (
     CantRender, CSEVar, KernelSource, Renderer, buffer_ptr_type, code_text, merge_dims,
     size_symbols_in,
@@ -76,6 +78,15 @@ VECTOR_OPS = {
     "relu": "ember::vmax({0}, ember::vbcast(0.0f))", "eq": "{0} == {1}", "ne": "{0} != {1}",
     "lt": "{0} < {1}", "le": "{0} <= {1}", "gt": "{0} > {1}", "ge": "{0} >= {1}",
 }  # fmt: skip
+# 8-bit integers in float lanes (quantized weights): bit operations whose results stay in the
+# dtype's range, so no wraparound is lost; arithmetic on them stays scalar
+BYTE_INTS = (torch.int8, torch.uint8)
+BYTE_VECTOR_OPS = {"bitwise_and": "ember::vand({0}, {1})", "bitwise_or": "ember::vor({0}, {1})",
+                   "shift_right": "ember::vshr({0}, {1})"}  # fmt: skip
+# integer types narrower than C++'s int, whose arithmetic C++ promotes to int: the result is cast
+# back, so it wraps as torch's does (uint8 200 + 100 is 44)
+NARROW_INTS = (torch.int8, torch.uint8, torch.int16, torch.uint16)
+WRAPPING_OPS = ("add", "sub", "mul", "neg", "shift_left", "bitwise_not")
 MASK_OPS = {"logical_and": "{0} & {1}", "logical_or": "{0} | {1}", "logical_not": "~{0}",
             "logical_xor": "{0} ^ {1}", "eq": "{0} == {1}", "ne": "{0} != {1}"}  # fmt: skip
 REDUCE_INIT = {"sum": "0", "prod": "1", "any": "false"}
@@ -141,9 +152,17 @@ class CppRenderer(Renderer):
                 torch.bfloat16: f"ember::bf2f({text})",
             }.get(dtype, text)
             return self.emit(text, compute_dtype(dtype), key=key)
-        stride = self._vec_stride(index)
+        try:
+            stride = self._vec_stride(index)
+        except CantRender:
+            return self._irregular_load(name, dtype, index, key)
         if dtype == torch.bool and stride == 1:
             return self.emit(f"ember::vload_mask({ptr} + {idx})", torch.bool, key=key)
+        if dtype in BYTE_INTS:  # exact in float lanes, tagged with their own dtype
+            if stride == 1:
+                fn = "vload_i8" if dtype == torch.int8 else "vload_u8"
+                return self.emit(f"ember::{fn}({ptr} + {idx})", dtype, key=key)
+            return self._irregular_load(name, dtype, index, key)
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise CantRender(f"vector load of {dtype}")
         scalar = {torch.float16: f"ember::h2f({ptr}[{idx}])",
@@ -158,6 +177,27 @@ class CppRenderer(Renderer):
         else:
             raise CantRender("strided half load")
         return self.emit(text, torch.float32, key=key)
+
+    def _irregular_load(self, name, dtype, index, key):
+        """A vector load whose index is not a multiple of the vector variable plus a constant:
+        one element for every lane where the index is constant across a vector (a group's scale,
+        indexed by FloorDiv(r, 32)), else each lane's element in turn (a nibble's byte)."""
+        if dtype not in (*BYTE_INTS, torch.float32, torch.float16, torch.bfloat16):
+            raise CantRender(f"vector load of {dtype} at {index}")
+        ptr, v = self._ptr(name), self.vec_var
+        conv = {torch.float16: "ember::h2f", torch.bfloat16: "ember::bf2f"}.get(dtype, "")
+        pattern = _pair_pattern(index, v) if dtype == torch.uint8 else None
+        if _uniform_in_vector(index, v):
+            text = f"ember::vbcast(static_cast<float>({conv}({ptr}[{self.index_text(index)}])))"
+        elif pattern is not None:  # a packed int4 byte, or the shift of its nibble
+            kind, first = pattern
+            text = f"ember::vload_u8_{kind}({ptr} + {self.index_text(first)})"
+        else:
+            lane = sympy.Symbol("lane", integer=True, nonnegative=True)
+            idx = self.index_text(index.subs(v, v + lane))
+            text = (f"ember::vlanes([&](int64_t lane) {{ return static_cast<float>("
+                    f"{conv}({ptr}[{idx}])); }})")  # fmt: skip
+        return self.emit(text, dtype if dtype in BYTE_INTS else torch.float32, key=key)
 
     def _vec_stride(self, index):
         e = sympy.expand(index)
@@ -195,6 +235,8 @@ class CppRenderer(Renderer):
 
     # --- values ---------------------------------------------------------------------------------
     def constant(self, value, dtype):
+        if self.vector_mode and dtype in BYTE_INTS:
+            return self.emit(f"ember::vbcast({float(int(value))!r}f)", dtype)
         if self.vector_mode:
             if compute_dtype(dtype) != torch.float32:
                 raise CantRender("non-float constant in the vector loop")
@@ -214,6 +256,11 @@ class CppRenderer(Renderer):
         if self.vector_mode:
             if dtype == torch.float32 and src == torch.float32:
                 return value
+            if src in BYTE_INTS and dtype == src:
+                return value
+            if src in BYTE_INTS and dtype in (torch.float32, torch.float16, torch.bfloat16):
+                # the lanes hold the values already, exact in each of these types
+                return self.emit(str(value), compute_dtype(dtype))
             table = {(torch.float32, torch.float16): "ember::vround_half({0})",
                      (torch.float32, torch.bfloat16): "ember::vround_bf16({0})",
                      (torch.bool, torch.float32): "ember::vm2f({0})",
@@ -241,6 +288,8 @@ class CppRenderer(Renderer):
             dts = {a.dtype for a in args}
             if dts == {torch.bool} and name in MASK_OPS:
                 return MASK_OPS[name].format(*args)
+            if len(dts) == 1 and dts <= set(BYTE_INTS) and name in BYTE_VECTOR_OPS:
+                return BYTE_VECTOR_OPS[name].format(*args)
             if dts != {torch.float32}:
                 raise CantRender(f"vector {name} on {dts}")
             if name in VECTOR_OPS:
@@ -264,7 +313,10 @@ class CppRenderer(Renderer):
         if name.startswith("bitwise") and dtype == torch.bool:  # C++'s bool & bool is an int
             return f"static_cast<bool>({SCALAR_BINARY[name].format(*args)})"
         table = SCALAR_UNARY if len(args) == 1 else SCALAR_BINARY
-        return table[name].format(*args, one=one)
+        text = table[name].format(*args, one=one)
+        if dtype in NARROW_INTS and name in WRAPPING_OPS:  # C++ computes these in int: wrap back
+            return f"static_cast<{CTYPE[dtype]}>({text})"
+        return text
 
     def masked(self, mask, body, other):
         if self.vector_mode:
@@ -448,6 +500,53 @@ class CppRenderer(Renderer):
                 post, self.xassign, [sympy.S.Zero] * len(self.kernel.rsizes), False, x_level=True
             )
         return lines
+
+
+MAX_VEC_WIDTH = 16  # AVX512's float lanes; every width divides it
+
+
+def _uniform_in_vector(expr, v) -> bool:
+    """Whether `expr` takes one value across the lanes of a vector step (v a multiple of the
+    width): v enters only through FloorDiv/ModularIndexing by multiples of MAX_VEC_WIDTH of a
+    base that steps with v and is otherwise aligned to MAX_VEC_WIDTH."""
+    if not expr.has(v):
+        return True
+    if isinstance(expr, (FloorDiv, ModularIndexing)):
+        base, d = expr.args[0], expr.args[1]
+        if not (d.is_Integer and int(d) % MAX_VEC_WIDTH == 0):
+            return False
+        base = sympy.expand(base)
+        rest = sympy.expand(base - v)
+        if rest.has(v):
+            return False
+        coeffs = [t.as_coeff_Mul()[0] for t in sympy.Add.make_args(rest)]
+        return all(c.is_Integer and int(c) % MAX_VEC_WIDTH == 0 for c in coeffs)
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        return all(_uniform_in_vector(a, v) for a in expr.args)
+    return False
+
+
+def _pair_pattern(index, v):
+    """("dup2", first) when lanes read elements first, first, first+1, first+1, ... (v enters
+    only as FloorDiv(v + even, 2)), ("period2", first) when they read first, first+1, first,
+    first+1, ... (as ModularIndexing(v + even, 1, 2)); first is the index at lane 0 (v is even:
+    a multiple of the vector width). None otherwise."""
+    terms = sympy.Add.make_args(sympy.expand(index))
+    stepping = [t for t in terms if t.has(v)]
+    if len(stepping) != 1:
+        return None
+    t = stepping[0]
+    if isinstance(t, FloorDiv) and t.args[1] == 2:
+        kind = "dup2"
+    elif isinstance(t, ModularIndexing) and t.args[1] == 1 and t.args[2] == 2:
+        kind = "period2"
+    else:
+        return None
+    rest = sympy.expand(t.args[0] - v)
+    coeffs = [c.as_coeff_Mul()[0] for c in sympy.Add.make_args(rest)]
+    if rest.has(v) or not all(c.is_Integer and int(c) % 2 == 0 for c in coeffs):
+        return None
+    return kind, (index if kind == "dup2" else index - t)
 
 
 def _indent(lines, n=1):

@@ -47,6 +47,9 @@ class Config:
     hoist_max_bytes: int = 1 << 16
     # products of one or two rows as generated reductions: None = on CUDA only
     small_mm_as_reduction: Optional[bool] = None
+    # a product of a few rows (decoding) whose weight is dequantized from int8/int4 in the graph
+    # as a generated reduction reading the quantized bytes, on every device; False: GEMM calls
+    dequantize_in_kernel: bool = True
     # 2-D convolutions in channels-last (NHWC) end to end: their inputs, weights and outputs, and
     # the pointwise kernels between them, so cuDNN converts no layouts around each conv. "auto":
     # on for graphs with a 4-D convolution on CUDA; True: on for any graph with one (CPU too).

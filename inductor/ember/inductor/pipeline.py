@@ -178,30 +178,85 @@ def _small_matmuls_as_reductions(gm: fx.GraphModule) -> fx.GraphModule:
     elements: a Linear mixing attention heads), into reductions that fuse with their neighbours
     (primtorch's decomp/small_mm.py); on CUDA, where a library GEMM's launches dominate such a
     product and its tensor cores idle on a thin one, or wherever config.small_mm_as_reduction
-    says so."""
+    says so. On every device, a product of up to MAX_DEQUANTIZED_ROWS rows whose weight is
+    dequantized in the graph (ember.quantize_weights) becomes one too: its kernel reads the
+    int8/int4 bytes and never writes the float weight."""
     from ember.ir import target_name
     from ember.primtorch import decompose_externs
-    from ember.primtorch.decomp.small_mm import is_thin
+    from ember.primtorch.decomp.small_mm import MAX_DEQUANTIZED_ROWS, allow_rows, is_thin
 
     def static(v):
         v = sympy.sympify(v)
         return int(v) if v.is_Integer else None
 
-    def candidate(n):
+    def operands(n):
         if n.op != "call_function" or target_name(n.target) not in _SMALL_MM:
-            return False
+            return None
         first = 1 if target_name(n.target) == "extern.addmm" else 0
         a, b = (getattr(x, "meta", {}).get(NODE_META_KEY) for x in n.args[first:first + 2])
         if a is None or b is None or len(a.sizes) != 2 or len(b.sizes) != 2:
+            return None
+        return a, b, n.args[first + 1]
+
+    def candidate(n):
+        ops = operands(n)
+        if ops is None:
             return False
+        a, b, _ = ops
         on = config.small_mm_as_reduction
         on = str(a.device).startswith("cuda") if on is None else on
         rows = static(a.sizes[0])
         return on and ((rows is not None and rows <= 2) or is_thin(*map(static, b.sizes)))
 
-    if not any(candidate(n) for n in gm.graph.nodes):
+    def dequantized(n):
+        ops = operands(n)
+        if ops is None or config.dequantize_in_kernel is False:
+            return False
+        rows = static(ops[0].sizes[0])
+        return rows is not None and rows <= MAX_DEQUANTIZED_ROWS and _dequantized_weight(ops[2])
+
+    dequantizing = {n.name for n in gm.graph.nodes if dequantized(n)}
+    chosen = dequantizing | {n.name for n in gm.graph.nodes if candidate(n)}
+    if not chosen:
         return gm
-    return decompose_externs(gm, _SMALL_MM)
+    with allow_rows(MAX_DEQUANTIZED_ROWS if dequantizing else 2):
+        return decompose_externs(gm, _SMALL_MM, only=chosen)
+
+
+_NARROW_INTS = (torch.int8, torch.uint8)
+
+
+def _dequantized_weight(node, limit: int = 64) -> bool:
+    """Whether a float matrix is computed, by pointwise and view prims only, from a graph input
+    or constant of 8-bit integers: a weight stored quantized and dequantized where it is used."""
+    from ember.ir import target_name
+    from ember.primtorch.prims.core import PRIMS
+
+    meta = getattr(node, "meta", {}).get(NODE_META_KEY)
+    if meta is None or not meta.dtype.is_floating_point:
+        return False
+    seen, stack, found = set(), [node], False
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if len(seen) > limit:  # a whole subgraph, not a weight's dequantization
+            return False
+        m = n.meta.get(NODE_META_KEY)
+        if n.op in ("placeholder", "get_attr"):
+            found |= m is not None and m.dtype in _NARROW_INTS
+            continue
+        if n.op != "call_function":
+            return False
+        try:
+            p = PRIMS.get(target_name(n.target))
+        except KeyError:
+            return False
+        if p is None or not p.tags & {"pointwise", "view"}:
+            return False
+        stack.extend(a for a in n.all_input_nodes)
+    return found
 
 
 # Ops whose equal calls need not give equal results (their own random draws): never merged.

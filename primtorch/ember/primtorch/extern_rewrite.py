@@ -9,7 +9,7 @@ subgraph is inlined in its place.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Container, Iterable, Optional
 
 import sympy
 import torch
@@ -38,8 +38,10 @@ def _zeros_like_meta(meta: TensorMeta) -> torch.Tensor:
     return torch.zeros(sizes, dtype=meta.dtype, device=meta.device).as_strided(sizes, strides)
 
 
-def decompose_externs(gm: fx.GraphModule, names: Iterable[str]) -> fx.GraphModule:
-    """A copy of `gm` with every call of the extern ops `names` replaced by its decomposition.
+def decompose_externs(gm: fx.GraphModule, names: Iterable[str],
+                      only: Optional[Container[str]] = None) -> fx.GraphModule:
+    """A copy of `gm` with every call of the extern ops `names` (of the nodes named in `only`,
+    when given) replaced by its decomposition.
 
     A node the decomposition refuses (a transposed convolution) or whose sizes are symbolic stays
     an extern call; the caller's runtime reports it."""
@@ -49,6 +51,8 @@ def decompose_externs(gm: fx.GraphModule, names: Iterable[str]) -> fx.GraphModul
     gm = fx.GraphModule(gm, graph)
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in ops:
+            continue
+        if only is not None and node.name not in only:
             continue
         try:
             sub = _trace_node(node, ops[node.target])

@@ -172,6 +172,42 @@ inline void vstore_bf(uint16_t* p, vf v) {
 }
 inline vf vround_half(vf v) { uint16_t t[W]; vstore_h(t, v); return vload_h(t); }
 inline vf vround_bf16(vf v) { uint16_t t[W]; vstore_bf(t, v); return vload_bf(t); }
+// 8-bit integers (quantized weights) held exactly in float lanes; their bit operations run on
+// int32 lanes, exact for these values. Bytes widen through SSE4.1/AVX2/AVX512 conversions (GCC
+// turns a lane-by-lane loop, or __builtin_convertvector from bytes, into one insert per lane).
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+#if (defined(__AVX512F__) && EMBER_VEC_WIDTH == 16) || (defined(__AVX2__) && EMBER_VEC_WIDTH == 8)
+#if EMBER_VEC_WIDTH == 16
+inline vf vcvt_u8(__m128i b) { return (vf)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+inline vf vcvt_i8(__m128i b) { return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+#else
+inline vf vcvt_u8(__m128i b) { return (vf)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
+inline vf vcvt_i8(__m128i b) { return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+#endif
+inline __m128i vbytes(const void* p, int n) { __m128i b = _mm_setzero_si128(); std::memcpy(&b, p, n); return b; }
+inline vf vload_i8(const int8_t* p) { return vcvt_i8(vbytes(p, W)); }
+inline vf vload_u8(const uint8_t* p) { return vcvt_u8(vbytes(p, W)); }
+// the nibbles of packed int4: lanes p[0], p[0], p[1], p[1], ... (W / 2 bytes read), and the
+// shifts that select them: p[0], p[1], p[0], p[1], ...
+inline vf vload_u8_dup2(const uint8_t* p) {
+  __m128i b = vbytes(p, W / 2); return vcvt_u8(_mm_unpacklo_epi8(b, b));
+}
+inline vf vload_u8_period2(const uint8_t* p) {
+  uint16_t h; std::memcpy(&h, p, 2); return vcvt_u8(_mm_set1_epi16((short)h));
+}
+#else
+inline vf vload_i8(const int8_t* p) { vf v; for (int i = 0; i < W; ++i) v[i] = p[i]; return v; }
+inline vf vload_u8(const uint8_t* p) { vf v; for (int i = 0; i < W; ++i) v[i] = p[i]; return v; }
+inline vf vload_u8_dup2(const uint8_t* p) { vf v; for (int i = 0; i < W; ++i) v[i] = p[i / 2]; return v; }
+inline vf vload_u8_period2(const uint8_t* p) { vf v; for (int i = 0; i < W; ++i) v[i] = p[i % 2]; return v; }
+#endif
+// lane i from f(i): a load whose index is not affine in the vector variable (a nibble's byte)
+template <class F> inline vf vlanes(F f) { vf v; for (int i = 0; i < W; ++i) v[i] = f(i); return v; }
+inline vi vf2i(vf x) { return __builtin_convertvector(x, vi); }
+inline vf vi2f(vi x) { return __builtin_convertvector(x, vf); }
+inline vf vshr(vf a, vf b) { return vi2f(vf2i(a) >> vf2i(b)); }
+inline vf vand(vf a, vf b) { return vi2f(vf2i(a) & vf2i(b)); }
+inline vf vor(vf a, vf b) { return vi2f(vf2i(a) | vf2i(b)); }
 inline vf vload_b(const bool* p) { vf v; for (int i = 0; i < W; ++i) v[i] = p[i]; return v; }
 inline vm vload_mask(const bool* p) { vm v; for (int i = 0; i < W; ++i) v[i] = p[i] ? -1 : 0; return v; }
 inline void vstore_mask(bool* p, vm m) { for (int i = 0; i < W; ++i) p[i] = m[i] != 0; }

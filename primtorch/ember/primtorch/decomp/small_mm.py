@@ -8,9 +8,17 @@ both at most MAX_THIN, any number of rows: CaiT's talking heads mix 4 heads with
 every attention score) reads each row of A once for a few multiply-adds: memory-bound work that
 a GEMM library runs at a fraction of copy bandwidth, on tensor cores it cannot use. Larger
 products, and integer ones, are refused (NotDecomposableError) and stay library calls.
+
+A product whose weight is dequantized from int8/int4 in the graph (ember.quantize_weights) is
+taken with up to MAX_DEQUANTIZED_ROWS rows (`allow_rows`): as a reduction, the kernel reads the
+quantized bytes and dequantizes in registers, where a library GEMM needs the float weight written
+out and read back first. Beyond two rows the rows become the fastest output dimension, so each
+weight row is read once from memory for all of them and then from cache.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -20,6 +28,18 @@ aten = torch.ops.aten
 MAX_ROWS = 2
 MAX_WEIGHT_ELEMENTS = 1 << 24
 MAX_THIN = 16
+MAX_DEQUANTIZED_ROWS = 8
+_max_rows = [MAX_ROWS]
+
+
+@contextlib.contextmanager
+def allow_rows(rows: int):
+    """Within the block, products of up to `rows` rows are decomposed (dequantized weights)."""
+    _max_rows.append(rows)
+    try:
+        yield
+    finally:
+        _max_rows.pop()
 
 
 def is_thin(k, n) -> bool:
@@ -30,7 +50,7 @@ def is_thin(k, n) -> bool:
 def _check(a, b):
     if a.ndim == 2 and b.ndim == 2 and a.dtype.is_floating_point and is_thin(*b.shape):
         return
-    if (a.ndim != 2 or b.ndim != 2 or a.shape[0] > MAX_ROWS or not a.dtype.is_floating_point
+    if (a.ndim != 2 or b.ndim != 2 or a.shape[0] > _max_rows[-1] or not a.dtype.is_floating_point
             or a.shape[1] * b.shape[1] > MAX_WEIGHT_ELEMENTS):  # fmt: skip
         raise NotDecomposableError("a product with more than a few rows, not thin, stays a library GEMM")
 
@@ -38,6 +58,10 @@ def _check(a, b):
 def _product(a, b):
     # (M, 1, K) * (1, N, K) summed over the last dim, K, in float32 for 16-bit inputs
     acc = torch.float32 if a.dtype in (torch.float16, torch.bfloat16) else a.dtype
+    if MAX_ROWS < a.shape[0] <= _max_rows[-1]:  # a few rows, allowed for a dequantized weight
+        # reduced as (N, M): a weight row's reads serve every row of `a` in turn; then copied
+        # (M * N elements) into the row-major layout that the product's consumers were traced with
+        return (b.to(acc).t().unsqueeze(1) * a.to(acc).unsqueeze(0)).sum(2).t().contiguous()
     return (a.to(acc).unsqueeze(1) * b.to(acc).t().unsqueeze(0)).sum(2)
 
 
