@@ -198,3 +198,24 @@ def test_cudnn_attention_through_aot_autograd_and_the_wrapper(monkeypatch):
     got = got[0] if isinstance(got, (list, tuple)) else got
     assert calls == [(77 * 80, 77 * 80, 80, 1)] * 2  # traced, then run: rows of 80
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_cpu_flash_attention_gets_inputs_with_a_contiguous_last_dim():
+    """torch's CPU flash kernel reads q, k and v as if their last dim were contiguous: with
+    transposed inputs it returned NaN and garbage, no error. The extern now gets them so
+    (ARG_STRIDES), copied where they are not."""
+    import torch.nn.functional as F
+    from ember.inductor import compile_prims
+    from ember.primtorch import trace_to_prims
+
+    def fn(q, k, v):
+        t = lambda x: x.transpose(-1, -2)  # noqa: E731
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(t(q), t(k), t(v))[0]
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    want = F.scaled_dot_product_attention(*(x.transpose(-1, -2).contiguous() for x in (q, k, v)))
+    with torch.no_grad():
+        out = compile_prims(trace_to_prims(fn, q, k, v), [q, k, v])(q, k, v)
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)

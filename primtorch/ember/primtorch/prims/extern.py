@@ -363,6 +363,17 @@ sdpa_efficient_backward = _extern(
 # The memory-efficient backward reads `out` with a row stride of heads * head_dim whatever its
 # strides say, so `out` must be in the (B, L, H, E) layout its forward wrote (a BHLE copy reads
 # out of bounds: an illegal memory access on CUDA).
+def _unit_last_stride(sizes, strides):
+    """The layout as it is when its last dim has stride 1, else row-major: torch's CPU flash
+    kernel reads q, k and v as if their last dim were contiguous (a transposed q gave wrong
+    values, no error)."""
+    if strides is not None and (strides[-1] == 1 or sizes[-1] == 1):
+        return strides
+    return utils.make_contiguous_strides_for(tuple(sizes))
+
+
+ARG_STRIDES["extern.sdpa_flash_cpu"] = {i: _unit_last_stride for i in range(3)}
+ARG_STRIDES["extern.sdpa_flash_cpu_backward"] = {i: _unit_last_stride for i in range(5)}
 ARG_STRIDES["extern.sdpa_efficient"] = {3: _aligned_bias}
 ARG_STRIDES["extern.sdpa_efficient_backward"] = {4: _aligned_bias, 5: lambda sizes, _: _blhe(sizes)}
 
