@@ -19,7 +19,8 @@ from ember.ir.codec import value_to_json
 
 from .codegen_common import PY_MINMAX, print_index
 from .config import config
-from .loop_ir import AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput
+from .loop_ir import (AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
+                      TemplateBuffer)  # fmt: skip
 from .scheduler import Kernel, _step_reads
 from .triton_aot import launch_args, split_size_args
 
@@ -206,6 +207,8 @@ class WrapperBuilder:
                 for m in s.members:
                     if m.node.name not in s.local:
                         at.setdefault(self._key(m.node), []).append(i)
+            elif isinstance(s, TemplateBuffer):
+                at.setdefault(self._key(s), []).append(i)
         return at
 
     def _wanted_soon(self, key, i: int) -> bool:
@@ -311,6 +314,11 @@ class WrapperBuilder:
             self.art_buffers[s.name] = BufferIR(
                 s.name, "output" if s.name in self.outputs else "intermediate", _meta(lay)
             )
+        elif isinstance(s, TemplateBuffer):
+            src = self.ks[s.kernel]
+            self._alloc(s)
+            self.lines.append(f"{s.kernel}({', '.join(src.args)})")
+            self.art_steps.append(StepIR("kernel", s.kernel, list(src.args), {}, ()))
         elif isinstance(s, ExternBuffer):
             self._extern(s)
 

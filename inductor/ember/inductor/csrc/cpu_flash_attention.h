@@ -1,0 +1,170 @@
+// Flash attention on the CPU for ember.inductor (cpu_attention.py pastes this text into a kernel's
+// source after ember_cpu.h): out = softmax(q k^T * scale + mask) v, computed per block of query
+// rows over blocks of keys with an online softmax (running max and sum), so no (L, S) matrix is
+// ever stored. Every size, stride and option is a compile-time constant of the parameter struct P:
+//   B, H, HKV (key/value heads; a query head h reads head h / (H / HKV): GQA/MQA), L, S, E (query
+//   and key head dim), EV (value head dim), BQ, BK (block rows of queries and keys), the element
+//   strides QS, KS, VS, OS, MS (4 each, B H L/S E order; a broadcast mask dim has stride 0),
+//   CAUSAL (key j masked for query i when j > i), SCALE.
+// T is the storage type of q/k/v/out (float or uint16_t holding bfloat16 or float16 as TBF16
+// says), MT the mask's (void: no mask). Arithmetic is float32; vectors are ember_cpu.h's.
+#ifndef EMBER_CPU_FLASH_ATTENTION_H
+#define EMBER_CPU_FLASH_ATTENTION_H
+#include <cstdlib>
+#include <type_traits>
+
+namespace ember {
+namespace flash {
+
+template <class T, bool BF16> inline float ld(const T* p) {
+  if constexpr (sizeof(T) == 4) return *p;
+  else if constexpr (BF16) return bf2f(*p);
+  else return h2f(*p);
+}
+template <class T, bool BF16> inline void st(T* p, float v) {
+  if constexpr (sizeof(T) == 4) *p = v;
+  else if constexpr (BF16) *p = f2bf(v);
+  else *p = f2h(v);
+}
+// exp that is exactly 0 far below the range (a masked score, -inf) and never takes vexp's slow
+// lanes: exp(-87) is 1.6e-38, below which eager's results are subnormal too.
+inline vf vexp_masked(vf x) { return vwhere(x < -87.0f, vbcast(0.0f), vexp(vmax(x, vbcast(-87.0f)))); }
+
+constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+constexpr int RI = 4;  // query rows per register tile
+
+template <class P, class T, bool BF16, class MT, bool MBF16>
+void attention(const T* __restrict q, const T* __restrict k, const T* __restrict v,
+               const MT* __restrict mask, T* __restrict out) {
+  constexpr int64_t BQ = P::BQ, BK = P::BK, E = P::E, EV = P::EV;
+  constexpr int64_t EVP = round_up(EV, W);          // value rows padded to whole vectors
+  constexpr int64_t BQP = round_up(BQ, RI);
+  constexpr int RJ = (BK / W) % 2 == 0 ? 2 : 1;      // key vectors per register tile
+  constexpr int RE = (EVP / W) % 2 == 0 ? 2 : 1;     // value vectors per register tile
+  constexpr int64_t QBLOCKS = (P::L + BQ - 1) / BQ;
+  constexpr int64_t GROUP = P::H / P::HKV;
+  constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+  static_assert(BK % W == 0, "key blocks are whole vectors");
+  // per thread: queries (scaled), keys transposed, values, scores, accumulators, row statistics
+  constexpr int64_t SCRATCH = BQP * E + E * BK + BK * EVP + BQP * BK + BQP * EVP + 3 * BQP;
+
+#pragma omp parallel
+  {
+    float* scratch = static_cast<float*>(std::aligned_alloc(64, round_up(SCRATCH * 4, 64)));
+    float* qf = scratch;
+    float* kt = qf + BQP * E;
+    float* vp = kt + E * BK;
+    float* s = vp + BK * EVP;
+    float* acc = s + BQP * BK;
+    float* mrow = acc + BQP * EVP;
+    float* lrow = mrow + BQP;
+    float* corr = lrow + BQP;
+    std::fill(vp, vp + BK * EVP, 0.0f);  // padding lanes of values stay zero
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < P::B * P::H; ++bh) {
+      for (int64_t qb = 0; qb < QBLOCKS; ++qb) {
+        const int64_t b = bh / P::H, h = bh % P::H, hk = h / GROUP;
+        const int64_t q0 = qb * BQ, nq = std::min<int64_t>(BQ, P::L - q0);
+        const T* qh = q + b * P::QS0 + h * P::QS1;
+        const T* kh = k + b * P::KS0 + hk * P::KS1;
+        const T* vh = v + b * P::VS0 + hk * P::VS1;
+        for (int64_t i = 0; i < BQP; ++i) {
+          for (int64_t e = 0; e < E; ++e)
+            qf[i * E + e] = i < nq ? ld<T, BF16>(qh + (q0 + i) * P::QS2 + e * P::QS3) * P::SCALE : 0.0f;
+          mrow[i] = NEG_INF;
+          lrow[i] = 0.0f;
+          corr[i] = 1.0f;
+        }
+        std::fill(acc, acc + BQP * EVP, 0.0f);
+        // causal: keys after the block's last query are masked for every row of it
+        const int64_t s_end = P::CAUSAL ? std::min<int64_t>(P::S, q0 + nq) : P::S;
+        for (int64_t k0 = 0; k0 < s_end; k0 += BK) {
+          const int64_t nk = std::min<int64_t>(BK, s_end - k0);
+          for (int64_t j = 0; j < BK; ++j) {
+            const T* kr = kh + (k0 + j) * P::KS2;
+            for (int64_t e = 0; e < E; ++e) kt[e * BK + j] = j < nk ? ld<T, BF16>(kr + e * P::KS3) : 0.0f;
+          }
+          for (int64_t j = 0; j < nk; ++j) {
+            const T* vr = vh + (k0 + j) * P::VS2;
+            for (int64_t e = 0; e < EV; ++e) vp[j * EVP + e] = ld<T, BF16>(vr + e * P::VS3);
+          }
+          // scores: a tile of RI rows by RJ vectors of keys, over the head dim
+          for (int64_t i0 = 0; i0 < nq; i0 += RI) {
+            for (int64_t j0 = 0; j0 < BK; j0 += RJ * W) {
+              vf t[RI][RJ];
+              for (int ii = 0; ii < RI; ++ii)
+                for (int r = 0; r < RJ; ++r) t[ii][r] = vbcast(0.0f);
+              for (int64_t e = 0; e < E; ++e) {
+                vf kv[RJ];
+                for (int r = 0; r < RJ; ++r) kv[r] = vload(kt + e * BK + j0 + r * W);
+                for (int ii = 0; ii < RI; ++ii) {
+                  const vf qv = vbcast(qf[(i0 + ii) * E + e]);
+                  for (int r = 0; r < RJ; ++r) t[ii][r] += qv * kv[r];
+                }
+              }
+              for (int ii = 0; ii < RI; ++ii)
+                for (int r = 0; r < RJ; ++r) vstore(s + (i0 + ii) * BK + j0 + r * W, t[ii][r]);
+            }
+          }
+          // mask, causal cut, padding; then the online softmax of each row
+          for (int64_t i = 0; i < nq; ++i) {
+            float* si = s + i * BK;
+            if constexpr (!std::is_void_v<MT>) {
+              const MT* mr = mask + b * P::MS0 + h * P::MS1 + (q0 + i) * P::MS2 + k0 * P::MS3;
+              for (int64_t j = 0; j < nk; ++j) si[j] += ld<MT, MBF16>(mr + j * P::MS3);
+            }
+            const int64_t last = P::CAUSAL ? std::min<int64_t>(nk, q0 + i - k0 + 1) : nk;
+            for (int64_t j = std::max<int64_t>(last, 0); j < BK; ++j) si[j] = NEG_INF;
+            vf vm_ = vbcast(NEG_INF);
+            for (int64_t j = 0; j < BK; j += W) vm_ = vmax(vm_, vload(si + j));
+            const float m_old = mrow[i], m_new = max_prop(m_old, hmax(vm_));
+            const float m_use = m_new == NEG_INF ? 0.0f : m_new;  // a row masked so far: p = 0
+            const vf mb = vbcast(m_use);
+            vf sum = vbcast(0.0f);
+            for (int64_t j = 0; j < BK; j += W) {
+              const vf p = vexp_masked(vload(si + j) - mb);
+              vstore(si + j, p);
+              sum += p;
+            }
+            const float c = m_old == NEG_INF ? 0.0f : std::exp(m_old - m_use);
+            corr[i] = c;
+            lrow[i] = lrow[i] * c + hsum(sum);
+            mrow[i] = m_new;
+          }
+          // acc = acc * corr + p v: a tile of RI rows by RE vectors of the value dim
+          for (int64_t i0 = 0; i0 < nq; i0 += RI) {
+            for (int64_t e0 = 0; e0 < EVP; e0 += RE * W) {
+              vf a[RI][RE];
+              for (int ii = 0; ii < RI; ++ii) {
+                const vf cb = vbcast(corr[i0 + ii]);
+                for (int r = 0; r < RE; ++r) a[ii][r] = vload(acc + (i0 + ii) * EVP + e0 + r * W) * cb;
+              }
+              for (int64_t j = 0; j < nk; ++j) {
+                vf vv[RE];
+                for (int r = 0; r < RE; ++r) vv[r] = vload(vp + j * EVP + e0 + r * W);
+                for (int ii = 0; ii < RI; ++ii) {
+                  const vf pb = vbcast(s[(i0 + ii) * BK + j]);
+                  for (int r = 0; r < RE; ++r) a[ii][r] += pb * vv[r];
+                }
+              }
+              for (int ii = 0; ii < RI; ++ii)
+                for (int r = 0; r < RE; ++r) vstore(acc + (i0 + ii) * EVP + e0 + r * W, a[ii][r]);
+            }
+          }
+        }
+        // a row no key reaches (every score masked) is zero, as eager's kernel gives
+        T* oh = out + b * P::OS0 + h * P::OS1;
+        for (int64_t i = 0; i < nq; ++i) {
+          const float inv = lrow[i] > 0.0f ? 1.0f / lrow[i] : 0.0f;
+          for (int64_t e = 0; e < EV; ++e)
+            st<T, BF16>(oh + (q0 + i) * P::OS2 + e * P::OS3, acc[i * EVP + e] * inv);
+        }
+      }
+    }
+    std::free(scratch);
+  }
+}
+
+}  // namespace flash
+}  // namespace ember
+#endif  // EMBER_CPU_FLASH_ATTENTION_H
