@@ -97,12 +97,14 @@ def _strides4(buf, broadcast_to=None) -> list:
 
 
 def block_sizes(batch_heads: int, length: int, source: int) -> tuple[int, int]:
-    """(query rows, keys) per block: 64 rows, or 32 when 64 leaves under 64 work items for the
-    threads (a short sequence with few heads), never more than the (rounded) sequence."""
-    bq = 64 if batch_heads * -(-length // 64) >= 64 else 32
-    bq = min(bq, -(-length // 4) * 4)
+    """(query rows, keys) per block. Each query block copies every key block it reads (keys
+    transposed, values, in float32), so longer blocks copy less: the longest of 256, 128, 64
+    rows that still leaves 64 work items (batch x heads x query blocks) for the threads, else 32;
+    never more than the (rounded) sequence."""
+    bq = next((n for n in (256, 128, 64) if batch_heads * -(-length // n) >= 64), 32)
+    bq = min(bq, -(-length // 8) * 8)
     bk = min(BLOCK_K, -(-source // 16) * 16)
-    return max(bq, 4), max(bk, 16)
+    return max(bq, 8), max(bk, 16)
 
 
 def _float_literal(x: float) -> str:

@@ -21,6 +21,12 @@ template <class T, bool BF16> inline float ld(const T* p) {
   else if constexpr (BF16) return bf2f(*p);
   else return h2f(*p);
 }
+// W consecutive elements as floats
+template <class T, bool BF16> inline vf vld(const T* p) {
+  if constexpr (sizeof(T) == 4) return vload(p);
+  else if constexpr (BF16) return vload_bf(p);
+  else return vload_h(p);
+}
 template <class T, bool BF16> inline void st(T* p, float v) {
   if constexpr (sizeof(T) == 4) *p = v;
   else if constexpr (BF16) *p = f2bf(v);
@@ -31,7 +37,7 @@ template <class T, bool BF16> inline void st(T* p, float v) {
 inline vf vexp_masked(vf x) { return vwhere(x < -87.0f, vbcast(0.0f), vexp(vmax(x, vbcast(-87.0f)))); }
 
 constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-constexpr int RI = 4;  // query rows per register tile
+constexpr int RI = W >= 16 ? 8 : 4;  // query rows per register tile (32 vector registers: 8)
 
 template <class P, class T, bool BF16, class MT, bool MBF16>
 void attention(const T* __restrict q, const T* __restrict k, const T* __restrict v,
@@ -80,13 +86,25 @@ void attention(const T* __restrict q, const T* __restrict k, const T* __restrict
         const int64_t s_end = P::CAUSAL ? std::min<int64_t>(P::S, q0 + nq) : P::S;
         for (int64_t k0 = 0; k0 < s_end; k0 += BK) {
           const int64_t nk = std::min<int64_t>(BK, s_end - k0);
+          // keys transposed (the scores' tile reads a vector of keys per head-dim element) and
+          // values, as floats; rows read a vector at a time where they are contiguous
+          constexpr int64_t EW = P::KS3 == 1 ? E / W * W : 0, EVW = P::VS3 == 1 ? EV / W * W : 0;
           for (int64_t j = 0; j < BK; ++j) {
             const T* kr = kh + (k0 + j) * P::KS2;
-            for (int64_t e = 0; e < E; ++e) kt[e * BK + j] = j < nk ? ld<T, BF16>(kr + e * P::KS3) : 0.0f;
+            if (j >= nk) {
+              for (int64_t e = 0; e < E; ++e) kt[e * BK + j] = 0.0f;
+              continue;
+            }
+            for (int64_t e = 0; e < EW; e += W) {
+              const vf x = vld<T, BF16>(kr + e);
+              for (int l = 0; l < W; ++l) kt[(e + l) * BK + j] = x[l];
+            }
+            for (int64_t e = EW; e < E; ++e) kt[e * BK + j] = ld<T, BF16>(kr + e * P::KS3);
           }
           for (int64_t j = 0; j < nk; ++j) {
             const T* vr = vh + (k0 + j) * P::VS2;
-            for (int64_t e = 0; e < EV; ++e) vp[j * EVP + e] = ld<T, BF16>(vr + e * P::VS3);
+            for (int64_t e = 0; e < EVW; e += W) vstore(vp + j * EVP + e, vld<T, BF16>(vr + e));
+            for (int64_t e = EVW; e < EV; ++e) vp[j * EVP + e] = ld<T, BF16>(vr + e * P::VS3);
           }
           // scores: a tile of RI rows by RJ vectors of keys, over the head dim
           for (int64_t i0 = 0; i0 < nq; i0 += RI) {
