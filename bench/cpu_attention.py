@@ -7,8 +7,8 @@ scaled_dot_product_attention call at a time, on the same threads.
 Both sides get the thread count (OMP_NUM_THREADS, set before torch loads, and
 torch.set_num_threads). Ember's side is the traced call compiled by ember.inductor.compile_prims
 (the kernel the Python wrapper calls, as compiled programs and packages run it). Per dtype and
-mask kind: the best of --repeat calls after warm-up (the least disturbed by other work), in ms, TFLOP/s (4*B*H*L*S*E flops, half
-that with a causal mask), the ratio eager/Ember (above 1: Ember is faster), and the largest
+mask kind: the best of --repeat calls after warm-up (the least disturbed by other work), in ms,
+TFLOP/s (4*B*H*L*S*E flops, half that with a causal mask), the ratio eager/Ember (above 1: Ember is faster), and the largest
 difference between the two outputs.
 """
 
@@ -59,7 +59,10 @@ def case(dtype, mask_kind):
         return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), (q, k, v)
     if mask_kind == "float":  # one additive (L, S) mask shared by every batch and head
         m = torch.randn(n, n, generator=g).to(dtype)
-        return (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)), (q, k, v, m)
+        def masked(q, k, v, m):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+        return masked, (q, k, v, m)
     return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v)), (q, k, v)
 
 

@@ -111,9 +111,11 @@ def test_bfloat16(causal):
     q, k, v = _qkv(2, 4, 67, 75, 128, dtype=torch.bfloat16)
     mask = torch.randn(67, 75, generator=torch.Generator().manual_seed(4)).bfloat16()
     if causal:
-        fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        def fn(q, k, v, m):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     else:
-        fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
+        def fn(q, k, v, m):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
     _check(fn, q, k, v, mask, tol=BF16)
 
 
@@ -143,7 +145,8 @@ def test_no_buffer_holds_the_scores():
     compiled = _check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                       q, k, v)  # fmt: skip
     largest = max(b.meta.numel() for b in compiled.artifact.buffers)
-    assert largest == 2 * 320 * 16 < 256 * 320, [(b.name, b.meta.sizes) for b in compiled.artifact.buffers]
+    sizes = [(b.name, b.meta.sizes) for b in compiled.artifact.buffers]
+    assert largest == 2 * 320 * 16 < 256 * 320, sizes
 
 
 def test_switched_off_and_unsupported_calls_keep_torch_s_kernel(monkeypatch):
@@ -179,7 +182,8 @@ def test_training_keeps_torch_s_kernel_and_its_backward():
 class Attention(torch.nn.Module):
     def __init__(self, dim=64, heads=4):
         super().__init__()
-        self.qkv, self.out, self.heads = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim), heads
+        self.qkv, self.out = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.heads = heads
 
     def forward(self, x):
         b, t, d = x.shape

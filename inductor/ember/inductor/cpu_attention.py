@@ -121,7 +121,8 @@ def render_source(kernel: str, params: dict, dtype, mask_dtype) -> str:
         elif isinstance(value, float):
             fields.append(f"static constexpr float {key} = {_float_literal(value)};")
         elif isinstance(value, (list, tuple)):
-            fields += [f"static constexpr int64_t {key}{i} = {int(x)};" for i, x in enumerate(value)]
+            fields += [f"static constexpr int64_t {key}{i} = {int(x)};"
+                       for i, x in enumerate(value)]  # fmt: skip
         else:
             fields.append(f"static constexpr int64_t {key} = {int(value)};")
     body = "\n".join(fields)
@@ -139,7 +140,8 @@ def render_source(kernel: str, params: dict, dtype, mask_dtype) -> str:
         f"EMBER_EXPORT void {kernel}(void** args) {{",
         f"  ember::flash::attention<{struct}, {t}, {bf}, {mt}, {mbf}>(",
         f"      static_cast<const {t}*>(args[0]), static_cast<const {t}*>(args[1]),",
-        f"      static_cast<const {t}*>(args[2]), {mask_arg}, static_cast<{t}*>(args[{out_index}]));",
+        f"      static_cast<const {t}*>(args[2]), {mask_arg},",
+        f"      static_cast<{t}*>(args[{out_index}]));",
         "}", "",
     ])  # fmt: skip
 

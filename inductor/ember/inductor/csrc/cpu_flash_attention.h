@@ -45,7 +45,9 @@ inline vf splat(float x) {
 }
 // exp that is exactly 0 far below the range (a masked score, -inf) and never takes vexp's slow
 // lanes: exp(-87) is 1.6e-38, below which eager's results are subnormal too.
-inline vf vexp_masked(vf x) { return vwhere(x < -87.0f, vbcast(0.0f), vexp(vmax(x, vbcast(-87.0f)))); }
+inline vf vexp_masked(vf x) {
+  return vwhere(x < -87.0f, vbcast(0.0f), vexp(vmax(x, vbcast(-87.0f))));
+}
 
 constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 constexpr int RI = W >= 16 ? 8 : 4;  // query rows per register tile (32 vector registers: 8)
@@ -87,7 +89,8 @@ void attention(const T* __restrict q, const T* __restrict k, const T* __restrict
         const T* vh = v + b * P::VS0 + hk * P::VS1;
         for (int64_t i = 0; i < BQP; ++i) {
           for (int64_t e = 0; e < E; ++e)
-            qf[i * E + e] = i < nq ? ld<T, BF16>(qh + (q0 + i) * P::QS2 + e * P::QS3) * P::SCALE : 0.0f;
+            qf[i * E + e] =
+                i < nq ? ld<T, BF16>(qh + (q0 + i) * P::QS2 + e * P::QS3) * P::SCALE : 0.0f;
           mrow[i] = NEG_INF;
           lrow[i] = 0.0f;
           corr[i] = 1.0f;
@@ -166,7 +169,8 @@ void attention(const T* __restrict q, const T* __restrict k, const T* __restrict
               vf a[RI][RE];
               for (int ii = 0; ii < RI; ++ii) {
                 const vf cb = splat(corr[i0 + ii]);
-                for (int r = 0; r < RE; ++r) a[ii][r] = vload(acc + (i0 + ii) * EVP + e0 + r * W) * cb;
+                for (int r = 0; r < RE; ++r)
+                  a[ii][r] = vload(acc + (i0 + ii) * EVP + e0 + r * W) * cb;
               }
               for (int64_t j = 0; j < nk; ++j) {
                 vf vv[RE];
