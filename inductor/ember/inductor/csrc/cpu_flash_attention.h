@@ -143,7 +143,13 @@ void attention(const T* __restrict q, const T* __restrict k, const T* __restrict
             float* si = s + i * BK;
             if constexpr (!std::is_void_v<MT>) {
               const MT* mr = mask + b * P::MS0 + h * P::MS1 + (q0 + i) * P::MS2 + k0 * P::MS3;
-              for (int64_t j = 0; j < nk; ++j) si[j] += ld<MT, MBF16>(mr + j * P::MS3);
+              if (k0 + BK < s_end)  // rows of the mask stride far apart: fetch the next block's
+                for (int64_t c = 0; c < BK * P::MS3 * (int64_t)sizeof(MT); c += 64)
+                  __builtin_prefetch(reinterpret_cast<const char*>(mr + BK * P::MS3) + c);
+              int64_t j = 0;
+              if constexpr (P::MS3 == 1)  // a row of the mask: a vector at a time
+                for (; j + W <= nk; j += W) vstore(si + j, vload(si + j) + vld<MT, MBF16>(mr + j));
+              for (; j < nk; ++j) si[j] += ld<MT, MBF16>(mr + j * P::MS3);
             }
             const int64_t last = P::CAUSAL ? std::min<int64_t>(nk, q0 + i - k0 + 1) : nk;
             for (int64_t j = std::max<int64_t>(last, 0); j < BK; ++j) si[j] = NEG_INF;
