@@ -218,3 +218,29 @@ def test_package_runs_the_kernel_without_torch(tmp_path):
     with torch.no_grad():
         want = model(y)
     torch.testing.assert_close(load_package(path)(y)[0], want, **FP32)
+
+
+def test_dynamic_batch_and_lengths(monkeypatch):
+    # sizes that change between calls become symbolic (dynamo's automatic dynamic): the kernel
+    # reads them, and the strides built from them, at run time, so the program compiled for the
+    # second size runs every later one; heads and head dims stay compile-time constants
+    def fn(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+
+    ember.dynamo.reset()
+    sources = []
+    monkeypatch.setattr(config, "output_code", True)
+    monkeypatch.setattr("builtins.print", lambda *a, **k: sources.append(" ".join(map(str, a))))
+    compiled = ember.compile(fn)
+    with torch.no_grad():
+        for b, length, source in ((2, 33, 40), (3, 70, 21), (4, 5, 130), (2, 64, 64)):
+            q, k, v = _qkv(b, 4, length, source, 32, hkv=2)
+            m = torch.randn(b, 1, length, source, generator=torch.Generator().manual_seed(b))
+            torch.testing.assert_close(compiled(q, k, v, m), fn(q, k, v, m), **FP32)
+    assert len(sources) == 2, sources
+    assert all("flash_attention_" in s and "extern_sdpa" not in s for s in sources), sources
+    assert "const int64_t s0 = " in sources[1]
+    assert "must be equal" in sources[1]  # key batch and length are symbols of their own
+    q, k, v = _qkv(3, 4, 9, 50, 32, hkv=2)
+    with pytest.raises(RuntimeError):  # as eager: batch sizes that differ
+        compiled(q, k[:2], v[:2], torch.zeros(3, 1, 9, 50))

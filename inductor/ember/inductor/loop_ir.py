@@ -276,10 +276,12 @@ class TemplateBuffer(ExternBuffer):
     """The output of a hand-written C++ kernel (a template such as cpu_attention's flash
     attention): scheduled as a step of its own, like an extern call, but run as kernel `kernel`,
     whose source `render(kernel)` gives (a KernelSource taking the buffers of `args`, then this
-    one). `fn(*args)` is its reference, for the interpreter."""
+    one). `fn(*args)` is its reference, for the interpreter. `checks`: relations between
+    dynamic sizes that must hold when it runs (checked by the wrapper, guards of the artifact)."""
 
     kernel: str = ""
     render: Callable = None
+    checks: tuple = ()
 
 
 def extern_buffers(args):

@@ -316,9 +316,15 @@ class WrapperBuilder:
             )
         elif isinstance(s, TemplateBuffer):
             src = self.ks[s.kernel]
+            for rel in s.checks:  # sizes the kernel assumes equal (eager's kernel checks them)
+                lhs, rhs = _text(rel.lhs), _text(rel.rhs)
+                self.lines.append(f"if {lhs} != {rhs}: raise RuntimeError('{s.op}: sizes "
+                                  f"{lhs} and {rhs} must be equal, got %d and %d' % ({lhs}, {rhs}))")
+                self.guards.append(rel)
             self._alloc(s)
             self.lines.append(f"{s.kernel}({', '.join(src.args)})")
-            self.art_steps.append(StepIR("kernel", s.kernel, list(src.args), {}, ()))
+            buffers, syms = split_size_args(src, list(src.args))
+            self.art_steps.append(StepIR("kernel", s.kernel, [*buffers, *syms], {}, ()))
         elif isinstance(s, ExternBuffer):
             self._extern(s)
 
@@ -355,7 +361,7 @@ class WrapperBuilder:
         device = self.lowered.device
         symbols = tuple(SymbolSpec(s.name) for s in sorted(self.lowered.size_symbols, key=str))
         art = new_artifact(
-            device=device, symbols=symbols, guards=(),
+            device=device, symbols=symbols, guards=tuple(self.guards),
             buffers=tuple(self.art_buffers.values()), kernels=tuple(kernels),
             steps=tuple(self.art_steps),
             inputs=tuple(b.name for b in self.lowered.inputs if b is not None),
@@ -436,7 +442,7 @@ def _json_arg(a):
 def generate(lowered, steps, kernel_sources: dict) -> Program:
     """Wrapper source and artifact for a scheduled program."""
     builder = WrapperBuilder(lowered, steps, kernel_sources)
-    builder.externs = {}
+    builder.externs, builder.guards = {}, []
     return builder.build()
 
 

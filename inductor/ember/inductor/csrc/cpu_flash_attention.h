@@ -1,11 +1,12 @@
 // Flash attention on the CPU for ember.inductor (cpu_attention.py pastes this text into a kernel's
 // source after ember_cpu.h): out = softmax(q k^T * scale + mask) v, computed per block of query
 // rows over blocks of keys with an online softmax (running max and sum), so no (L, S) matrix is
-// ever stored. Every size, stride and option is a compile-time constant of the parameter struct P:
-//   B, H, HKV (key/value heads; a query head h reads head h / (H / HKV): GQA/MQA), L, S, E (query
-//   and key head dim), EV (value head dim), BQ, BK (block rows of queries and keys), the element
-//   strides QS, KS, VS, OS, MS (4 each, B H L/S E order; a broadcast mask dim has stride 0),
-//   CAUSAL (key j masked for query i when j > i), SCALE.
+// ever stored. Compile-time constants of the parameter struct P: H, HKV (key/value heads; a query
+// head h reads head h / (H / HKV): GQA/MQA), E (query and key head dim), EV (value head dim),
+// BQ, BK (block rows of queries and keys), the last-dim strides QS3, KS3, VS3, OS3, MS3, CAUSAL
+// (key j masked for query i when j > i), SCALE. Run-time values of `d` (Dims; the entry computes
+// them from the program's dynamic sizes, or writes the static ones): B, L, S and the element
+// strides of dims 0-2 (B H L/S order; a broadcast mask dim has stride 0).
 // T is the storage type of q/k/v/out (float or uint16_t holding bfloat16 or float16 as TBF16
 // says), MT the mask's (void: no mask). Arithmetic is float32; vectors are ember_cpu.h's.
 #ifndef EMBER_CPU_FLASH_ATTENTION_H
@@ -49,18 +50,22 @@ inline vf vexp_masked(vf x) {
   return vwhere(x < -87.0f, vbcast(0.0f), vexp(vmax(x, vbcast(-87.0f))));
 }
 
+struct Dims {
+  int64_t B, L, S, QS0, QS1, QS2, KS0, KS1, KS2, VS0, VS1, VS2, OS0, OS1, OS2, MS0, MS1, MS2;
+};
+
 constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 constexpr int RI = W >= 16 ? 8 : 4;  // query rows per register tile (32 vector registers: 8)
 
 template <class P, class T, bool BF16, class MT, bool MBF16>
-void attention(const T* __restrict q, const T* __restrict k, const T* __restrict v,
-               const MT* __restrict mask, T* __restrict out) {
+void attention(const Dims d, const T* __restrict q, const T* __restrict k,
+               const T* __restrict v, const MT* __restrict mask, T* __restrict out) {
   constexpr int64_t BQ = P::BQ, BK = P::BK, E = P::E, EV = P::EV;
   constexpr int64_t EVP = round_up(EV, W);          // value rows padded to whole vectors
   constexpr int64_t BQP = round_up(BQ, RI);
   constexpr int RJ = (BK / W) % 2 == 0 ? 2 : 1;      // key vectors per register tile
   constexpr int RE = (EVP / W) % 2 == 0 ? 2 : 1;     // value vectors per register tile
-  constexpr int64_t QBLOCKS = (P::L + BQ - 1) / BQ;
+  const int64_t QBLOCKS = (d.L + BQ - 1) / BQ;
   constexpr int64_t GROUP = P::H / P::HKV;
   constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
   static_assert(BK % W == 0, "key blocks are whole vectors");
@@ -80,31 +85,31 @@ void attention(const T* __restrict q, const T* __restrict k, const T* __restrict
     float* corr = lrow + BQP;
     std::fill(vp, vp + BK * EVP, 0.0f);  // padding lanes of values stay zero
 #pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < P::B * P::H; ++bh) {
+    for (int64_t bh = 0; bh < d.B * P::H; ++bh) {
       for (int64_t qb = 0; qb < QBLOCKS; ++qb) {
         const int64_t b = bh / P::H, h = bh % P::H, hk = h / GROUP;
-        const int64_t q0 = qb * BQ, nq = std::min<int64_t>(BQ, P::L - q0);
-        const T* qh = q + b * P::QS0 + h * P::QS1;
-        const T* kh = k + b * P::KS0 + hk * P::KS1;
-        const T* vh = v + b * P::VS0 + hk * P::VS1;
+        const int64_t q0 = qb * BQ, nq = std::min<int64_t>(BQ, d.L - q0);
+        const T* qh = q + b * d.QS0 + h * d.QS1;
+        const T* kh = k + b * d.KS0 + hk * d.KS1;
+        const T* vh = v + b * d.VS0 + hk * d.VS1;
         for (int64_t i = 0; i < BQP; ++i) {
           for (int64_t e = 0; e < E; ++e)
             qf[i * E + e] =
-                i < nq ? ld<T, BF16>(qh + (q0 + i) * P::QS2 + e * P::QS3) * P::SCALE : 0.0f;
+                i < nq ? ld<T, BF16>(qh + (q0 + i) * d.QS2 + e * P::QS3) * P::SCALE : 0.0f;
           mrow[i] = NEG_INF;
           lrow[i] = 0.0f;
           corr[i] = 1.0f;
         }
         std::fill(acc, acc + BQP * EVP, 0.0f);
         // causal: keys after the block's last query are masked for every row of it
-        const int64_t s_end = P::CAUSAL ? std::min<int64_t>(P::S, q0 + nq) : P::S;
+        const int64_t s_end = P::CAUSAL ? std::min<int64_t>(d.S, q0 + nq) : d.S;
         for (int64_t k0 = 0; k0 < s_end; k0 += BK) {
           const int64_t nk = std::min<int64_t>(BK, s_end - k0);
           // keys transposed (the scores' tile reads a vector of keys per head-dim element) and
           // values, as floats; rows read a vector at a time where they are contiguous
           constexpr int64_t EW = P::KS3 == 1 ? E / W * W : 0, EVW = P::VS3 == 1 ? EV / W * W : 0;
           for (int64_t j = 0; j < BK; ++j) {
-            const T* kr = kh + (k0 + j) * P::KS2;
+            const T* kr = kh + (k0 + j) * d.KS2;
             if (j >= nk) {
               for (int64_t e = 0; e < E; ++e) kt[e * BK + j] = 0.0f;
               continue;
@@ -116,7 +121,7 @@ void attention(const T* __restrict q, const T* __restrict k, const T* __restrict
             for (int64_t e = EW; e < E; ++e) kt[e * BK + j] = ld<T, BF16>(kr + e * P::KS3);
           }
           for (int64_t j = 0; j < nk; ++j) {
-            const T* vr = vh + (k0 + j) * P::VS2;
+            const T* vr = vh + (k0 + j) * d.VS2;
             for (int64_t e = 0; e < EVW; e += W) vstore(vp + j * EVP + e, vld<T, BF16>(vr + e));
             for (int64_t e = EVW; e < EV; ++e) vp[j * EVP + e] = ld<T, BF16>(vr + e * P::VS3);
           }
@@ -142,7 +147,7 @@ void attention(const T* __restrict q, const T* __restrict k, const T* __restrict
           for (int64_t i = 0; i < nq; ++i) {
             float* si = s + i * BK;
             if constexpr (!std::is_void_v<MT>) {
-              const MT* mr = mask + b * P::MS0 + h * P::MS1 + (q0 + i) * P::MS2 + k0 * P::MS3;
+              const MT* mr = mask + b * d.MS0 + h * d.MS1 + (q0 + i) * d.MS2 + k0 * P::MS3;
               if (k0 + BK < s_end)  // rows of the mask stride far apart: fetch the next block's
                 for (int64_t c = 0; c < BK * P::MS3 * (int64_t)sizeof(MT); c += 64)
                   __builtin_prefetch(reinterpret_cast<const char*>(mr + BK * P::MS3) + c);
@@ -192,11 +197,11 @@ void attention(const T* __restrict q, const T* __restrict k, const T* __restrict
           }
         }
         // a row no key reaches (every score masked) is zero, as eager's kernel gives
-        T* oh = out + b * P::OS0 + h * P::OS1;
+        T* oh = out + b * d.OS0 + h * d.OS1;
         for (int64_t i = 0; i < nq; ++i) {
           const float inv = lrow[i] > 0.0f ? 1.0f / lrow[i] : 0.0f;
           for (int64_t e = 0; e < EV; ++e)
-            st<T, BF16>(oh + (q0 + i) * P::OS2 + e * P::OS3, acc[i * EVP + e] * inv);
+            st<T, BF16>(oh + (q0 + i) * d.OS2 + e * P::OS3, acc[i * EVP + e] * inv);
         }
       }
     }
