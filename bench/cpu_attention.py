@@ -8,8 +8,8 @@ Both sides get the thread count (OMP_NUM_THREADS, set before torch loads, and
 torch.set_num_threads). Ember's side is the traced call compiled by ember.inductor.compile_prims
 (the kernel the Python wrapper calls, as compiled programs and packages run it). Per dtype and
 mask kind: the best of --repeat calls after warm-up (the least disturbed by other work), in ms,
-TFLOP/s (4*B*H*L*S*E flops, half that with a causal mask), the ratio eager/Ember (above 1: Ember is faster), and the largest
-difference between the two outputs.
+TFLOP/s (4*B*H*L*S*E flops, half that with a causal mask), the ratio eager/Ember (above 1:
+Ember is faster), and the largest difference between the two outputs.
 """
 
 import argparse

@@ -119,6 +119,13 @@ def test_bfloat16(causal):
     _check(fn, q, k, v, mask, tol=BF16)
 
 
+def test_float16_with_a_mask():
+    q, k, v = _qkv(1, 2, 40, 50, 64, dtype=torch.float16)
+    mask = torch.randn(40, 50, generator=torch.Generator().manual_seed(7)).half()
+    fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
+    _check(fn, q, k, v, mask, tol=dict(atol=2e-3, rtol=2e-3))
+
+
 def test_strided_inputs_from_a_projection():
     # q, k, v as (B, L, H, E) views transposed to (B, H, L, E), as a Linear's output is read
     x = torch.randn(2, 37, 3 * 4 * 32, generator=torch.Generator().manual_seed(5))

@@ -12,10 +12,10 @@ of query rows against blocks of keys with an online softmax, parallel over batch
 blocks, and never stores the (L, S) scores.
 
 It applies to inference calls (the log-sum-exp, which a backward reads, is unused) without
-dropout, with static heads and head dims, float32/bfloat16/float16 tensors and a floating mask (torch turns a
-boolean one into an additive one before this call) broadcastable to (B, H, L, S), and K/V with as
-many heads as the query or a divisor of them (GQA/MQA). Anything else raises NotImplementedError,
-which keeps today's extern call.
+dropout, with static heads and head dims, float32/bfloat16/float16 tensors and a floating mask
+(torch turns a boolean one into an additive one before this call) broadcastable to (B, H, L, S),
+and K/V with as many heads as the query or a divisor of them (GQA/MQA). Anything else raises
+NotImplementedError, which keeps today's extern call.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def enabled(device: str) -> bool:
 
 
 def _ints(xs):
+    """`xs` as ints, or None when one is symbolic."""
     out = []
     for x in xs:
         x = sympy.sympify(x)

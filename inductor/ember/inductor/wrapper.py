@@ -318,8 +318,8 @@ class WrapperBuilder:
             src = self.ks[s.kernel]
             for rel in s.checks:  # sizes the kernel assumes equal (eager's kernel checks them)
                 lhs, rhs = _text(rel.lhs), _text(rel.rhs)
-                self.lines.append(f"if {lhs} != {rhs}: raise RuntimeError('{s.op}: sizes "
-                                  f"{lhs} and {rhs} must be equal, got %d and %d' % ({lhs}, {rhs}))")
+                self.lines.append(f"if {lhs} != {rhs}: raise RuntimeError('{s.op}: sizes {lhs} "
+                                  f"and {rhs} must be equal, got %d and %d' % ({lhs}, {rhs}))")
                 self.guards.append(rel)
             self._alloc(s)
             self.lines.append(f"{s.kernel}({', '.join(src.args)})")
