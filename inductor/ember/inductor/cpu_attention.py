@@ -118,8 +118,8 @@ def _strides4(buf, broadcast_to=None) -> list:
 
 
 def block_sizes(batch_heads: int, length: int, source: int) -> tuple[int, int]:
-    """(query rows, keys) per block. Each query block copies every key block it reads (keys
-    transposed, values, in float32), so longer blocks copy less: the longest of 256, 128, 64
+    """(query rows, keys) per block. Each query block copies every key block it reads (keys and
+    values, in float32), so longer blocks copy less: the longest of 256, 128, 64
     rows that still leaves 64 work items (batch x heads x query blocks) for the threads, else 32;
     never more than the (rounded) sequence. Dynamic sizes are chosen for by their examples."""
     bq = next((n for n in (256, 128, 64) if batch_heads * -(-length // n) >= 64), 32)

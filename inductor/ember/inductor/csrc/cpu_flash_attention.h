@@ -7,7 +7,7 @@
 // (key j masked for query i when j > i), SCALE. Run-time values of `d` (Dims; the entry computes
 // them from the program's dynamic sizes, or writes the static ones): B, L, S and the element
 // strides of dims 0-2 (B H L/S order; a broadcast mask dim has stride 0).
-// T is the storage type of q/k/v/out (float or uint16_t holding bfloat16 or float16 as TBF16
+// T is the storage type of q/k/v/out (float or uint16_t holding bfloat16 or float16 as BF16
 // says), MT the mask's (void: no mask). Arithmetic is float32; vectors are ember_cpu.h's.
 #ifndef EMBER_CPU_FLASH_ATTENTION_H
 #define EMBER_CPU_FLASH_ATTENTION_H
@@ -55,31 +55,34 @@ struct Dims {
 };
 
 constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-constexpr int RI = W >= 16 ? 8 : 4;  // query rows per register tile (32 vector registers: 8)
+constexpr int RI = W >= 16 ? 8 : 4;  // keys per score tile, queries per p*V tile (AVX512: 8)
 
 template <class P, class T, bool BF16, class MT, bool MBF16>
 void attention(const Dims d, const T* __restrict q, const T* __restrict k,
                const T* __restrict v, const MT* __restrict mask, T* __restrict out) {
   constexpr int64_t BQ = P::BQ, BK = P::BK, E = P::E, EV = P::EV;
-  constexpr int64_t EVP = round_up(EV, W);          // value rows padded to whole vectors
-  constexpr int64_t BQP = round_up(BQ, RI);
-  constexpr int RJ = (BK / W) % 2 == 0 ? 2 : 1;      // key vectors per register tile
-  constexpr int RE = (EVP / W) % 2 == 0 ? 2 : 1;     // value vectors per register tile
+  constexpr int64_t EVP = round_up(EV, W);     // value rows padded to whole vectors
+  constexpr int RQ = 2;                        // query vectors per register tile of scores
+  constexpr int64_t BQP = round_up(BQ, RQ * W);  // query columns of the transposed scores
+  constexpr int RE = (EVP / W) % 2 == 0 ? 2 : 1;  // value vectors per register tile
   const int64_t QBLOCKS = (d.L + BQ - 1) / BQ;
   constexpr int64_t GROUP = P::H / P::HKV;
   constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-  static_assert(BK % W == 0, "key blocks are whole vectors");
-  // per thread: queries (scaled), keys transposed, values, scores, accumulators, row statistics
-  constexpr int64_t SCRATCH = BQP * E + E * BK + BK * EVP + BQP * BK + BQP * EVP + 3 * BQP;
+  static_assert(BK % RI == 0 && BQP % RI == 0, "blocks are whole register tiles");
+  // Scores are kept transposed, (key, query): the tile multiplies a key element (broadcast) by a
+  // vector of queries, so the queries are transposed once per query block, keys are read as they
+  // lie, and the softmax's row statistics are vectors over queries (no horizontal reductions).
+  // Per thread: queries transposed (scaled), keys, values, scores, accumulators, statistics.
+  constexpr int64_t SCRATCH = E * BQP + BK * E + BK * EVP + BK * BQP + BQP * EVP + 3 * BQP;
 
 #pragma omp parallel
   {
     float* scratch = static_cast<float*>(std::aligned_alloc(64, round_up(SCRATCH * 4, 64)));
-    float* qf = scratch;
-    float* kt = qf + BQP * E;
-    float* vp = kt + E * BK;
-    float* s = vp + BK * EVP;
-    float* acc = s + BQP * BK;
+    float* qt = scratch;
+    float* kf = qt + E * BQP;
+    float* vp = kf + BK * E;
+    float* sc = vp + BK * EVP;
+    float* acc = sc + BK * BQP;
     float* mrow = acc + BQP * EVP;
     float* lrow = mrow + BQP;
     float* corr = lrow + BQP;
@@ -89,12 +92,13 @@ void attention(const Dims d, const T* __restrict q, const T* __restrict k,
       for (int64_t qb = 0; qb < QBLOCKS; ++qb) {
         const int64_t b = bh / P::H, h = bh % P::H, hk = h / GROUP;
         const int64_t q0 = qb * BQ, nq = std::min<int64_t>(BQ, d.L - q0);
+        const int64_t nqt = round_up(nq, RQ * W);  // query columns the tiles compute
         const T* qh = q + b * d.QS0 + h * d.QS1;
         const T* kh = k + b * d.KS0 + hk * d.KS1;
         const T* vh = v + b * d.VS0 + hk * d.VS1;
         for (int64_t i = 0; i < BQP; ++i) {
           for (int64_t e = 0; e < E; ++e)
-            qf[i * E + e] =
+            qt[e * BQP + i] =
                 i < nq ? ld<T, BF16>(qh + (q0 + i) * d.QS2 + e * P::QS3) * P::SCALE : 0.0f;
           mrow[i] = NEG_INF;
           lrow[i] = 0.0f;
@@ -105,76 +109,71 @@ void attention(const Dims d, const T* __restrict q, const T* __restrict k,
         const int64_t s_end = P::CAUSAL ? std::min<int64_t>(d.S, q0 + nq) : d.S;
         for (int64_t k0 = 0; k0 < s_end; k0 += BK) {
           const int64_t nk = std::min<int64_t>(BK, s_end - k0);
-          // keys transposed (the scores' tile reads a vector of keys per head-dim element) and
-          // values, as floats; rows read a vector at a time where they are contiguous
+          // keys and values as float32 rows, a vector at a time where rows are contiguous
           constexpr int64_t EW = P::KS3 == 1 ? E / W * W : 0, EVW = P::VS3 == 1 ? EV / W * W : 0;
-          for (int64_t j = 0; j < BK; ++j) {
-            const T* kr = kh + (k0 + j) * d.KS2;
-            if (j >= nk) {
-              for (int64_t e = 0; e < E; ++e) kt[e * BK + j] = 0.0f;
-              continue;
-            }
-            for (int64_t e = 0; e < EW; e += W) {
-              const vf x = vld<T, BF16>(kr + e);
-              for (int l = 0; l < W; ++l) kt[(e + l) * BK + j] = x[l];
-            }
-            for (int64_t e = EW; e < E; ++e) kt[e * BK + j] = ld<T, BF16>(kr + e * P::KS3);
-          }
           for (int64_t j = 0; j < nk; ++j) {
+            const T* kr = kh + (k0 + j) * d.KS2;
+            for (int64_t e = 0; e < EW; e += W) vstore(kf + j * E + e, vld<T, BF16>(kr + e));
+            for (int64_t e = EW; e < E; ++e) kf[j * E + e] = ld<T, BF16>(kr + e * P::KS3);
             const T* vr = vh + (k0 + j) * d.VS2;
             for (int64_t e = 0; e < EVW; e += W) vstore(vp + j * EVP + e, vld<T, BF16>(vr + e));
             for (int64_t e = EVW; e < EV; ++e) vp[j * EVP + e] = ld<T, BF16>(vr + e * P::VS3);
           }
-          // scores: a tile of RI rows by RJ vectors of keys, over the head dim
-          for (int64_t i0 = 0; i0 < nq; i0 += RI) {
-            for (int64_t j0 = 0; j0 < BK; j0 += RJ * W) {
-              vf t[RI][RJ];
-              for (int ii = 0; ii < RI; ++ii)
-                for (int r = 0; r < RJ; ++r) t[ii][r] = vbcast(0.0f);
+          const int64_t nkt = round_up(nk, RI);
+          std::fill(kf + nk * E, kf + nkt * E, 0.0f);
+          // scores: a tile of RI keys by RQ vectors of queries, over the head dim
+          for (int64_t j0 = 0; j0 < nkt; j0 += RI) {
+            for (int64_t i0 = 0; i0 < nqt; i0 += RQ * W) {
+              vf t[RI][RQ];
+              for (int jj = 0; jj < RI; ++jj)
+                for (int r = 0; r < RQ; ++r) t[jj][r] = vbcast(0.0f);
               for (int64_t e = 0; e < E; ++e) {
-                vf kv[RJ];
-                for (int r = 0; r < RJ; ++r) kv[r] = vload(kt + e * BK + j0 + r * W);
-                for (int ii = 0; ii < RI; ++ii) {
-                  const vf qv = splat(qf[(i0 + ii) * E + e]);
-                  for (int r = 0; r < RJ; ++r) t[ii][r] += qv * kv[r];
+                vf qv[RQ];
+                for (int r = 0; r < RQ; ++r) qv[r] = vload(qt + e * BQP + i0 + r * W);
+                for (int jj = 0; jj < RI; ++jj) {
+                  const vf kv = splat(kf[(j0 + jj) * E + e]);
+                  for (int r = 0; r < RQ; ++r) t[jj][r] += kv * qv[r];
                 }
               }
-              for (int ii = 0; ii < RI; ++ii)
-                for (int r = 0; r < RJ; ++r) vstore(s + (i0 + ii) * BK + j0 + r * W, t[ii][r]);
+              for (int jj = 0; jj < RI; ++jj)
+                for (int r = 0; r < RQ; ++r) vstore(sc + (j0 + jj) * BQP + i0 + r * W, t[jj][r]);
             }
           }
-          // mask, causal cut, padding; then the online softmax of each row
-          for (int64_t i = 0; i < nq; ++i) {
-            float* si = s + i * BK;
-            if constexpr (!std::is_void_v<MT>) {
+          // the mask, the causal cut and the block's padding keys
+          if constexpr (!std::is_void_v<MT>) {
+            for (int64_t i = 0; i < nq; ++i) {
               const MT* mr = mask + b * d.MS0 + h * d.MS1 + (q0 + i) * d.MS2 + k0 * P::MS3;
               if (k0 + BK < s_end)  // rows of the mask stride far apart: fetch the next block's
                 for (int64_t c = 0; c < BK * P::MS3 * (int64_t)sizeof(MT); c += 64)
                   __builtin_prefetch(reinterpret_cast<const char*>(mr + BK * P::MS3) + c);
-              int64_t j = 0;
-              if constexpr (P::MS3 == 1)  // a row of the mask: a vector at a time
-                for (; j + W <= nk; j += W) vstore(si + j, vload(si + j) + vld<MT, MBF16>(mr + j));
-              for (; j < nk; ++j) si[j] += ld<MT, MBF16>(mr + j * P::MS3);
+              for (int64_t j = 0; j < nk; ++j) sc[j * BQP + i] += ld<MT, MBF16>(mr + j * P::MS3);
             }
-            const int64_t last = P::CAUSAL ? std::min<int64_t>(nk, q0 + i - k0 + 1) : nk;
-            for (int64_t j = std::max<int64_t>(last, 0); j < BK; ++j) si[j] = NEG_INF;
-            vf vm_ = vbcast(NEG_INF);
-            for (int64_t j = 0; j < BK; j += W) vm_ = vmax(vm_, vload(si + j));
-            const float m_old = mrow[i], m_new = max_prop(m_old, hmax(vm_));
-            const float m_use = m_new == NEG_INF ? 0.0f : m_new;  // a row masked so far: p = 0
-            const vf mb = splat(m_use);
+          }
+          if (P::CAUSAL && k0 + nk - 1 > q0)  // a block crossing the diagonal
+            for (int64_t j = 0; j < nk; ++j)
+              for (int64_t i = 0; i < std::min<int64_t>(nq, k0 + j - q0); ++i)
+                sc[j * BQP + i] = NEG_INF;
+          for (int64_t j = nk; j < nkt; ++j)
+            for (int64_t i = 0; i < nqt; i += W) vstore(sc + j * BQP + i, vbcast(NEG_INF));
+          // the online softmax, a vector of queries at a time: running max and sum
+          for (int64_t i = 0; i < nqt; i += W) {
+            vf mx = vbcast(NEG_INF);
+            for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(sc + j * BQP + i));
+            const vf m_old = vload(mrow + i), m_new = vmax(m_old, mx);
+            const vm dead = m_new == NEG_INF;  // no key reached yet: p = 0
+            const vf m_use = vwhere(dead, vbcast(0.0f), m_new);
             vf sum = vbcast(0.0f);
-            for (int64_t j = 0; j < BK; j += W) {
-              const vf p = vexp_masked(vload(si + j) - mb);
-              vstore(si + j, p);
+            for (int64_t j = 0; j < nkt; ++j) {
+              const vf p = vexp_masked(vload(sc + j * BQP + i) - m_use);
+              vstore(sc + j * BQP + i, p);
               sum += p;
             }
-            const float c = m_old == NEG_INF ? 0.0f : std::exp(m_old - m_use);
-            corr[i] = c;
-            lrow[i] = lrow[i] * c + hsum(sum);
-            mrow[i] = m_new;
+            const vf c = vwhere(m_old == NEG_INF, vbcast(0.0f), vexp_masked(m_old - m_use));
+            vstore(corr + i, c);
+            vstore(lrow + i, vload(lrow + i) * c + sum);
+            vstore(mrow + i, m_new);
           }
-          // acc = acc * corr + p v: a tile of RI rows by RE vectors of the value dim
+          // acc = acc * corr + p v: a tile of RI queries by RE vectors of the value dim
           for (int64_t i0 = 0; i0 < nq; i0 += RI) {
             for (int64_t e0 = 0; e0 < EVP; e0 += RE * W) {
               vf a[RI][RE];
@@ -187,7 +186,7 @@ void attention(const Dims d, const T* __restrict q, const T* __restrict k,
                 vf vv[RE];
                 for (int r = 0; r < RE; ++r) vv[r] = vload(vp + j * EVP + e0 + r * W);
                 for (int ii = 0; ii < RI; ++ii) {
-                  const vf pb = splat(s[(i0 + ii) * BK + j]);
+                  const vf pb = splat(sc[j * BQP + i0 + ii]);
                   for (int r = 0; r < RE; ++r) a[ii][r] += pb * vv[r];
                 }
               }
