@@ -74,7 +74,7 @@ def _run_time_checks(pairs) -> tuple:
     return tuple(out)
 
 
-def _why_not(L, q, k, v, dropout_p, mask) -> str | None:
+def _why_not(L, q, k, v, dropout_p, mask, scale) -> str | None:
     """Why the kernel does not take this call, or None when it does."""
     if not enabled(L.device):
         return "config.cpu_flash_attention is off, or the graph is not a C++ CPU graph"
@@ -97,6 +97,8 @@ def _why_not(L, q, k, v, dropout_p, mask) -> str | None:
         return "q, k and v sizes the kernel does not take"
     if max(e, ev) > MAX_HEAD_DIM:
         return f"head dim above {MAX_HEAD_DIM}"
+    if scale is not None and not math.isfinite(scale):
+        return f"scale {scale}"
     if mask is not None:
         if mask.dtype not in _DTYPES or len(mask.sizes) > 4:
             return f"a {mask.dtype} mask of {len(mask.sizes)} dims"
@@ -129,7 +131,7 @@ def block_sizes(batch_heads: int, length: int, source: int) -> tuple[int, int]:
 
 
 def _float_literal(x: float) -> str:
-    return f"{float(x)!r}f" if math.isfinite(x) else "0.0f"
+    return f"{float(x)!r}f"
 
 
 # what the kernel reads at run time (sizes that may be dynamic and the strides built from them)
@@ -198,7 +200,7 @@ def sdpa_flash_cpu(L, query, key, value, dropout_p=0.0, is_causal=False, *, attn
                    scale=None):  # fmt: skip
     """The generated flash-attention kernel for this call (see the module doc), or
     NotImplementedError, which keeps the extern call into torch."""
-    why = _why_not(L, query, key, value, dropout_p, attn_mask)
+    why = _why_not(L, query, key, value, dropout_p, attn_mask, scale)
     if why is not None:
         raise NotImplementedError(f"generated CPU flash attention: {why}")
     q, k, v = (L.realize_as_buffer(t) for t in (query, key, value))
