@@ -13,6 +13,7 @@ Overrides (read once at import):
   EMBER_CUDAGRAPHS=0|1|auto       `cudagraphs`: replay CUDA inference graphs from CUDA graphs
   EMBER_PAD_MM=0|1|auto           `pad_mm`
   EMBER_CONV_BIAS_EPILOGUE=0|1|auto  `conv_bias_epilogue`
+  EMBER_CPU_FLASH_ATTENTION=0|1|auto  `cpu_flash_attention`
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ class Config:
     # kernel; the CPU's adds it in the convolution's own loop). "auto": on CUDA; True: on any
     # device (for tests); False: off.
     conv_bias_epilogue: Union[bool, str] = "auto"
+    # scaled_dot_product_attention on the CPU (extern.sdpa_flash_cpu, torch's flash kernel) as a
+    # generated C++ flash-attention kernel (cpu_attention.py): never stores the (L, S) scores and
+    # runs in the C++ wrapper and packages, which cannot call torch. "auto" and True: wherever it
+    # applies (inference, no dropout, static sizes, fp32/bf16/fp16; else the extern call stays);
+    # False: always torch's kernel.
+    cpu_flash_attention: Union[bool, str] = "auto"
     # C++ backend
     cpu_backend: str = "cpp"  # or "triton"
     isa: str = ""  # "" means ember.ir.toolchain.cpu_isa()
@@ -115,6 +122,9 @@ def _from_env(cfg: Config) -> Config:
     bias = env.get("EMBER_CONV_BIAS_EPILOGUE")
     if bias:
         cfg.conv_bias_epilogue = {"0": False, "1": True}.get(bias, bias)
+    flash = env.get("EMBER_CPU_FLASH_ATTENTION")
+    if flash:
+        cfg.cpu_flash_attention = {"0": False, "1": True}.get(flash, flash)
     if "output_code" in env.get("EMBER_LOGS", "").split(","):
         cfg.output_code = True
     return cfg

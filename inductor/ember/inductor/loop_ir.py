@@ -271,6 +271,19 @@ class ExternBuffer(Buffer):
     outputs: tuple = ()  # for several outputs: names of the MultiOutput buffers
 
 
+@dataclasses.dataclass(eq=False)
+class TemplateBuffer(ExternBuffer):
+    """The output of a hand-written C++ kernel (a template such as cpu_attention's flash
+    attention): scheduled as a step of its own, like an extern call, but run as kernel `kernel`,
+    whose source `render(kernel)` gives (a KernelSource taking the buffers of `args`, then this
+    one). `fn(*args)` is its reference, for the interpreter. `checks`: relations between
+    dynamic sizes that must hold when it runs (checked by the wrapper, guards of the artifact)."""
+
+    kernel: str = ""
+    render: Callable = None
+    checks: tuple = ()
+
+
 def extern_buffers(args):
     """The Buffers in an extern call's arguments, at any depth (extern.custom_op nests them)."""
     if isinstance(args, Buffer):

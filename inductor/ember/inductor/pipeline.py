@@ -22,6 +22,7 @@ from ember.ir.locks import COMPILE_LOCK
 
 from . import (
     cache,
+    cpu_attention,  # noqa: F401  (registers the generated CPU flash attention's lowering)
     fx_cache,
     lowering_views,  # noqa: F401  (registers the view, reduction and extern lowerings)
     metrics,
@@ -32,7 +33,7 @@ from .codegen_triton import TritonRenderer, grid_of, launch_configs
 from .config import config
 from .cudagraphs import MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize, host_work, varying_inputs
 from .device_constants import fold_device_constants
-from .loop_ir import verify
+from .loop_ir import TemplateBuffer, verify
 from .lowering import lower_graph
 from .scheduler import Kernel, schedule
 from .triton_aot import attach_cubins
@@ -316,6 +317,9 @@ def render_kernels(steps, buffers: dict, device: str, hints=None) -> dict:
     use_triton = device.startswith("cuda") or config.cpu_backend == "triton"
     out = {}
     for s in steps:
+        if isinstance(s, TemplateBuffer):  # a hand-written kernel renders itself
+            out[s.kernel] = s.render(s.kernel)
+            continue
         if not isinstance(s, Kernel):
             continue
         if use_triton:

@@ -19,7 +19,8 @@ from ember.ir.codec import value_to_json
 
 from .codegen_common import PY_MINMAX, print_index
 from .config import config
-from .loop_ir import AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput
+from .loop_ir import (AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
+                      TemplateBuffer)  # fmt: skip
 from .scheduler import Kernel, _step_reads
 from .triton_aot import launch_args, split_size_args
 
@@ -206,6 +207,8 @@ class WrapperBuilder:
                 for m in s.members:
                     if m.node.name not in s.local:
                         at.setdefault(self._key(m.node), []).append(i)
+            elif isinstance(s, TemplateBuffer):
+                at.setdefault(self._key(s), []).append(i)
         return at
 
     def _wanted_soon(self, key, i: int) -> bool:
@@ -311,6 +314,17 @@ class WrapperBuilder:
             self.art_buffers[s.name] = BufferIR(
                 s.name, "output" if s.name in self.outputs else "intermediate", _meta(lay)
             )
+        elif isinstance(s, TemplateBuffer):
+            src = self.ks[s.kernel]
+            for rel in s.checks:  # sizes the kernel assumes equal (eager's kernel checks them)
+                lhs, rhs = _text(rel.lhs), _text(rel.rhs)
+                self.lines.append(f"if {lhs} != {rhs}: raise RuntimeError('{s.op}: sizes {lhs} "
+                                  f"and {rhs} must be equal, got %d and %d' % ({lhs}, {rhs}))")
+                self.guards.append(rel)
+            self._alloc(s)
+            self.lines.append(f"{s.kernel}({', '.join(src.args)})")
+            buffers, syms = split_size_args(src, list(src.args))
+            self.art_steps.append(StepIR("kernel", s.kernel, [*buffers, *syms], {}, ()))
         elif isinstance(s, ExternBuffer):
             self._extern(s)
 
@@ -347,7 +361,7 @@ class WrapperBuilder:
         device = self.lowered.device
         symbols = tuple(SymbolSpec(s.name) for s in sorted(self.lowered.size_symbols, key=str))
         art = new_artifact(
-            device=device, symbols=symbols, guards=(),
+            device=device, symbols=symbols, guards=tuple(self.guards),
             buffers=tuple(self.art_buffers.values()), kernels=tuple(kernels),
             steps=tuple(self.art_steps),
             inputs=tuple(b.name for b in self.lowered.inputs if b is not None),
@@ -428,7 +442,7 @@ def _json_arg(a):
 def generate(lowered, steps, kernel_sources: dict) -> Program:
     """Wrapper source and artifact for a scheduled program."""
     builder = WrapperBuilder(lowered, steps, kernel_sources)
-    builder.externs = {}
+    builder.externs, builder.guards = {}, []
     return builder.build()
 
 

@@ -1,0 +1,245 @@
+"""Flash attention on the CPU as a generated C++ kernel: the lowering of `extern.sdpa_flash_cpu`.
+
+Traced on the CPU, `F.scaled_dot_product_attention` records `extern.sdpa_flash_cpu` (torch's
+flash kernel: a call into libtorch, which a package cannot make). Where it applies
+(`config.cpu_flash_attention`), the call is instead a kernel of the program: the template
+`csrc/cpu_flash_attention.h` with heads, head dims, block sizes, last-dim strides and options as
+compile-time constants and batch, lengths and the other strides read at run time (so dynamic
+sizes work; equalities between them that eager's kernel checks, the wrapper checks), built
+like the other C++ kernels (ember.ir.toolchain, the run-time ISA's vector width, OpenMP) and
+carried in the artifact, so the C++ wrapper and packages run it without torch. It works on blocks
+of query rows against blocks of keys with an online softmax, parallel over batch x heads x query
+blocks, and never stores the (L, S) scores.
+
+It applies to inference calls (the log-sum-exp, which a backward reads, is unused) without
+dropout, with static heads and head dims, float32/bfloat16/float16 tensors and a floating mask
+(torch turns a boolean one into an additive one before this call) broadcastable to (B, H, L, S),
+and K/V with as many heads as the query or a divisor of them (GQA/MQA). Anything else raises
+NotImplementedError, which keeps today's extern call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import operator
+
+import sympy
+import torch
+
+from .codegen_common import KernelSource, buffer_ptr_type, code_text, size_symbols_in
+from .config import config
+from .lowering import View, register
+from .loop_ir import Layout, TemplateBuffer
+from .runtime import CSRC
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_CTYPE = {torch.float32: "float", torch.bfloat16: "uint16_t", torch.float16: "uint16_t"}
+MAX_HEAD_DIM = 512  # bounds each thread's scratch (a block of queries, keys and values in fp32)
+BLOCK_K = 64  # keys per block: a multiple of every ISA's vector width (16 at most)
+
+
+def enabled(device: str) -> bool:
+    """Whether config.cpu_flash_attention asks for the generated kernel on `device`."""
+    on = config.cpu_flash_attention
+    if on is False or on in ("0", "off", "false"):
+        return False
+    return device == "cpu" and config.cpu_backend == "cpp"
+
+
+def _ints(xs):
+    """`xs` as ints, or None when one is symbolic."""
+    out = []
+    for x in xs:
+        x = sympy.sympify(x)
+        if not x.is_Integer:
+            return None
+        out.append(int(x))
+    return out
+
+
+def _same(L, a, b) -> bool:
+    """Whether sizes `a` and `b` agree in the example (dynamic ones: checked at run time)."""
+    return _hint(L, a) == _hint(L, b)
+
+
+def _run_time_checks(pairs) -> tuple:
+    """Eq(a, b) for each pair of sizes that are not the same expression (two symbols that the
+    example gave one value: eager's kernel rejects them unequal, the wrapper checks them)."""
+    out = []
+    for a, b in pairs:
+        a, b = sympy.sympify(a), sympy.sympify(b)
+        if sympy.expand(a - b) != 0:
+            out.append(sympy.Eq(a, b))
+    return tuple(out)
+
+
+def _why_not(L, q, k, v, dropout_p, mask, scale) -> str | None:
+    """Why the kernel does not take this call, or None when it does."""
+    if not enabled(L.device):
+        return "config.cpu_flash_attention is off, or the graph is not a C++ CPU graph"
+    if dropout_p != 0.0:
+        return "dropout"
+    users = list(L.current.users) if L.current is not None else []
+    if any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+        return "the log-sum-exp is read (a training graph's backward)"
+    if q.dtype not in _DTYPES or not q.dtype == k.dtype == v.dtype:
+        return f"dtype {q.dtype}"
+    if len(q.sizes) != 4 or len(k.sizes) != 4 or len(v.sizes) != 4:
+        return "q, k and v are not 4-d"
+    # batch and sequence lengths may be dynamic; heads and head dims are compile-time constants
+    heads = _ints([q.sizes[1], k.sizes[1], v.sizes[1], q.sizes[3], k.sizes[3], v.sizes[3]])
+    if heads is None:
+        return "symbolic heads or head dims"
+    h, hk, hv, e, ek, ev = heads
+    same = _same(L, q.sizes[0], k.sizes[0]) and _same(L, k.sizes[0], v.sizes[0])
+    if not (same and _same(L, k.sizes[2], v.sizes[2]) and hk == hv and e == ek) or h % hk:
+        return "q, k and v sizes the kernel does not take"
+    if max(e, ev) > MAX_HEAD_DIM:
+        return f"head dim above {MAX_HEAD_DIM}"
+    if scale is not None and not math.isfinite(scale):
+        return f"scale {scale}"
+    if mask is not None:
+        if mask.dtype not in _DTYPES or len(mask.sizes) > 4:
+            return f"a {mask.dtype} mask of {len(mask.sizes)} dims"
+        lead = [1] * (4 - len(mask.sizes)) + list(mask.sizes)
+        want = (q.sizes[0], h, q.sizes[2], k.sizes[2])
+        if any(n != 1 and not _same(L, n, w) for n, w in zip(lead, want)):
+            return "a mask that does not broadcast to (B, H, L, S)"
+    return None
+
+
+def _strides4(buf, broadcast_to=None) -> list:
+    """`buf`'s strides as 4 (a broadcast dim, size 1 against another size, gets 0)."""
+    sizes, strides = list(buf.layout.sizes), list(buf.layout.strides)
+    pad = 4 - len(sizes)
+    sizes, strides = [1] * pad + sizes, [0] * pad + strides
+    if broadcast_to is None:
+        return strides
+    return [0 if n == 1 and w != 1 else st for n, w, st in zip(sizes, broadcast_to, strides)]
+
+
+def block_sizes(batch_heads: int, length: int, source: int) -> tuple[int, int]:
+    """(query rows, keys) per block. Each query block copies every key block it reads (keys and
+    values, in float32), so longer blocks copy less: the longest of 256, 128, 64
+    rows that still leaves 64 work items (batch x heads x query blocks) for the threads, else 32;
+    never more than the (rounded) sequence. Dynamic sizes are chosen for by their examples."""
+    bq = next((n for n in (256, 128, 64) if batch_heads * -(-length // n) >= 64), 32)
+    bq = min(bq, -(-length // 8) * 8)
+    bk = min(BLOCK_K, -(-source // 16) * 16)
+    return max(bq, 8), max(bk, 16)
+
+
+def _float_literal(x: float) -> str:
+    return f"{float(x)!r}f"
+
+
+# what the kernel reads at run time (sizes that may be dynamic and the strides built from them)
+RUNTIME = ("B", "L", "S", "QS0", "QS1", "QS2", "KS0", "KS1", "KS2", "VS0", "VS1", "VS2", "OS0",
+           "OS1", "OS2", "MS0", "MS1", "MS2")  # fmt: skip
+
+
+def render_source(kernel: str, params: dict, dims: dict, n_buffers: int, dtype,
+                  mask_dtype) -> tuple[str, list]:  # fmt: skip
+    """(the kernel's C++ source, the size symbols it takes after its buffers): the template,
+    one struct of the compile-time `params`, and the packed entry, which computes the run-time
+    `dims` (sympy expressions over the program's size symbols)."""
+    template = (CSRC / "cpu_flash_attention.h").read_text()
+    fields = []
+    for key, value in params.items():
+        if isinstance(value, bool):
+            fields.append(f"static constexpr bool {key} = {'true' if value else 'false'};")
+        elif isinstance(value, float):
+            fields.append(f"static constexpr float {key} = {_float_literal(value)};")
+        else:
+            fields.append(f"static constexpr int64_t {key} = {int(value)};")
+    body = "\n".join(fields)
+    tag = hashlib.sha256(f"{body}{dtype}{mask_dtype}".encode()).hexdigest()[:16]
+    struct = f"FlashParams_{tag}"
+    t, bf = _CTYPE[dtype], "true" if dtype == torch.bfloat16 else "false"
+    mt = "void" if mask_dtype is None else _CTYPE[mask_dtype]
+    mbf = "true" if mask_dtype == torch.bfloat16 else "false"
+    mask_arg = "nullptr" if mask_dtype is None else f"static_cast<const {mt}*>(args[3])"
+    values = [code_text(sympy.sympify(dims[n])) for n in RUNTIME]
+    syms = size_symbols_in(values)
+    reads = [f"  const int64_t {s} = *static_cast<const int64_t*>(args[{n_buffers + j}]);"
+             for j, s in enumerate(syms)]  # fmt: skip
+    source = "\n".join([
+        '#include "ember_cpu.h"', template.rstrip("\n"), "",
+        f"#ifndef EMBER_{struct}", f"#define EMBER_{struct}",
+        f"struct {struct} {{", *("  " + f for f in fields), "};", "#endif", "",
+        f"EMBER_EXPORT void {kernel}(void** args) {{", *reads,
+        "  const ember::flash::Dims dims{" + ", ".join(values) + "};",
+        f"  ember::flash::attention<{struct}, {t}, {bf}, {mt}, {mbf}>(dims,",
+        f"      static_cast<const {t}*>(args[0]), static_cast<const {t}*>(args[1]),",
+        f"      static_cast<const {t}*>(args[2]), {mask_arg},",
+        f"      static_cast<{t}*>(args[{n_buffers - 1}]));",
+        "}", "",
+    ])  # fmt: skip
+    return source, syms
+
+
+def _hint(L, x) -> int:
+    """A size's value in the example inputs (itself when static)."""
+    x = sympy.sympify(x)
+    if x.is_Integer:
+        return int(x)
+    subs = {s: L.example_inputs[i].shape[d] for s, (i, d) in L.size_symbols.items()}
+    return int(x.subs(subs))
+
+
+def _reference(query, key, value, mask=None, *, is_causal=False, scale=None):
+    """What the kernel computes, by torch (the loop-IR interpreter runs this)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, is_causal, attn_mask=mask, scale=scale
+    )[0]
+
+
+@register("extern.sdpa_flash_cpu")
+def sdpa_flash_cpu(L, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                   scale=None):  # fmt: skip
+    """The generated flash-attention kernel for this call (see the module doc), or
+    NotImplementedError, which keeps the extern call into torch."""
+    why = _why_not(L, query, key, value, dropout_p, attn_mask, scale)
+    if why is not None:
+        raise NotImplementedError(f"generated CPU flash attention: {why}")
+    q, k, v = (L.realize_as_buffer(t) for t in (query, key, value))
+    b, h, length, e = q.layout.sizes
+    hkv, source, ev = k.layout.sizes[1], k.layout.sizes[2], v.layout.sizes[3]
+    mask = None if attn_mask is None else L.realize_as_buffer(attn_mask)
+    out_meta = L.meta()[0]
+    name = L.new_name()
+    layout = Layout(out_meta.dtype, L.device, out_meta.sizes, out_meta.strides)
+    bq, bk = block_sizes(_hint(L, b) * int(h), _hint(L, length), _hint(L, source))
+    strides = dict(Q=_strides4(q), K=_strides4(k), V=_strides4(v), O=list(out_meta.strides),
+                   M=[0] * 4 if mask is None else _strides4(mask, (b, h, length, source)))
+    last = _ints([st[3] for st in strides.values()])
+    if last is None:
+        raise NotImplementedError("generated CPU flash attention: a symbolic last-dim stride")
+    params = dict(H=int(h), HKV=int(hkv), E=int(e), EV=int(ev), BQ=bq, BK=bk,
+                  **{f"{t}S3": n for t, n in zip(strides, last)}, CAUSAL=bool(is_causal),
+                  SCALE=float(scale) if scale is not None else 1.0 / math.sqrt(int(e)))
+    dims = dict(B=b, L=length, S=source,
+                **{f"{t}S{i}": st[i] for t, st in strides.items() for i in range(3)})
+    inputs = (q, k, v) if mask is None else (q, k, v, mask)
+    mask_dtype = None if mask is None else mask.dtype
+    pairs = [(b, k.layout.sizes[0]), (b, v.layout.sizes[0]), (source, v.layout.sizes[2])]
+    if mask is not None:
+        lead = [1] * (4 - len(mask.layout.sizes)) + list(mask.layout.sizes)
+        pairs += [(n, w) for n, w in zip(lead, (b, h, length, source)) if n != 1]
+
+    def render(kernel: str) -> KernelSource:
+        src, syms = render_source(kernel, params, dims, len(inputs) + 1, q.dtype, mask_dtype)
+        names = tuple(x.name for x in inputs) + (name,)
+        types = tuple(buffer_ptr_type(x.dtype) for x in inputs) + (buffer_ptr_type(q.dtype),)
+        return KernelSource(kernel, "cpp", src, (*names, *syms), (*types, *("i64",) * len(syms)))
+
+    def fn(*tensors):
+        return _reference(*tensors[:3], tensors[3] if len(tensors) > 3 else None,
+                          is_causal=bool(is_causal), scale=scale)  # fmt: skip
+
+    buf = TemplateBuffer(name, layout, op="extern.sdpa_flash_cpu", fn=fn, args=inputs,
+                         kernel=f"flash_attention_{name}", render=render,
+                         checks=_run_time_checks(pairs))  # fmt: skip
+    L.buffers.append(buf)
+    return View.of(buf), None

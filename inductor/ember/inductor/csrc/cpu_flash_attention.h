@@ -1,0 +1,213 @@
+// Flash attention on the CPU for ember.inductor (cpu_attention.py pastes this text into a kernel's
+// source after ember_cpu.h): out = softmax(q k^T * scale + mask) v, computed per block of query
+// rows over blocks of keys with an online softmax (running max and sum), so no (L, S) matrix is
+// ever stored. Compile-time constants of the parameter struct P: H, HKV (key/value heads; a query
+// head h reads head h / (H / HKV): GQA/MQA), E (query and key head dim), EV (value head dim),
+// BQ, BK (block rows of queries and keys), the last-dim strides QS3, KS3, VS3, OS3, MS3, CAUSAL
+// (key j masked for query i when j > i), SCALE. Run-time values of `d` (Dims; the entry computes
+// them from the program's dynamic sizes, or writes the static ones): B, L, S and the element
+// strides of dims 0-2 (B H L/S order; a broadcast mask dim has stride 0).
+// T is the storage type of q/k/v/out (float or uint16_t holding bfloat16 or float16 as BF16
+// says), MT the mask's (void: no mask). Arithmetic is float32; vectors are ember_cpu.h's.
+#ifndef EMBER_CPU_FLASH_ATTENTION_H
+#define EMBER_CPU_FLASH_ATTENTION_H
+#include <cstdlib>
+#include <type_traits>
+
+namespace ember {
+namespace flash {
+
+template <class T, bool BF16> inline float ld(const T* p) {
+  if constexpr (sizeof(T) == 4) return *p;
+  else if constexpr (BF16) return bf2f(*p);
+  else return h2f(*p);
+}
+// W consecutive elements as floats
+template <class T, bool BF16> inline vf vld(const T* p) {
+  if constexpr (sizeof(T) == 4) return vload(p);
+  else if constexpr (BF16) return vload_bf(p);
+  else return vload_h(p);
+}
+template <class T, bool BF16> inline void st(T* p, float v) {
+  if constexpr (sizeof(T) == 4) *p = v;
+  else if constexpr (BF16) *p = f2bf(v);
+  else *p = f2h(v);
+}
+// x in every lane. (vbcast(x) is vf{} + x, an addition GCC must keep, since +0 + -0 is +0: a
+// scalar add before every broadcast, in the inner loops a third of the instructions.)
+inline vf splat(float x) {
+#if defined(__AVX512F__) && EMBER_VEC_WIDTH == 16
+  return (vf)_mm512_set1_ps(x);
+#elif defined(__AVX__) && EMBER_VEC_WIDTH == 8
+  return (vf)_mm256_set1_ps(x);
+#else
+  return vbcast(x);
+#endif
+}
+// exp that is exactly 0 far below the range (a masked score, -inf) and never takes vexp's slow
+// lanes: exp(-87) is 1.6e-38, below which eager's results are subnormal too.
+inline vf vexp_masked(vf x) {
+  return vwhere(x < -87.0f, vbcast(0.0f), vexp(vmax(x, vbcast(-87.0f))));
+}
+
+struct Dims {
+  int64_t B, L, S, QS0, QS1, QS2, KS0, KS1, KS2, VS0, VS1, VS2, OS0, OS1, OS2, MS0, MS1, MS2;
+};
+
+constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+constexpr int RI = W >= 16 ? 8 : 4;  // keys per score tile, queries per p*V tile (AVX512: 8)
+
+template <class P, class T, bool BF16, class MT, bool MBF16>
+void attention(const Dims d, const T* __restrict q, const T* __restrict k,
+               const T* __restrict v, const MT* __restrict mask, T* __restrict out) {
+  constexpr int64_t BQ = P::BQ, BK = P::BK, E = P::E, EV = P::EV;
+  constexpr int64_t EVP = round_up(EV, W);     // value rows padded to whole vectors
+  constexpr int RQ = 2;                        // query vectors per register tile of scores
+  constexpr int64_t BQP = round_up(BQ, RQ * W);  // query columns of the transposed scores
+  constexpr int RE = (EVP / W) % 2 == 0 ? 2 : 1;  // value vectors per register tile
+  const int64_t QBLOCKS = (d.L + BQ - 1) / BQ;
+  constexpr int64_t GROUP = P::H / P::HKV;
+  constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+  static_assert(BK % RI == 0 && BQP % RI == 0, "blocks are whole register tiles");
+  // Scores are kept transposed, (key, query): the tile multiplies a key element (broadcast) by a
+  // vector of queries, so the queries are transposed once per query block, keys are read as they
+  // lie, and the softmax's row statistics are vectors over queries (no horizontal reductions).
+  // Per thread: queries transposed (scaled), keys, values, scores, accumulators, statistics.
+  constexpr int64_t SCRATCH = E * BQP + BK * E + BK * EVP + BK * BQP + BQP * EVP + 3 * BQP;
+
+#pragma omp parallel
+  {
+    float* scratch = static_cast<float*>(std::aligned_alloc(64, round_up(SCRATCH * 4, 64)));
+    float* qt = scratch;
+    float* kf = qt + E * BQP;
+    float* vp = kf + BK * E;
+    float* sc = vp + BK * EVP;
+    float* acc = sc + BK * BQP;
+    float* mrow = acc + BQP * EVP;
+    float* lrow = mrow + BQP;
+    float* corr = lrow + BQP;
+    std::fill(vp, vp + BK * EVP, 0.0f);  // padding lanes of values stay zero
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < d.B * P::H; ++bh) {
+      for (int64_t qb = 0; qb < QBLOCKS; ++qb) {
+        const int64_t b = bh / P::H, h = bh % P::H, hk = h / GROUP;
+        const int64_t q0 = qb * BQ, nq = std::min<int64_t>(BQ, d.L - q0);
+        const int64_t nqt = round_up(nq, RQ * W);  // query columns the tiles compute
+        const T* qh = q + b * d.QS0 + h * d.QS1;
+        const T* kh = k + b * d.KS0 + hk * d.KS1;
+        const T* vh = v + b * d.VS0 + hk * d.VS1;
+        for (int64_t i = 0; i < BQP; ++i) {
+          for (int64_t e = 0; e < E; ++e)
+            qt[e * BQP + i] =
+                i < nq ? ld<T, BF16>(qh + (q0 + i) * d.QS2 + e * P::QS3) * P::SCALE : 0.0f;
+          mrow[i] = NEG_INF;
+          lrow[i] = 0.0f;
+          corr[i] = 1.0f;
+        }
+        std::fill(acc, acc + BQP * EVP, 0.0f);
+        // causal: keys after the block's last query are masked for every row of it
+        const int64_t s_end = P::CAUSAL ? std::min<int64_t>(d.S, q0 + nq) : d.S;
+        for (int64_t k0 = 0; k0 < s_end; k0 += BK) {
+          const int64_t nk = std::min<int64_t>(BK, s_end - k0);
+          // keys and values as float32 rows, a vector at a time where rows are contiguous
+          constexpr int64_t EW = P::KS3 == 1 ? E / W * W : 0, EVW = P::VS3 == 1 ? EV / W * W : 0;
+          for (int64_t j = 0; j < nk; ++j) {
+            const T* kr = kh + (k0 + j) * d.KS2;
+            for (int64_t e = 0; e < EW; e += W) vstore(kf + j * E + e, vld<T, BF16>(kr + e));
+            for (int64_t e = EW; e < E; ++e) kf[j * E + e] = ld<T, BF16>(kr + e * P::KS3);
+            const T* vr = vh + (k0 + j) * d.VS2;
+            for (int64_t e = 0; e < EVW; e += W) vstore(vp + j * EVP + e, vld<T, BF16>(vr + e));
+            for (int64_t e = EVW; e < EV; ++e) vp[j * EVP + e] = ld<T, BF16>(vr + e * P::VS3);
+          }
+          const int64_t nkt = round_up(nk, RI);
+          std::fill(kf + nk * E, kf + nkt * E, 0.0f);
+          // scores: a tile of RI keys by RQ vectors of queries, over the head dim
+          for (int64_t j0 = 0; j0 < nkt; j0 += RI) {
+            for (int64_t i0 = 0; i0 < nqt; i0 += RQ * W) {
+              vf t[RI][RQ];
+              for (int jj = 0; jj < RI; ++jj)
+                for (int r = 0; r < RQ; ++r) t[jj][r] = vbcast(0.0f);
+              for (int64_t e = 0; e < E; ++e) {
+                vf qv[RQ];
+                for (int r = 0; r < RQ; ++r) qv[r] = vload(qt + e * BQP + i0 + r * W);
+                for (int jj = 0; jj < RI; ++jj) {
+                  const vf kv = splat(kf[(j0 + jj) * E + e]);
+                  for (int r = 0; r < RQ; ++r) t[jj][r] += kv * qv[r];
+                }
+              }
+              for (int jj = 0; jj < RI; ++jj)
+                for (int r = 0; r < RQ; ++r) vstore(sc + (j0 + jj) * BQP + i0 + r * W, t[jj][r]);
+            }
+          }
+          // the mask, the causal cut and the block's padding keys
+          if constexpr (!std::is_void_v<MT>) {
+            for (int64_t i = 0; i < nq; ++i) {
+              const MT* mr = mask + b * d.MS0 + h * d.MS1 + (q0 + i) * d.MS2 + k0 * P::MS3;
+              if (k0 + BK < s_end)  // rows of the mask stride far apart: fetch the next block's
+                for (int64_t c = 0; c < BK * P::MS3 * (int64_t)sizeof(MT); c += 64)
+                  __builtin_prefetch(reinterpret_cast<const char*>(mr + BK * P::MS3) + c);
+              for (int64_t j = 0; j < nk; ++j) sc[j * BQP + i] += ld<MT, MBF16>(mr + j * P::MS3);
+            }
+          }
+          if (P::CAUSAL && k0 + nk - 1 > q0)  // a block crossing the diagonal
+            for (int64_t j = 0; j < nk; ++j)
+              for (int64_t i = 0; i < std::min<int64_t>(nq, k0 + j - q0); ++i)
+                sc[j * BQP + i] = NEG_INF;
+          for (int64_t j = nk; j < nkt; ++j)
+            for (int64_t i = 0; i < nqt; i += W) vstore(sc + j * BQP + i, vbcast(NEG_INF));
+          // the online softmax, a vector of queries at a time: running max and sum
+          for (int64_t i = 0; i < nqt; i += W) {
+            vf mx = vbcast(NEG_INF);
+            for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(sc + j * BQP + i));
+            const vf m_old = vload(mrow + i), m_new = vmax(m_old, mx);
+            const vm dead = m_new == NEG_INF;  // no key reached yet: p = 0
+            const vf m_use = vwhere(dead, vbcast(0.0f), m_new);
+            vf sum = vbcast(0.0f);
+            for (int64_t j = 0; j < nkt; ++j) {
+              const vf p = vexp_masked(vload(sc + j * BQP + i) - m_use);
+              vstore(sc + j * BQP + i, p);
+              sum += p;
+            }
+            const vf c = vwhere(m_old == NEG_INF, vbcast(0.0f), vexp_masked(m_old - m_use));
+            vstore(corr + i, c);
+            vstore(lrow + i, vload(lrow + i) * c + sum);
+            vstore(mrow + i, m_new);
+          }
+          // acc = acc * corr + p v: a tile of RI queries by RE vectors of the value dim
+          for (int64_t i0 = 0; i0 < nq; i0 += RI) {
+            for (int64_t e0 = 0; e0 < EVP; e0 += RE * W) {
+              vf a[RI][RE];
+              for (int ii = 0; ii < RI; ++ii) {
+                const vf cb = splat(corr[i0 + ii]);
+                for (int r = 0; r < RE; ++r)
+                  a[ii][r] = vload(acc + (i0 + ii) * EVP + e0 + r * W) * cb;
+              }
+              for (int64_t j = 0; j < nk; ++j) {
+                vf vv[RE];
+                for (int r = 0; r < RE; ++r) vv[r] = vload(vp + j * EVP + e0 + r * W);
+                for (int ii = 0; ii < RI; ++ii) {
+                  const vf pb = splat(sc[j * BQP + i0 + ii]);
+                  for (int r = 0; r < RE; ++r) a[ii][r] += pb * vv[r];
+                }
+              }
+              for (int ii = 0; ii < RI; ++ii)
+                for (int r = 0; r < RE; ++r) vstore(acc + (i0 + ii) * EVP + e0 + r * W, a[ii][r]);
+            }
+          }
+        }
+        // a row no key reaches (every score masked) is zero, as eager's kernel gives
+        T* oh = out + b * d.OS0 + h * d.OS1;
+        for (int64_t i = 0; i < nq; ++i) {
+          const float inv = lrow[i] > 0.0f ? 1.0f / lrow[i] : 0.0f;
+          for (int64_t e = 0; e < EV; ++e)
+            st<T, BF16>(oh + (q0 + i) * d.OS2 + e * P::OS3, acc[i * EVP + e] * inv);
+        }
+      }
+    }
+    std::free(scratch);
+  }
+}
+
+}  // namespace flash
+}  // namespace ember
+#endif  // EMBER_CPU_FLASH_ATTENTION_H
