@@ -125,7 +125,8 @@ class AOTFunction:
             self.last_graphs = {}
             return build_runtime(plan, compiled)
         with progress.stage("trace"):
-            traced = trace(_flat_program(self.fn, flat, in_spec), tensors, self.symbolic)
+            traced = trace(_flat_program(self.fn, flat, in_spec), tensors, self.symbolic,
+                           program=getattr(self.fn, "program", self.fn))  # fmt: skip
         check_mutated_aliasing(traced.plan, tensors)
         example = list(traced.example_inputs)
         example += [torch.zeros((), dtype=torch.int64, device=d) for d in traced.plan.rng_devices]
@@ -195,6 +196,8 @@ class AOTModule(nn.Module):
 
 
 def _functional(module: nn.Module) -> Callable:
+    """`module` as a function of (params, buffers, *args); `.program` is the module (its graph
+    is looked at before a metadata trace)."""
     if _has_recompute_regions(module):
         runner = _RegionRunner(module)
 
@@ -202,11 +205,13 @@ def _functional(module: nn.Module) -> Callable:
             state = {f"gm.{k}": v for k, v in {**params, **buffers}.items()}
             return torch.func.functional_call(runner, state, args, kwargs)
 
+        call_regions.program = module
         return call_regions
 
     def call(params, buffers, *args, **kwargs):
         return torch.func.functional_call(module, {**params, **buffers}, args, kwargs)
 
+    call.program = module
     return call
 
 

@@ -68,10 +68,11 @@ class _DeviceChoices(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def trace_program(flat_fn: Callable, inputs: list, symbolic=None) -> Traced:
-    """`joint.trace`, on meta-device copies of the inputs where that records the same graph."""
+def trace_program(flat_fn: Callable, inputs: list, symbolic=None, program=None) -> Traced:
+    """`joint.trace`, on meta-device copies of the inputs where that records the same graph.
+    `program`: the graph module flat_fn runs, when there is one (looked at before trying)."""
     device = _single_cpu_device(inputs)
-    if device is not None and _allowed():
+    if device is not None and _allowed() and not _calls_by_device(program):
         try:
             with _DeviceChoices():
                 traced = trace(flat_fn, inputs, symbolic, clone=_meta_copy)
@@ -80,6 +81,17 @@ def trace_program(flat_fn: Callable, inputs: list, symbolic=None) -> Traced:
         except Exception as e:  # noqa: BLE001  (any failure: the real trace decides)
             log.debug("aot_autograd: tracing on real values: %s: %s", type(e).__name__, e)
     return trace(flat_fn, inputs, symbolic)
+
+
+def _calls_by_device(program) -> bool:
+    """Whether a graph module calls attention, whose kernel torch picks by device, as an op
+    that no function mode sees (an aten overload): a meta attempt would trace up to it, and
+    decompose it for the meta device, only to be thrown away."""
+    graph = getattr(program, "graph", None)
+    if graph is None:
+        return False
+    return any(n.op == "call_function" and "scaled_dot_product" in str(n.target)
+               for n in graph.nodes)  # fmt: skip
 
 
 def _allowed() -> bool:
