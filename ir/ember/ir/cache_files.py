@@ -282,10 +282,14 @@ def verified_text(path: Path, text: Union[str, bytes]) -> bool:
 def content_file(path: Path, text: Union[str, bytes]) -> Path:
     """A file holding exactly `text` at `path` (rewritten, by rename, when missing or damaged),
     or in a private directory when the cache cannot be written."""
-    path = Path(path)
-    if verified_text(path, text):
+    path, want = Path(path), (text.encode() if isinstance(text, str) else text)
+    try:
+        found = path.read_bytes()
+    except OSError:
+        found = None  # missing (or unreadable): not damaged
+    if found == want:
         return path
-    if path.exists():
+    if found is not None:  # what this read saw: another process may publish it meanwhile
         log.warning("ember: ignoring a damaged cache file %s; rewriting it", path)
     if try_write_atomic(path, text):
         return path
