@@ -33,7 +33,7 @@ from .codegen_common import (
     size_symbols_in,
 )
 from .loop_ir import compute_dtype
-from .scheduler import persistent, walks_columns
+from .scheduler import persistent, unit_steps, walks_columns
 
 TL = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -355,14 +355,12 @@ class TritonRenderer(Renderer):
             xshape = "[:, None]" if reduction else ""
             head = [f"xoffset = {pid} * XBLOCK", f"xindex = xoffset + tl.arange(0, XBLOCK){xshape}",
                     "xmask = xindex < xnumel", *self._decompose("xindex", xvars, xsizes)]  # fmt: skip
-        if split is not None:
-            pass  # the tile's body is rendered above
-        elif not reduction:
-            body = self._body(k.members, xassign, [], "xmask", x_level=True)
-        else:
-            body = ["rbase = tl.arange(0, RBLOCK)[None, :]"]
-            for i, (loop_members, post) in enumerate(k.phases):
-                body += self._phase(i, loop_members, post, xassign, rassign, rvars, rsizes)
+            if not reduction:
+                body = self._body(k.members, xassign, [], "xmask", x_level=True)
+            else:
+                body = ["rbase = tl.arange(0, RBLOCK)[None, :]"]
+                for i, (loop_members, post) in enumerate(k.phases):
+                    body += self._phase(i, loop_members, post, xassign, rassign, rvars, rsizes)
         # Dynamic sizes (in the body or the numels) are arguments after xnumel and rnumel.
         syms = size_symbols_in([*head, *body, _py(xnumel), _py(rnumel)])
         tiled = split is not None
@@ -525,13 +523,12 @@ def _tile_split(xvars, xsizes, accesses) -> Optional[int]:
     if len(xvars) < 2 or not all(sympy.sympify(s).is_Integer for s in xsizes):
         return None
     sizes = [int(s) for s in xsizes]
-    origin = {v: 0 for v in xvars}
     split = None
     for e in accesses:
         if e.free_symbols - set(xvars):
             continue  # an indirect (gathered) address: its walk is not known here
-        steps = [e.xreplace({**origin, v: 1}) - e.xreplace(origin) for v in xvars]
-        if not all(sympy.sympify(d).is_Integer for d in steps) or steps[-1] in (0, 1, -1):
+        steps = unit_steps(e, xvars, xvars)
+        if steps is None or steps[-1] in (0, 1, -1):
             continue
         for j in range(len(xvars) - 2, -1, -1):
             if steps[j] == 1 and sizes[j] >= TILE_MIN:

@@ -130,6 +130,14 @@ def _from_env(cfg: Config) -> Config:
     return cfg
 
 
+def on_for(mode, device) -> bool:
+    """An "auto" / True / False switch of this config for `device`: True (or "1", "on",
+    "true") everywhere, "auto" on CUDA only, anything else off."""
+    if mode is True or mode in ("1", "on", "true"):
+        return True
+    return mode == "auto" and str(device).startswith("cuda")
+
+
 config = _from_env(Config())
 
 

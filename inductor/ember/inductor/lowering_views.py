@@ -10,7 +10,7 @@ from ember.primtorch.prims.extern import ARG_STRIDES
 from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known,
                                   make_channels_last_strides_for)  # fmt: skip
 
-from .config import config
+from .config import config, on_for
 from .index_simplify import simplify_index
 from .loop_ir import InputBuffer, compute_dtype, loop_vars, ops, set_handler
 from .graph_reads import read_elementwise
@@ -550,20 +550,15 @@ class _IndexRecorder(_LoadRecorder):
         return super().index_expr(expr, dtype)
 
 
-def _pad_mm_on(device) -> bool:
-    mode = config.pad_mm
-    if mode is True or mode in ("1", "on", "true"):
-        return True
-    return mode == "auto" and str(device).startswith("cuda")
-
-
 def _padded_columns(name, args) -> int:
     """The padded column count of an mm/addmm whose output rows cuBLAS would find unaligned
     (config.pad_mm), or 0 to multiply as it is."""
     if name not in ("extern.mm", "extern.addmm"):
         return 0
     a, b = (args[p] for p in _MATRICES[name])
-    if a.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not _pad_mm_on(a.device):
+    if a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return 0
+    if not on_for(config.pad_mm, a.device):
         return 0
     m, k, n = a.sizes[0], a.sizes[1], b.sizes[1]
     if not (S(k).is_Integer and S(n).is_Integer):
@@ -620,7 +615,8 @@ def _convolution(L, input, weight, bias, *rest):
     """In channels-last mode a 2-D convolution reads NHWC input and weight (a Lazy is computed
     straight into NHWC) and declares the NHWC output the kernel then returns (no restride). A
     bias the readers can add (config.conv_bias_epilogue) is left out of the call."""
-    split = is_tensor(bias) and _bias_epilogue_on(input.device) and read_elementwise(L.current)
+    split = (is_tensor(bias) and on_for(config.conv_bias_epilogue, input.device)
+             and read_elementwise(L.current))  # fmt: skip
     conv_bias = None if split else bias
     if not _nhwc_ok(L, input, weight):
         out = L.extern("extern.convolution", torch.convolution,
@@ -639,13 +635,6 @@ def _convolution(L, input, weight, bias, *rest):
     # batch norm, the activation) adds it for one more load of C values
     per_channel = reshape(bias, (bias.sizes[0],) + (1,) * (len(out.sizes) - 2))
     return make_pointwise(L, lambda y, b: ops.add(y, b), (out, per_channel))
-
-
-def _bias_epilogue_on(device) -> bool:
-    mode = config.conv_bias_epilogue
-    if mode is True or mode in ("1", "on", "true"):
-        return True
-    return mode == "auto" and str(device).startswith("cuda")
 
 
 @register("extern.convolution_backward")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from typing import Optional
 
 import sympy
 
@@ -406,6 +407,16 @@ def persistent(k: Kernel) -> bool:
     return triton and whole_rows(k.rsizes) and not walks_columns(k)
 
 
+def unit_steps(expr, along, variables) -> Optional[list]:
+    """How far an address `expr` moves for a step of 1 along each of `along`, every one of
+    `variables` at 0 otherwise (at the origin, a reshape's div/mod moves as the affine index
+    it is); None when a step is not an integer (an indirect or symbolic address)."""
+    origin = {v: 0 for v in variables}
+    at_origin = expr.xreplace(origin)
+    steps = [sympy.sympify(expr.xreplace({**origin, v: 1}) - at_origin) for v in along]
+    return [int(d) for d in steps] if all(d.is_Integer for d in steps) else None
+
+
 # Fewer output elements than this keep whole rows: blocks of many columns would leave few programs.
 COLUMN_MIN_XNUMEL = 256
 
@@ -423,7 +434,6 @@ def walks_columns(k: Kernel) -> bool:
     if not live:
         return False
     inner, ranges = live[-1], dict(zip([*xs, *rs], [*k.xsizes, *k.rsizes]))
-    origin = {v: 0 for v in [*xs, *rs]}
     found = False
     for m in k.members:
         for _, index in k.record(m).loads:
@@ -431,8 +441,8 @@ def walks_columns(k: Kernel) -> bool:
             walked = [v for v in rs if e.has(v)]
             if not walked or not e.has(inner):
                 continue
-            steps = [e.xreplace({**origin, v: 1}) - e.xreplace(origin) for v in (inner, *walked)]
-            if not all(sympy.sympify(d).is_Integer for d in steps):
+            steps = unit_steps(e, [inner, *walked], [*xs, *rs])
+            if steps is None:
                 return False  # an indirect or symbolic address: leave the kernel as it was
             if steps[0] != 1 or any(d in (1, -1) for d in steps[1:]):
                 return False
