@@ -25,7 +25,6 @@ import os
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
@@ -54,14 +53,22 @@ class _NeedsRealValues(Exception):
     """The meta device could change what this trace records."""
 
 
+# Calls whose decomposition torch picks by device (attention's kernel), by name: a function,
+# or an aten overload of it
+_BY_DEVICE = ("scaled_dot_product",)
+
+
+def _chosen_by_device(fn) -> bool:
+    name = getattr(fn, "__name__", None) or str(fn)
+    return any(part in name for part in _BY_DEVICE)
+
+
 class _DeviceChoices(TorchFunctionMode):
     """Stops a meta trace at functions whose decomposition torch picks by device, and at any
     call made under CPU autocast (the program switched it on: it would not cast meta tensors)."""
 
-    _BY_DEVICE = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
-
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self._BY_DEVICE:
+        if _chosen_by_device(func):
             raise _NeedsRealValues(f"{getattr(func, '__name__', func)} chooses a kernel by device")
         if torch.is_autocast_enabled("cpu"):
             raise _NeedsRealValues("the program runs under CPU autocast")
@@ -70,9 +77,15 @@ class _DeviceChoices(TorchFunctionMode):
 
 def trace_program(flat_fn: Callable, inputs: list, symbolic=None, program=None) -> Traced:
     """`joint.trace`, on meta-device copies of the inputs where that records the same graph.
-    `program`: the graph module flat_fn runs, when there is one (looked at before trying)."""
+    `program`: the graph module flat_fn runs, when there is one: its calls are looked at first,
+    since a graph's own calls can reach the tracer without passing a function mode (an
+    attention call was traced up to, its mask proved, then the attempt failed and was redone)."""
     device = _single_cpu_device(inputs)
-    if device is not None and _allowed() and not _calls_by_device(program):
+    graph = getattr(program, "graph", None)
+    if graph is not None and any(n.op == "call_function" and _chosen_by_device(n.target)
+                                 for n in graph.nodes):  # fmt: skip
+        device = None
+    if device is not None and _allowed():
         try:
             with _DeviceChoices():
                 traced = trace(flat_fn, inputs, symbolic, clone=_meta_copy)
@@ -81,17 +94,6 @@ def trace_program(flat_fn: Callable, inputs: list, symbolic=None, program=None) 
         except Exception as e:  # noqa: BLE001  (any failure: the real trace decides)
             log.debug("aot_autograd: tracing on real values: %s: %s", type(e).__name__, e)
     return trace(flat_fn, inputs, symbolic)
-
-
-def _calls_by_device(program) -> bool:
-    """Whether a graph module calls attention, whose kernel torch picks by device, as an op
-    that no function mode sees (an aten overload): a meta attempt would trace up to it, and
-    decompose it for the meta device, only to be thrown away."""
-    graph = getattr(program, "graph", None)
-    if graph is None:
-        return False
-    return any(n.op == "call_function" and "scaled_dot_product" in str(n.target)
-               for n in graph.nodes)  # fmt: skip
 
 
 def _allowed() -> bool:
