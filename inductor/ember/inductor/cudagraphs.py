@@ -197,14 +197,15 @@ def host_work(art) -> bool:
     """Whether a GPU program has steps that run on the CPU, which a CUDA graph's replay would
     skip: an op whose results are all on the host (a scalar a model draws with torch.rand([])), a
     copy between devices (a CPU scalar a kernel reads), or a user operator or Triton kernel
-    (extern.custom_op: Python code that may do host work, or launch on another stream). A GPU op with a host result besides
-    (flash attention's philox seed and offset) runs on the GPU and is replayed."""
+    (extern.custom_op: Python code that may do host work, or launch on another stream). A GPU
+    op with a host result besides (flash attention's philox seed and offset) runs on the GPU
+    and is replayed."""
     devices = {b.name: str(b.meta.device) for b in art.buffers}
     for step in art.steps:
         if step.kind != "extern":
             continue
         if step.target in ("prims.device_put", "extern.custom_op"):
-            return True  # a copy between devices; a user operator or Triton kernel (Python)
+            return True
         outs = {devices[o] for o in step.outputs if o in devices}
         if outs and str(art.device) not in outs:
             return True
