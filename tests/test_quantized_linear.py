@@ -152,12 +152,14 @@ def test_decoder_logits(programs, mode, group, rows):
 
 @pytest.mark.parametrize("mode,group,rows", [("int8", 128, 1), ("int4", 32, 4)])
 def test_triton_reduction_reads_quantized_bytes(programs, monkeypatch, mode, group, rows):
-    """The same rewrite feeds the Triton renderer (CUDA's; here the interpreter): one generated
-    reduction per Linear that loads the int8/uint8 weight."""
-    monkeypatch.setattr(config, "cpu_backend", "triton")
+    """The same rewrite feeds the Triton renderer (on the GPU where there is one; on the CPU, its
+    interpreter): one generated reduction per Linear that loads the int8/uint8 weight."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu":
+        monkeypatch.setattr(config, "cpu_backend", "triton")
     torch.manual_seed(0)
-    q = ember.quantize_weights(MLP(), mode, group_size=group)
-    x = torch.randn(rows, 1, 128)
+    q = ember.quantize_weights(MLP(), mode, group_size=group).to(dev)
+    x = torch.randn(rows, 1, 128, device=dev)
     with torch.no_grad():
         torch.testing.assert_close(ember.compile(q)(x), q(x), rtol=1e-5, atol=1e-5)
     assert _float_buffers(programs, 128 * 256) == []

@@ -14,6 +14,8 @@ from ember.dynamo.user_kernels import written_arguments
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
+# The kernels run on the GPU where there is one; on the CPU, in Triton's interpreter.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @triton.jit
@@ -64,8 +66,8 @@ def test_kernel_with_constant_grid_is_one_node():
     def f(x):
         return add_one(x * 2) * 3
 
-    _check_one_graph(f, torch.randn(37))
-    graph = ember.explain(f)(torch.randn(37))
+    _check_one_graph(f, torch.randn(37, device=DEV))
+    graph = ember.explain(f)(torch.randn(37, device=DEV))
     assert (graph.graph_count, graph.graph_break_count) == (1, 0)
     assert "ember.triton_kernel" in graph.graphs[0].code
 
@@ -77,7 +79,7 @@ def test_autotuned_kernel_with_meta_grid_writes_its_argument():
         scale_in_place_kernel[lambda meta: ((n + meta["BLOCK"] - 1) // meta["BLOCK"],)](z, n, 3.0)
         return z.sum()
 
-    _check_one_graph(f, torch.randn(50))
+    _check_one_graph(f, torch.randn(50, device=DEV))
 
 
 def test_kernel_writing_an_input_mutates_it_as_eager_does():
@@ -86,7 +88,7 @@ def test_kernel_writing_an_input_mutates_it_as_eager_does():
         scale_in_place_kernel[lambda meta: ((n + meta["BLOCK"] - 1) // meta["BLOCK"],)](x, n, -2.0)
         return x + 1
 
-    _check_one_graph(f, torch.randn(20))
+    _check_one_graph(f, torch.randn(20, device=DEV))
 
 
 def test_written_arguments_follow_pointers_to_stores():
@@ -100,7 +102,7 @@ def test_kernel_reading_a_tensor_that_requires_grad_matches_eager():
         return add_one(x) * x
 
     compiled, cnt = _compile(f)
-    x = torch.randn(9, requires_grad=True)
+    x = torch.randn(9, device=DEV, requires_grad=True)
     got, expected = compiled(x), f(x)
     torch.testing.assert_close(got, expected)
     (got_grad,) = torch.autograd.grad(got.sum(), x)
@@ -118,7 +120,7 @@ def test_kernel_writing_a_tensor_that_requires_grad_breaks_naming_it():
     ember.reset()
     compiled = ember.compile(f, backend="eager", fullgraph=True)
     with pytest.raises(GraphBreakError, match="scale_in_place_kernel may write x_ptr"):
-        compiled(torch.randn(4, requires_grad=True))
+        compiled(torch.randn(4, device=DEV, requires_grad=True))
 
 
 @torch.library.custom_op("ember_dynamo_test::double", mutates_args=())
@@ -150,7 +152,7 @@ def test_custom_op_is_guarded_by_identity():
 
     global OP
     compiled, cnt = _compile(f)
-    x = torch.randn(5)
+    x = torch.randn(5, device=DEV)
     torch.testing.assert_close(compiled(x), x * 2 + 1)
     try:
         OP = triple
@@ -175,4 +177,4 @@ def test_kernel_writing_memory_another_argument_reads_breaks():
     ember.reset()
     compiled = ember.compile(f, backend="eager", fullgraph=True)
     with pytest.raises(GraphBreakError, match="shares memory"):
-        compiled(torch.randn(8))
+        compiled(torch.randn(8, device=DEV))
