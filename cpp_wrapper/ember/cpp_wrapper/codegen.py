@@ -22,6 +22,7 @@ from ember.ir.codec import value_from_json
 from ember.ir.symbols import expr_from_json
 
 from .cexpr import CExprPrinter, int_literal
+from .custom_kernels import declarations, emit_custom_op
 from .errors import UnsupportedArtifactError
 from .extern_ops import bind_extern
 
@@ -531,6 +532,8 @@ class WrapperCodegen:
     def extern_call(self, step) -> None:
         args = step.args if isinstance(step.args, (list, tuple)) else [step.args]
         args = [decode_value(v) for v in args]
+        if step.target == "extern.custom_op":  # a user operator's registered C++ kernel
+            return emit_custom_op(self, step, args)
         kwargs = {k: decode_value(v) for k, v in (step.kwargs or {}).items()}
         spec, bound = bind_extern(step.target, args, kwargs, self.device.type)
         if len(step.outputs) != spec.outputs:
@@ -639,6 +642,7 @@ class WrapperCodegen:
                     "void**" if packed_entry(k) else ", ".join(c_param_type(t) for t in k.arg_types)
                 )
                 lines.append(f'extern "C" void {k.entry}({params});  // kernel {k.name}')
+        lines += declarations(self.a)
         lines += ["", "namespace {", ""]
         return lines
 
