@@ -24,7 +24,7 @@ from ember.ir.symbols import expr_from_json
 from .cexpr import CExprPrinter, int_literal
 from .custom_kernels import declarations, emit_custom_op
 from .errors import UnsupportedArtifactError
-from .extern_ops import bind_extern
+from .extern_ops import OP_COPY, bind_extern
 
 READ_IR_VERSIONS = (1,)
 
@@ -142,12 +142,33 @@ def step_refs(step) -> set[str]:
 
     if step.kind == "kernel":
         names.update(n for n in map(buffer_ref, step.args) if n)
+        names.update(n for pair in copy_pairs(step) for n in pair)
     elif step.kind == "view":
         names.add(buffer_ref(step.args[0]))
     elif step.kind == "extern":
         walk(step.args)
         walk(step.kwargs)
     return names
+
+
+def copy_pairs(step) -> list:
+    """A kernel step's `copy_in` pairs [dst, src]: storage filled from src before the launch (a
+    user Triton kernel writes private copies of its tensors; see ember.inductor.user_triton)."""
+    pairs = step.kwargs.get("copy_in", ()) if isinstance(step.kwargs, dict) else ()
+    return [(str(dst), str(src)) for dst, src in pairs]
+
+
+def dense(layout) -> bool:
+    """Static sizes and strides that cover exactly numel elements (any order of dimensions)."""
+    if not layout.is_static():
+        return False
+    dims = sorted((int(st), int(sz)) for sz, st in zip(layout.sizes, layout.strides) if sz != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def packed_entry(kernel: KernelIR) -> bool:
@@ -475,6 +496,8 @@ class WrapperCodegen:
             raise UnsupportedArtifactError(
                 f"kernel {k.name}: {len(step.args)} arguments for {len(k.arg_types)} parameters"
             )
+        for dst, src in copy_pairs(step):
+            self.copy_into(self.buf(dst), self.buf(src), k.name)
         values = []
         for value, ty in zip(step.args, k.arg_types):
             ref = buffer_ref(value)
@@ -528,6 +551,18 @@ class WrapperCodegen:
             f"  if ((st = h->launch(c, {index}, {gx}, {gy}, {gz}, args))) return st;  // {k.name}"
         )
         self.emit("}")
+
+    def copy_into(self, dst: Buf, src: Buf, kernel: str) -> None:
+        """dst = src (equal layouts), through the runtime's copy: strided on the CPU, a dense
+        memcpy on CUDA."""
+        same = dst.layout.sizes == src.layout.sizes and dst.layout.strides == src.layout.strides
+        if not same or (self.cuda and not dense(dst.layout)):
+            raise UnsupportedArtifactError(
+                f"kernel {kernel}: the copy of {src.name} it writes needs the same dense layout "
+                f"as the tensor (got sizes {dst.layout.sizes}, strides {dst.layout.strides})")
+        self.emit(f"{{ const ember_abi::View cp[] = {{{self.view_struct(dst)}, "
+                  f"{self.view_struct(src)}}};  // {dst.name} = {src.name}")  # fmt: skip
+        self.emit(f"  if ((st = h->extern_op(c, {OP_COPY}, cp, 2, nullptr, 0, nullptr, 0))) return st; }}")
 
     def extern_call(self, step) -> None:
         args = step.args if isinstance(step.args, (list, tuple)) else [step.args]

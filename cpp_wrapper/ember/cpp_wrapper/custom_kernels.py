@@ -23,9 +23,6 @@ from .errors import UnsupportedArtifactError
 if TYPE_CHECKING:
     from .codegen import WrapperCodegen
 
-OP_COPY = 5  # ember_abi::kCopy
-
-
 def custom_op_name(step) -> str:
     args = step.args if isinstance(step.args, (list, tuple)) else [step.args]
     return args[0] if args and isinstance(args[0], str) else "?"
@@ -118,10 +115,7 @@ def emit_custom_op(g: "WrapperCodegen", step, args: list) -> None:
 
     new_value = {i: g.buf(step.outputs[n_out + j]) for j, i in enumerate(mutated)}
     for i, dst in new_value.items():  # the op writes a private copy: its new value's buffer
-        src = g.buf(buffer_ref(values[i]))
-        g.emit(f"  {{ const ember_abi::View cp[] = {{{g.view_struct(dst)}, {g.view_struct(src)}}};")
-        g.emit(f"    if ((st = h->extern_op(c, {OP_COPY}, cp, 2, nullptr, 0, nullptr, 0))) "
-               "return st; }")  # fmt: skip
+        g.copy_into(dst, g.buf(buffer_ref(values[i])), f"custom operator {op}")
     ints: list[str] = []
     floats: list[str] = []
     for i, (kind, value) in enumerate(zip(kernel.kinds, values)):
