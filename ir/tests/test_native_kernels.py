@@ -1,4 +1,4 @@
-"""ember.ir.native_kernels: registering a user operator's C++ kernel checks the op and its schema."""
+"""ember.ir.native_kernels: registering an operator's C++ kernel checks the op and its schema."""
 
 import pytest
 import torch

@@ -562,7 +562,8 @@ class WrapperCodegen:
                 f"as the tensor (got sizes {dst.layout.sizes}, strides {dst.layout.strides})")
         self.emit(f"{{ const ember_abi::View cp[] = {{{self.view_struct(dst)}, "
                   f"{self.view_struct(src)}}};  // {dst.name} = {src.name}")  # fmt: skip
-        self.emit(f"  if ((st = h->extern_op(c, {OP_COPY}, cp, 2, nullptr, 0, nullptr, 0))) return st; }}")
+        copy = f"h->extern_op(c, {OP_COPY}, cp, 2, nullptr, 0, nullptr, 0)"
+        self.emit(f"  if ((st = {copy})) return st; }}")
 
     def extern_call(self, step) -> None:
         args = step.args if isinstance(step.args, (list, tuple)) else [step.args]

@@ -1,4 +1,4 @@
-"""User operators in the C++ wrapper: an `extern.custom_op` step calls the op's registered C++ kernel.
+"""User operators in the C++ wrapper: an `extern.custom_op` step calls the op's C++ kernel.
 
 `ember.register_cpp_kernel` (ember.ir.native_kernels) gives a torch.library operator a C++ kernel
 on the runtime's tensor view. Its source is compiled into the model library with the wrapper (the
@@ -147,8 +147,8 @@ def emit_custom_op(g: "WrapperCodegen", step, args: list) -> None:
     g.emit(f"  const DLTensor outs[] = {{{', '.join(outputs) or '{}'}}};")
     g.emit(f"  const int64_t ints[] = {{{', '.join(f'(int64_t)({v})' for v in ints) or '0'}}};")
     g.emit(f"  const double floats[] = {{{', '.join(floats) or '0.0'}}};")
-    g.emit(f"  const EmberKernelArgs ka = {{ins, {len(tensors)}, {len(outputs)}, outs, ints, floats, "
-           f"{len(ints)}, {len(floats)}, nullptr}};")  # fmt: skip
+    counts = f"{len(tensors)}, {len(outputs)}, outs, ints, floats, {len(ints)}, {len(floats)}"
+    g.emit(f"  const EmberKernelArgs ka = {{ins, {counts}, nullptr}};")
     message = f"custom operator {op}: its C++ kernel {kernel.function} returned a non-zero status"
     g.emit(f"  if ({kernel.function}(&ka) != 0) return h->fail(c, EMBER_ERR_RUNTIME, "
            f"{_c_string(message)});")  # fmt: skip

@@ -101,8 +101,8 @@ def build_model_library(
         if k.language == "cpp" and not builds.get(k.name, KernelBuild()).library
     ]
     # user operators' C++ kernels: one file per source (several ops may share one source)
-    kernel_files += [_kernel_source_file(src)
-                     for src in dict.fromkeys(k.source for k in used_kernels(artifact))]  # fmt: skip
+    sources = dict.fromkeys(k.source for k in used_kernels(artifact))
+    kernel_files += [_kernel_source_file(src) for src in sources]
     return toolchain.compile_shared(
         "ember_model",
         kernel_files,

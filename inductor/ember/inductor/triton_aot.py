@@ -204,4 +204,5 @@ if __name__ == "__main__":
     _check_main(sys.argv[1])
 
 
-__all__ = ["Cubin", "attach_cubins", "check_jobs", "check_kernels", "compile_kernel", "launch_args", "split_size_args"]
+__all__ = ["Cubin", "attach_cubins", "check_jobs", "check_kernels", "compile_kernel", "launch_args",
+           "split_size_args"]

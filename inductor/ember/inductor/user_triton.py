@@ -90,8 +90,8 @@ def _add_function(fn, name, header, defs, owner) -> None:
         if ref not in scope:
             if hasattr(builtins, ref):
                 continue
-            raise NotImplementedError(f"the user Triton kernel {owner} reads {ref!r}, which its "
-                                      "function cannot see (compiling it ahead of time)")  # fmt: skip
+            raise NotImplementedError(f"the user Triton kernel {owner} reads {ref!r}, which "
+                                      "its function cannot see")  # fmt: skip
         _add_global(ref, scope[ref], header, defs, owner)
     defs[name] = "@triton.jit\n" + ast.unparse(fdef) + "\n"
 

@@ -171,7 +171,7 @@ def register_triton_launch(key: str, launch: TritonLaunch) -> None:
 
 
 def triton_launch(key: str) -> Optional[TritonLaunch]:
-    """The launch an `ember::triton_kernel` node's key names, or None (traced in another process)."""
+    """The launch an `ember::triton_kernel` node's key names; None if traced in another process."""
     with _LOCK:
         return _TRITON.get(key)
 
