@@ -46,6 +46,27 @@ def shift_scale(x_ptr, out_ptr, n, shift, BLOCK: tl.constexpr, EXTRA: tl.constex
     tl.store(out_ptr + offs, _times_scale(v), mask=mask)
 
 
+def _second_config_wins():
+    calls = []
+
+    def do_bench(fn, quantiles=None):  # the interpreter has no timer: config 1 "runs faster"
+        fn()
+        calls.append(1)
+        return [2.0 if len(calls) % 2 else 1.0] * 3
+
+    return do_bench
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=4),
+                          triton.Config({"BLOCK": 64}, num_warps=2)], key=["n"],
+                 do_bench=_second_config_wins())  # fmt: skip
+@triton.jit
+def tuned_negate(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, -tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
 def f(x):
     y = x.exp()
     out = torch.empty_like(y)
@@ -102,6 +123,23 @@ def test_cuda_package_with_a_user_kernel_builds_without_a_gpu(cuda_artifact, tmp
     path = package(cuda_artifact, tmp_path / "pkg", device="cuda")
     assert (path / "model.so").stat().st_size > 0
     assert '"device": "cuda' in (path / "manifest.json").read_text()
+
+
+def test_autotuning_s_pick_is_the_config_compiled():
+    def g(x):
+        out = torch.empty_like(x)
+        n = x.numel()
+        tuned_negate[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n)
+        return out
+
+    x = torch.randn(100)
+    ep = ember.export(g, (x,))
+    torch.testing.assert_close(ep(x), -x)
+    assert tuned_negate.best_config is tuned_negate.configs[1]
+    art = attach_user_kernels(on_cuda(compile_prims(ep.graph_module, ep.example_inputs()).artifact),
+                              arch=90)  # fmt: skip
+    (k,) = [k for k in art.kernels if k.name.startswith("user_tuned_negate")]
+    assert ([int(g) for g in k.grid], k.num_warps) == ([2], 2)  # BLOCK=64: ceil(100 / 64) blocks
 
 
 def test_the_chosen_autotuning_config_sets_the_constexprs_and_the_grid():
