@@ -22,7 +22,7 @@ from ember.ir.codec import value_from_json
 from ember.ir.symbols import expr_from_json
 
 from .cexpr import CExprPrinter, int_literal
-from .custom_kernels import declarations, emit_custom_op
+from .custom_kernels import copy_pairs, declarations, dense, emit_custom_op
 from .errors import UnsupportedArtifactError
 from .extern_ops import OP_COPY, bind_extern
 
@@ -149,26 +149,6 @@ def step_refs(step) -> set[str]:
         walk(step.args)
         walk(step.kwargs)
     return names
-
-
-def copy_pairs(step) -> list:
-    """A kernel step's `copy_in` pairs [dst, src]: storage filled from src before the launch (a
-    user Triton kernel writes private copies of its tensors; see ember.inductor.user_triton)."""
-    pairs = step.kwargs.get("copy_in", ()) if isinstance(step.kwargs, dict) else ()
-    return [(str(dst), str(src)) for dst, src in pairs]
-
-
-def dense(layout) -> bool:
-    """Static sizes and strides that cover exactly numel elements (any order of dimensions)."""
-    if not layout.is_static():
-        return False
-    dims = sorted((int(st), int(sz)) for sz, st in zip(layout.sizes, layout.strides) if sz != 1)
-    expected = 1
-    for stride, size in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def packed_entry(kernel: KernelIR) -> bool:

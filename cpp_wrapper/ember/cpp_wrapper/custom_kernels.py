@@ -7,7 +7,8 @@ op's tensor arguments as DLTensors, its outputs preallocated from the plan (thei
 fake kernel's), its scalars as ints and floats. An argument the op mutates is copied first into
 the step's buffer for its new value (the graph is functional: the op's new value is an output of
 the step), and the kernel writes that copy in place. Ops without a C++ kernel, and C++ kernels on
-CUDA artifacts, are refused with the op's name.
+CUDA artifacts, are refused with the op's name. Also here: the `copy_in` pairs of a kernel step
+(a user Triton kernel's private copies, see ember.inductor.user_triton).
 """
 
 from __future__ import annotations
@@ -22,6 +23,26 @@ from .errors import UnsupportedArtifactError
 
 if TYPE_CHECKING:
     from .codegen import WrapperCodegen
+
+def copy_pairs(step) -> list:
+    """A kernel step's `copy_in` pairs [dst, src]: storage filled from src before the launch (a
+    user Triton kernel writes private copies of its tensors; see ember.inductor.user_triton)."""
+    pairs = step.kwargs.get("copy_in", ()) if isinstance(step.kwargs, dict) else ()
+    return [(str(dst), str(src)) for dst, src in pairs]
+
+
+def dense(layout) -> bool:
+    """Static sizes and strides that cover exactly numel elements (any order of dimensions)."""
+    if not layout.is_static():
+        return False
+    dims = sorted((int(st), int(sz)) for sz, st in zip(layout.sizes, layout.strides) if sz != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
 
 def custom_op_name(step) -> str:
     args = step.args if isinstance(step.args, (list, tuple)) else [step.args]
