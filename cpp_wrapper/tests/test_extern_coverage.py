@@ -25,8 +25,10 @@ CUDA_ONLY = {
 # Externs that can reach a CPU artifact but have no C++ kernel yet, and why. Shrink this list:
 # an entry that gains a kernel must leave it (checked below).
 KNOWN_MISSING = {
-    "extern.custom_op": "a torch.library operator or user Triton kernel is Python/torch code; "
-    "there is nothing to call without Python (codegen says so and names the op)",
+    "extern.custom_op": "no runtime kernel by design: a torch.library operator is called through "
+    "the C++ kernel its user registers (ember.register_cpp_kernel, custom_kernels.py), a user "
+    "Triton kernel as a cubin on CUDA (triton_aot.attach_cubins); any other is Python/torch "
+    "code with nothing to call without Python (codegen says so and names the op)",
     "extern.nonzero": "a data-dependent output size: the runtime allocates outputs before the "
     "step runs, from sizes the plan knows",
     "extern.masked_select": "a data-dependent output size (as nonzero)",

@@ -8,7 +8,7 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 # The front door lives in ember.dynamo; it is imported on first use so `import ember.ir` stays cheap.
 _FRONT_DOOR = ("compile", "export", "explain", "disable", "reset", "quantize_weights",
-               "dequantize_weights")
+               "dequantize_weights", "register_cpp_kernel")
 
 
 def __getattr__(name):

@@ -22,8 +22,9 @@ from ember.ir.codec import value_from_json
 from ember.ir.symbols import expr_from_json
 
 from .cexpr import CExprPrinter, int_literal
+from .custom_kernels import copy_pairs, declarations, dense, emit_custom_op
 from .errors import UnsupportedArtifactError
-from .extern_ops import bind_extern
+from .extern_ops import OP_COPY, bind_extern
 
 READ_IR_VERSIONS = (1,)
 
@@ -141,6 +142,7 @@ def step_refs(step) -> set[str]:
 
     if step.kind == "kernel":
         names.update(n for n in map(buffer_ref, step.args) if n)
+        names.update(n for pair in copy_pairs(step) for n in pair)
     elif step.kind == "view":
         names.add(buffer_ref(step.args[0]))
     elif step.kind == "extern":
@@ -474,6 +476,8 @@ class WrapperCodegen:
             raise UnsupportedArtifactError(
                 f"kernel {k.name}: {len(step.args)} arguments for {len(k.arg_types)} parameters"
             )
+        for dst, src in copy_pairs(step):
+            self.copy_into(self.buf(dst), self.buf(src), k.name)
         values = []
         for value, ty in zip(step.args, k.arg_types):
             ref = buffer_ref(value)
@@ -528,9 +532,24 @@ class WrapperCodegen:
         )
         self.emit("}")
 
+    def copy_into(self, dst: Buf, src: Buf, kernel: str) -> None:
+        """dst = src (equal layouts), through the runtime's copy: strided on the CPU, a dense
+        memcpy on CUDA."""
+        same = dst.layout.sizes == src.layout.sizes and dst.layout.strides == src.layout.strides
+        if not same or (self.cuda and not dense(dst.layout)):
+            raise UnsupportedArtifactError(
+                f"kernel {kernel}: the copy of {src.name} it writes needs the same dense layout "
+                f"as the tensor (got sizes {dst.layout.sizes}, strides {dst.layout.strides})")
+        self.emit(f"{{ const ember_abi::View cp[] = {{{self.view_struct(dst)}, "
+                  f"{self.view_struct(src)}}};  // {dst.name} = {src.name}")  # fmt: skip
+        copy = f"h->extern_op(c, {OP_COPY}, cp, 2, nullptr, 0, nullptr, 0)"
+        self.emit(f"  if ((st = {copy})) return st; }}")
+
     def extern_call(self, step) -> None:
         args = step.args if isinstance(step.args, (list, tuple)) else [step.args]
         args = [decode_value(v) for v in args]
+        if step.target == "extern.custom_op":  # a user operator's registered C++ kernel
+            return emit_custom_op(self, step, args)
         kwargs = {k: decode_value(v) for k, v in (step.kwargs or {}).items()}
         spec, bound = bind_extern(step.target, args, kwargs, self.device.type)
         if len(step.outputs) != spec.outputs:
@@ -639,6 +658,7 @@ class WrapperCodegen:
                     "void**" if packed_entry(k) else ", ".join(c_param_type(t) for t in k.arg_types)
                 )
                 lines.append(f'extern "C" void {k.entry}({params});  // kernel {k.name}')
+        lines += declarations(self.a)
         lines += ["", "namespace {", ""]
         return lines
 

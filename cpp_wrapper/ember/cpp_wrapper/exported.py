@@ -83,9 +83,10 @@ def compile_exported(exported, device: str = "cpu") -> tuple[CompiledArtifact, d
         gm = resolve_entry("decompose_externs")(gm, externs)
     compiled = resolve_entry("compile_prims")(gm, exported.example_inputs())
     artifact = getattr(compiled, "artifact", compiled)
-    if isinstance(artifact, CompiledArtifact) and any(k.language == "triton" and not k.binary
-                                                      for k in artifact.kernels):  # fmt: skip
-        artifact = resolve_entry("attach_cubins")(compiled)  # the runtime launches cubins
+    if isinstance(artifact, CompiledArtifact) and (want == "cuda" or any(
+            k.language == "triton" and not k.binary for k in artifact.kernels)):  # fmt: skip
+        # the runtime launches cubins: Ember's kernels and the user's Triton launches
+        artifact = resolve_entry("attach_cubins")(compiled)
     if not isinstance(artifact, CompiledArtifact):
         raise UnsupportedArtifactError(f"the compiler returned {type(artifact).__name__}, "
                                        "not a CompiledArtifact")  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
+from .custom_kernels import missing_kernel_message
 from .errors import UnsupportedArtifactError
 
 # Values of ember_abi::ExternOp in csrc/detail/model_abi.h.
@@ -166,23 +167,11 @@ def _vocabulary_names(target: str) -> tuple[str, ...]:
         return ()
 
 
-def _custom_op_message(args: Sequence) -> str:
-    op = args[0] if args else "?"
-    if op == "ember::triton_kernel.default":
-        inner = args[1] if len(args) > 1 else None
-        kernel = inner[0] if isinstance(inner, (list, tuple)) and inner else "?"
-        what = f"the user Triton kernel {str(kernel).split(':')[0]} (launched from compiled code)"
-    else:
-        what = f"the custom operator {op} (torch.library)"
-    return (f"{what} has no C++ kernel: the C++ wrapper and standalone packages cannot call it; "
-            "run this program with the Python wrapper (ember.compile without cpp_wrapper)")
-
-
 def bind_extern(target: str, args: Sequence, kwargs: Mapping,
                 device: str = "cpu") -> tuple[ExternSpec, dict]:  # fmt: skip
     """The spec of `target` and its arguments by our parameter names (JSON form, unresolved)."""
     if target == "extern.custom_op":
-        raise UnsupportedArtifactError(_custom_op_message(args))
+        raise UnsupportedArtifactError(missing_kernel_message(args[0] if args else "?", args))
     spec = EXTERN_OPS.get(target)
     if spec is None or device not in spec.devices:
         known = ", ".join(sorted(n for n, s in EXTERN_OPS.items() if device in s.devices))

@@ -17,6 +17,7 @@ from ember.ir import CompiledArtifact, TensorMeta, cache_files, dumps, toolchain
 from . import _build
 from .codegen import KernelBuild, generate_wrapper
 from .config import config
+from .custom_kernels import used_kernels
 from .errors import UnsupportedArtifactError
 
 
@@ -26,6 +27,8 @@ def artifact_hash(artifact: CompiledArtifact) -> str:
     for k in artifact.kernels:
         if k.language == "triton" and k.binary and Path(k.binary).exists():
             h.update(Path(k.binary).read_bytes())
+    for k in used_kernels(artifact):  # user operators' C++ kernels, registered in this process
+        h.update(f"{k.op}\0{k.function}\0{k.source}".encode())
     return h.hexdigest()[:32]
 
 
@@ -97,6 +100,9 @@ def build_model_library(
         for k in artifact.kernels
         if k.language == "cpp" and not builds.get(k.name, KernelBuild()).library
     ]
+    # user operators' C++ kernels: one file per source (several ops may share one source)
+    sources = dict.fromkeys(k.source for k in used_kernels(artifact))
+    kernel_files += [_kernel_source_file(src) for src in sources]
     return toolchain.compile_shared(
         "ember_model",
         kernel_files,

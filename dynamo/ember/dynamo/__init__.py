@@ -14,9 +14,10 @@ from .exc import GraphBreakError, Unsupported  # noqa: E402
 from .exported import ExportedProgram, TensorSpec, load_exported  # noqa: E402
 from .quantize import dequantize_weights, quantize_weights  # noqa: E402
 from .symbolic import SpecializationError  # noqa: E402
+from ember.ir.native_kernels import register_cpp_kernel  # noqa: E402  (ember.register_cpp_kernel)
 
 __all__ = ["CompileCounter", "Dim", "ExplainOutput", "ExportedProgram", "GraphBreakError",
            "OptimizedModule", "SpecializationError", "TensorSpec", "Unsupported", "compile",
            "config", "dequantize_weights", "disable", "explain", "export", "list_backends",
            "load_exported", "lookup_backend", "mark_dynamic", "quantize_weights",
-           "register_backend", "reset"]  # fmt: skip
+           "register_backend", "register_cpp_kernel", "reset"]  # fmt: skip

@@ -234,6 +234,7 @@ def launch(tx, vt: TritonLaunchVT, args, kwargs) -> V.VT:
     key = _table_key(kernel, jit, fn, grids, config_names, constants)
     with _LOCK:
         _TABLE.setdefault(key, (kernel, grids, config_names, tuple(constants)))
+    _record_for_native_runtimes(key, kernel, fn, params, constants, configs, config_names, grids)
     _register_op()
     detached = [t if not t.example.requires_grad else
                 tx.output.call("call_method", "detach", (t,), {}) for t in tensors]  # fmt: skip
@@ -246,6 +247,30 @@ def launch(tx, vt: TritonLaunchVT, args, kwargs) -> V.VT:
         value = getitem(tx, new, V.ConstVT(j))
         tx.output.call("call_method", "copy_", (tensors[i], value), {})
     return V.ConstVT(None)
+
+
+def _record_for_native_runtimes(key, kernel, fn, params, constants, configs, config_names, grids):
+    """The launch in ember.ir's table, for ember.inductor to compile ahead of time (a cubin the
+    C++ wrapper and CUDA packages launch): arguments by parameter name, one entry per config."""
+    from ember.ir import native_kernels as nk
+
+    arguments, n_tensors = [], 0
+    for k, value in constants:
+        name = params[k] if isinstance(k, int) else k
+        if value is _TENSOR:
+            value, n_tensors = nk.TENSOR(n_tensors), n_tensors + 1
+        arguments.append((name, value))
+    plain = [sys.modules["triton"].Config({}, num_warps=4, num_stages=3)]  # triton's defaults
+    entries = tuple(nk.TritonConfig(dict(c.kwargs), int(c.num_warps), int(c.num_stages),
+                                    grids[tuple(c.kwargs[n] for n in config_names)])
+                    for c in (configs or plain))  # fmt: skip
+
+    def chosen() -> int:  # autotuning's pick, once it ran in this process
+        best = getattr(kernel, "best_config", None)
+        return next((i for i, c in enumerate(configs or ()) if c is best), 0)
+
+    nk.register_triton_launch(key, nk.TritonLaunch(fn.__qualname__, fn, tuple(arguments),
+                                                   entries, chosen))  # fmt: skip
 
 
 def _storage(t: V.TensorVT):

@@ -119,7 +119,8 @@ def _load_cpp_wrapper(compiled: CompiledGraph):
 
 def _load_artifact(program: Program, constants: dict):
     artifact = program.artifact
-    if any(k.language == "triton" for k in artifact.kernels):  # the C++ wrapper launches cubins
+    if artifact.device.startswith("cuda") or any(k.language == "triton" for k in artifact.kernels):
+        # the C++ wrapper launches cubins (Ember's kernels and the user's Triton launches)
         artifact = attach_cubins(program)
     module_name, attr = CPP_WRAPPER_LOADER.split(":")
     try:

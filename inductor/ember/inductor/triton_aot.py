@@ -60,7 +60,7 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
     from triton.compiler import ASTSource
 
     arch = arch or current_arch()
-    consts = {k: v for k, v in cfg.items() if k != "num_warps"}
+    consts = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
     key = hashlib.sha256(
         json.dumps([source, name, list(arg_types), cfg, arch, triton.__version__]).encode()
     ).hexdigest()[:32]
@@ -83,7 +83,8 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
     compiled = triton.compile(
         ASTSource(fn=fn, signature=signature, constexprs=consts),
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": int(cfg.get("num_warps", 4))},
+        options={"num_warps": int(cfg.get("num_warps", 4)),
+                 **({"num_stages": int(cfg["num_stages"])} if "num_stages" in cfg else {})},
     )
     meta = {"name": compiled.metadata.name, "num_warps": compiled.metadata.num_warps,
             "shared_mem": compiled.metadata.shared}  # fmt: skip
@@ -132,13 +133,15 @@ def split_size_args(k, step_args: list) -> tuple:
 def attach_cubins(program, arch: Optional[int] = None) -> CompiledArtifact:
     """The artifact of a compiled program (wrapper.Program, or a pipeline.CompiledGraph) with
     every Triton kernel compiled to a cubin (KernelIR.binary) with the block sizes its grid was
-    computed for."""
+    computed for, and every user Triton launch made a kernel of its own (user_triton.py)."""
+    from .user_triton import attach_user_kernels
+
     program = getattr(program, "program", program)
     sources = {k.name: k for k in program.kernels}
     if os.environ.get("TRITON_INTERPRET") == "1":  # compile in a clean process (check_kernels)
         todo = [(k.name, sources[k.name]) for k in program.artifact.kernels
                 if k.language == "triton" and not k.binary]  # fmt: skip
-        failures = check_kernels(todo, arch or current_arch())
+        failures = check_kernels(todo, arch or current_arch()) if todo else []
         if failures:
             raise RuntimeError("Triton kernels failed to compile:\n" + "\n\n".join(failures))
     kernels = []
@@ -151,7 +154,7 @@ def attach_cubins(program, arch: Optional[int] = None) -> CompiledArtifact:
         c = compile_kernel(src.source, src.name, src.arg_types, cfg, arch)
         kernels.append(dataclasses.replace(k, entry=c.name, binary=c.path, num_warps=c.num_warps,
                                            shared_mem=c.shared_mem))  # fmt: skip
-    return dataclasses.replace(program.artifact, kernels=tuple(kernels))
+    return attach_user_kernels(dataclasses.replace(program.artifact, kernels=tuple(kernels)), arch)
 
 
 def check_kernels(sources, arch: int = DEFAULT_ARCH) -> list[str]:
@@ -159,7 +162,13 @@ def check_kernels(sources, arch: int = DEFAULT_ARCH) -> list[str]:
 
     Runs in a fresh process: once Triton's interpreter has run kernels in this one, its patches
     of triton.language break the compiler."""
-    jobs = [(name, src.source, list(src.arg_types), _config(src)) for name, src in sources]
+    return check_jobs([(name, src.source, list(src.arg_types), _config(src))
+                       for name, src in sources], arch)  # fmt: skip
+
+
+def check_jobs(jobs, arch: int = DEFAULT_ARCH) -> list[str]:
+    """check_kernels for (kernel name, module source, arg_types, cfg) jobs: each is compiled in a
+    fresh process (and so lands in the cubin cache); the failures, as text."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernels.json"
         path.write_text(json.dumps({"arch": arch, "jobs": jobs}))
@@ -195,4 +204,5 @@ if __name__ == "__main__":
     _check_main(sys.argv[1])
 
 
-__all__ = ["Cubin", "attach_cubins", "check_kernels", "compile_kernel", "launch_args", "split_size_args"]
+__all__ = ["Cubin", "attach_cubins", "check_jobs", "check_kernels", "compile_kernel", "launch_args",
+           "split_size_args"]

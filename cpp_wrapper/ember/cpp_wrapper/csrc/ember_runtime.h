@@ -96,6 +96,29 @@ typedef struct EmberTensorInfo {
   const char* const* dim_names;
 } EmberTensorInfo;
 
+/* What a user operator's C++ kernel receives (ember.register_cpp_kernel): the generated wrapper
+ * calls `int32_t fn(const EmberKernelArgs*)`, compiled into the model library, returning 0 on
+ * success (anything else fails the run with EMBER_ERR_RUNTIME). Tensors are DLPack views of the
+ * model's device (strides never NULL, byte_offset 0): `inputs` are the op's tensor arguments in
+ * schema order (an optional one that is None has data NULL; one the op mutates is a private copy
+ * to write in place), `outputs` its results, preallocated with the layouts of its fake kernel.
+ * Scalars follow the schema order too: ints and bools (and the items of int lists) in `ints`,
+ * floats in `floats`; an optional scalar is a presence flag in `ints` then its value (0 if None).
+ * `stream` is the run's CUstream (NULL on CPU). Added in ABI 1 (no existing layout changed).
+ * Layout (size 56): inputs @0, num_inputs @8, num_outputs @12, outputs @16, ints @24,
+ * floats @32, num_ints @40, num_floats @44, stream @48. */
+typedef struct EmberKernelArgs {
+  const DLTensor* inputs;
+  int32_t num_inputs;
+  int32_t num_outputs;
+  const DLTensor* outputs;
+  const int64_t* ints;
+  const double* floats;
+  int32_t num_ints;
+  int32_t num_floats;
+  void* stream;
+} EmberKernelArgs;
+
 /* The ABI version this library was built with (EMBER_ABI_VERSION). */
 EMBER_API uint32_t ember_abi_version(void);
 

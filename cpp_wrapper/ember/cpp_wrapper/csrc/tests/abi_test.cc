@@ -26,6 +26,15 @@ static_assert(offsetof(EmberTensorInfo, device_type) == 12, "EmberTensorInfo.dev
 static_assert(offsetof(EmberTensorInfo, ndim) == 16, "EmberTensorInfo.ndim");
 static_assert(offsetof(EmberTensorInfo, shape) == 24, "EmberTensorInfo.shape");
 static_assert(offsetof(EmberTensorInfo, dim_names) == 32, "EmberTensorInfo.dim_names");
+static_assert(sizeof(EmberKernelArgs) == 56, "EmberKernelArgs size");
+static_assert(offsetof(EmberKernelArgs, num_inputs) == 8, "EmberKernelArgs.num_inputs");
+static_assert(offsetof(EmberKernelArgs, num_outputs) == 12, "EmberKernelArgs.num_outputs");
+static_assert(offsetof(EmberKernelArgs, outputs) == 16, "EmberKernelArgs.outputs");
+static_assert(offsetof(EmberKernelArgs, ints) == 24, "EmberKernelArgs.ints");
+static_assert(offsetof(EmberKernelArgs, floats) == 32, "EmberKernelArgs.floats");
+static_assert(offsetof(EmberKernelArgs, num_ints) == 40, "EmberKernelArgs.num_ints");
+static_assert(offsetof(EmberKernelArgs, num_floats) == 44, "EmberKernelArgs.num_floats");
+static_assert(offsetof(EmberKernelArgs, stream) == 48, "EmberKernelArgs.stream");
 static_assert(sizeof(EmberStatus) == 4, "EmberStatus is an int32");
 static_assert(EMBER_ERR_SHAPE == 3 && EMBER_ERR_PACKAGE == 6 && EMBER_ERR_RUNTIME == 11, "status values");
 // DLPack as the ABI uses it (DLPack 1.x, unversioned managed tensor).
