@@ -290,3 +290,14 @@ def test_an_addmm_read_by_another_matmul_keeps_its_bias():
 
     compiled = check(two_linears, x, w, b, atol=5e-2, rtol=5e-2)
     assert compiled.source.count("extern_addmm(") == 2, compiled.source
+
+
+def test_an_operand_with_unaligned_rows_is_computed_into_padded_rows(pad_on):
+    # a loss gradient of 1001 columns (fp32: 4-element rows are 16 bytes) into both matmuls of
+    # the output layer's backward: rows padded to 1004, read as they are and transposed
+    g, w, x = torch.randn(M * 8, N), torch.randn(N, K), torch.randn(M * 8, 48)
+    fn = lambda g, w, x: ((g * 2) @ w, (g * 2).T @ x)  # noqa: E731
+    assert _matmul_operands(fn, g, w, x) == {"extern.mm": [(1004, 1), (1, 1004)]}
+    check(fn, g, w, x, atol=1e-3, rtol=1e-4)
+    small = torch.randn(8, N)  # below ALIGN_MIN_NUMEL: dense rows
+    assert _matmul_operands(lambda g, w: (g * 2) @ w, small, w) == {"extern.mm": [(N, 1)]}

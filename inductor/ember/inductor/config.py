@@ -67,6 +67,11 @@ class Config:
     # kernel; the CPU's adds it in the convolution's own loop). "auto": on CUDA; True: on any
     # device (for tests); False: off.
     conv_bias_epilogue: Union[bool, str] = "auto"
+    # a reduction of few long rows (a LayerNorm's weight gradient, a batch norm's statistics per
+    # channel) as partial reductions over chunks of its rows and a reduction of the partials
+    # (split_reduction.py), so it runs on enough programs to fill the GPU. "auto": on CUDA; True:
+    # on any device (for tests); False: off.
+    split_reductions: Union[bool, str] = "auto"
     # scaled_dot_product_attention on the CPU (extern.sdpa_flash_cpu, torch's flash kernel) as a
     # generated C++ flash-attention kernel (cpu_attention.py): never stores the (L, S) scores and
     # runs in the C++ wrapper and packages, which cannot call torch. "auto" and True: wherever it
@@ -122,6 +127,9 @@ def _from_env(cfg: Config) -> Config:
     bias = env.get("EMBER_CONV_BIAS_EPILOGUE")
     if bias:
         cfg.conv_bias_epilogue = {"0": False, "1": True}.get(bias, bias)
+    split = env.get("EMBER_SPLIT_REDUCTIONS")
+    if split:
+        cfg.split_reductions = {"0": False, "1": True}.get(split, split)
     flash = env.get("EMBER_CPU_FLASH_ATTENTION")
     if flash:
         cfg.cpu_flash_attention = {"0": False, "1": True}.get(flash, flash)

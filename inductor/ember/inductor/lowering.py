@@ -349,14 +349,16 @@ class Lowerer(fx.Interpreter):
             return meta.strides
         return None
 
-    def realize(self, x, strides=None) -> View:
+    def realize(self, x, strides=None, padded: bool = False) -> View:
         """Compute `x` into a buffer (dense, with `strides` when they are a dense permutation;
-        with none given, in the layout of what it reads when that is channels-last)."""
+        with none given, in the layout of what it reads when that is channels-last). `padded`:
+        `strides` are taken as they are, gaps between rows included (a matmul operand whose
+        rows are padded to an aligned length)."""
         if isinstance(x, View):
             return x
         if strides is None:
             strides = self.preferred_strides(x)
-        if strides is None or not _is_dense(x.sizes, strides):
+        if strides is None or not (padded or _is_dense(x.sizes, strides)):
             strides = contiguous_strides(x.sizes)
         # A value of several buffers that two externs take (the joined q/k/v gradient into both
         # matmuls of a Linear's backward) is computed once. So is one of a single buffer no

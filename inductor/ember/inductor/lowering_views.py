@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import sympy
 import torch
 
@@ -489,7 +491,12 @@ def _matmul(name):
                 if matrix and len(a.sizes) == 3 and _same_in_every_batch(a):
                     args[pos] = _one_matrix_for_all_batches(L, a)
                     continue
-                args[pos] = L.realize(a, read_order_strides(a) if matrix else None)
+                if not matrix:
+                    args[pos] = L.realize(a)
+                    continue
+                strides = read_order_strides(a)
+                aligned = _aligned_rows(a, strides)
+                args[pos] = L.realize(a, aligned or strides, padded=aligned is not None)
         if not n_pad:
             return L.extern(name, EXTERN_KERNELS[name], args, kwargs)
         m, dtype, device = args[_MATRICES[name][0]].sizes[0], out_meta(L).dtype, args[0].device
@@ -579,6 +586,34 @@ def _padded_columns(name, args) -> int:
     if m < PAD_MM_MIN_ROWS and not isinstance(b, Lazy):
         return 0
     return -(-n // align) * align
+
+
+# A matmul operand computed here with fewer elements than this keeps dense rows.
+ALIGN_MIN_NUMEL = 2**18
+
+
+def _aligned_rows(a, strides) -> tuple | None:
+    """Strides for a matrix operand computed here whose rows (along its stride-1 dim) cuBLAS
+    would find unaligned, the rows padded to a 16-byte length (config.pad_mm): the same order,
+    gaps after each row that nothing reads. A loss gradient of 50257 columns then reaches both
+    matmuls of the output layer's backward in cuBLAS's fast kernels (row-padded, and read
+    transposed); or None to keep `strides`."""
+    if a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return None
+    if not on_for(config.pad_mm, a.device) or not all(S(n).is_Integer for n in a.sizes):
+        return None
+    sizes = [int(n) for n in a.sizes]
+    strides = [int(s) for s in strides]
+    align = 16 // a.dtype.itemsize
+    inner = [d for d, st in enumerate(strides) if st == 1 and sizes[d] > 1]
+    if len(inner) != 1 or math.prod(sizes) < ALIGN_MIN_NUMEL or sizes[inner[0]] % align == 0:
+        return None
+    order = sorted(range(len(sizes)), key=lambda d: (strides[d], d))  # innermost first
+    out, step = [0] * len(sizes), 1
+    for d in order:
+        out[d] = step
+        step *= -(-sizes[d] // align) * align if d == inner[0] else sizes[d]
+    return tuple(out)
 
 
 def _pad_operands(L, name, args, n_pad) -> list:

@@ -36,6 +36,7 @@ from .device_constants import fold_device_constants
 from .loop_ir import TemplateBuffer, verify
 from .lowering import lower_graph
 from .scheduler import Kernel, schedule
+from .split_reduction import split_reductions
 from .triton_aot import attach_cubins
 from .wrapper import Program, generate
 
@@ -155,6 +156,8 @@ def _compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
         gm = merge_common_subexpressions(gm)  # each layer's copy of a mask's bias, computed once
         with progress.stage("lowering"):
             lowered = lower_graph(gm, example_inputs)  # 1. prims -> loop-IR buffers
+            # reductions of few long rows: partial reductions over chunks, then their reduction
+            lowered.buffers = split_reductions(lowered.buffers, lowered.device)
         verify([b for b in lowered.inputs if b is not None] + lowered.buffers,
                lowered.size_symbols)  # 2. loop-IR checks  # fmt: skip
         out_names = [o.name for o in lowered.outputs if hasattr(o, "name")]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from typing import Optional
 
 import sympy
@@ -181,6 +182,36 @@ def _merges(sizes, target) -> tuple | None:
     return tuple(perm)
 
 
+def _interleaved(sizes, target) -> tuple | None:
+    """A way to read `sizes` as `target` when a node dimension is the product, row-major, of
+    target dimensions that are not consecutive: a split reduction's partial kernel runs
+    (part, column | row within the part), and a pointwise node over (row, column) beside it is
+    row = part * rows_per_part + row within the part. For each target dimension, the node
+    dimension it feeds, as in `_perms`; None if there is no such way (or more than one)."""
+    if not all(sympy.sympify(n).is_Integer for n in (*sizes, *target)):
+        return None
+    sizes, target = [int(n) for n in sizes], [int(n) for n in target]
+    dims = [d for d, n in enumerate(sizes) if n != 1]
+    slots = [k for k, n in enumerate(target) if n != 1]
+    if math.prod(sizes) != math.prod(target) or len(slots) > 4 or len(dims) >= len(slots):
+        return None
+    found = None
+    for choice in itertools.product(dims, repeat=len(slots)):
+        product = dict.fromkeys(dims, 1)
+        for d, k in zip(choice, slots):
+            product[d] *= target[k]
+        if all(product[d] == sizes[d] for d in dims):
+            if found is not None:
+                return None  # ambiguous: leave the node to a kernel of its own
+            found = choice
+    if found is None:
+        return None
+    perm = [None] * len(target)
+    for d, k in zip(found, slots):
+        perm[k] = d
+    return tuple(perm)
+
+
 def _stride_order(node: ComputedBuffer) -> tuple:
     """The node's dimensions outermost first, by decreasing stride of its layout."""
     strides = node.layout.strides
@@ -225,6 +256,8 @@ def _candidates(kernel: Kernel, node: ComputedBuffer) -> list:
         out += [(role, p, kernel.xsizes, kernel.rsizes) for p in perms]
         if not perms:
             merged = _merges(node.ranges, target)
+            if merged is None and role == "xr":
+                merged = _interleaved(node.ranges, target)
             if merged is not None:
                 out.append((role, merged, kernel.xsizes, kernel.rsizes))
     return out
