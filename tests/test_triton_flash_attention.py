@@ -182,3 +182,81 @@ def test_sm90_cubin_and_the_wrapper_s_launch(triton_graphs, e, dtype):
     assert f"int64_t p{5 + 17} = static_cast<int64_t>(19);" in source  # the mask's row stride
     assert "&p22, &scratch0, &scratch1}" in source
     assert build_model_library(art, standalone=True).exists()
+
+
+def _extern_graph(prim, tensors, args, kwargs, index):
+    """A prim graph calling the extern `prim` on `tensors` (placeholders) and `args`, returning
+    its result's element `index` (None: the result itself). CUDA's attention externs have no CPU
+    kernel to trace through, so the graph is built as the tracer records it."""
+    import operator
+
+    from torch import fx
+
+    from ember.ir import NODE_META_KEY
+
+    graph = fx.Graph()
+    nodes = []
+    for i, t in enumerate(tensors):
+        nodes.append(graph.placeholder(f"t{i}"))
+        nodes[-1].meta[NODE_META_KEY] = TensorMeta.from_tensor(t)
+    call = graph.call_function(prim, (*nodes, *args), kwargs)
+    call.meta[NODE_META_KEY] = prim.meta(*tensors, *args, **kwargs)
+    out = call
+    if index is not None:
+        out = graph.call_function(operator.getitem, (call, index))
+        out.meta[NODE_META_KEY] = call.meta[NODE_META_KEY][index]
+    graph.output((out,))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+@pytest.mark.parametrize("op", ["flash", "efficient", "cudnn"])
+def test_cuda_attention_externs_lower_to_the_kernel(triton_graphs, op):
+    """How CUDA's three externs bind their arguments and lay out their output (the efficient
+    kernel's (B, L, H, E) layout, cuDNN's single output), lowered here in a CPU graph rendered
+    as Triton: the kernel's values against eager."""
+    from ember.primtorch.prims.extern import sdpa_cudnn, sdpa_efficient, sdpa_flash
+
+    q, k, v = _qkv(2, 4, 21, 30, 64, hkv=2, dtype=torch.bfloat16)
+    mask = torch.randn(2, 1, 21, 30).to(torch.bfloat16)
+    if op == "flash":  # causal, no mask
+        gm = _extern_graph(sdpa_flash, (q, k, v), (0.0, True, False), {"scale": 0.2}, 0)
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.2,
+                                              enable_gqa=True)  # fmt: skip
+        inputs = [q, k, v]
+    else:
+        prim, args = (sdpa_efficient, (False,)) if op == "efficient" else (sdpa_cudnn, ())
+        gm = _extern_graph(prim, (q, k, v, mask), args, {},
+                           0 if op == "efficient" else None)  # fmt: skip
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        inputs = [q, k, v, mask]
+    compiled = compile_prims(gm, inputs)
+    assert [k.name for k in compiled.artifact.kernels if k.name.startswith("flash_attention_")]
+    assert not [s for s in compiled.artifact.steps if s.kind == "extern"], compiled.source
+    got = _first(compiled(*inputs))
+    meta = gm.graph.output_node().args[0][0].meta["ember_meta"]
+    assert got.stride() == tuple(int(s) for s in meta.strides)
+    torch.testing.assert_close(got.float(), want.float(), **BF16)
+
+
+def test_dynamic_batch_and_lengths(triton_graphs, monkeypatch):
+    # the second size makes batch and lengths symbolic: the kernel takes them (and the strides
+    # built from them) as run-time arguments, and its grid is an expression over them
+    import ember
+    import ember.dynamo
+
+    def fn(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+
+    ember.dynamo.reset()
+    sources = []
+    monkeypatch.setattr(config, "output_code", True)
+    monkeypatch.setattr("builtins.print", lambda *a, **k: sources.append(" ".join(map(str, a))))
+    compiled = ember.compile(fn)
+    with torch.no_grad():
+        for b, length, source in ((2, 33, 40), (3, 70, 21), (4, 5, 130)):
+            q, k, v = _qkv(b, 4, length, source, 32, hkv=2)
+            m = torch.randn(b, 1, length, source, generator=torch.Generator().manual_seed(b))
+            torch.testing.assert_close(compiled(q, k, v, m), fn(q, k, v, m), **FP32)
+    assert len(sources) == 2, sources
+    assert all("flash_attention_" in s and "extern_sdpa" not in s for s in sources), sources
+    assert " // 64)" in sources[1]  # the grid: query blocks of a symbolic length

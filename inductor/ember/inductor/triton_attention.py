@@ -27,7 +27,7 @@ import math
 import sympy
 import torch
 
-from ember.ir import CeilDiv
+from ember.ir import FloorDiv
 
 from .codegen_common import KernelSource
 from .config import config
@@ -113,7 +113,8 @@ def lower(L, op: str, query, key, value, mask, is_causal: bool, scale, dropout_p
     dims = dict(B=b, L=length, S=source,
                 **{f"{t}S{i}": st[i] for t, st in strides.items() for i in range(3)})
     runtime = [sympy.sympify(dims[n]) for n in RUNTIME]
-    grid = (CeilDiv(sympy.sympify(length), sympy.Integer(cfg["BLOCK_M"])) * b * h,)
+    bm = sympy.Integer(cfg["BLOCK_M"])
+    grid = (FloorDiv(sympy.sympify(length) + bm - 1, bm) * b * h,)  # query blocks x (B, H)
     inputs = (q, k, v) if mask is None else (q, k, v, mask)
     pairs = [(b, k.layout.sizes[0]), (b, v.layout.sizes[0]), (source, v.layout.sizes[2])]
     if mask is not None:
