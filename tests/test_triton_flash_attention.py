@@ -260,3 +260,16 @@ def test_dynamic_batch_and_lengths(triton_graphs, monkeypatch):
     assert len(sources) == 2, sources
     assert all("flash_attention_" in s and "extern_sdpa" not in s for s in sources), sources
     assert " // 64)" in sources[1]  # the grid: query blocks of a symbolic length
+
+
+def test_a_template_is_not_precompiled_with_the_generated_kernels(monkeypatch):
+    """On a GPU a program's generated Triton kernels compile in the background when it loads;
+    a template's launcher has no block-size configs to precompile, and compiles at its first
+    call (this ran only on a GPU, where the template would have broken every package compile)."""
+    from ember.inductor import runtime
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    launcher = runtime.triton_template("k", triton_attention.render_source("k"), {"num_warps": 4})
+    with runtime.collect_builds() as builds:
+        runtime.precompile_triton("k", launcher, ("*fp32",) * 5 + ("i64",) * 18)
+    assert not builds.pending()

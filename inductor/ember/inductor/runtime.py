@@ -553,6 +553,8 @@ def precompile_triton(name: str, launcher: TritonLauncher, arg_types: tuple) -> 
     builds = _PENDING.get()
     if builds is None or os.environ.get("TRITON_INTERPRET") == "1":
         return
+    if not isinstance(launcher, TritonLauncher):  # a template's kernel compiles at its first call
+        return
     dtypes = tuple(POINTER_DTYPES[t[1:]] for t in arg_types if t.startswith("*"))
     # the same kernel (another layer's) compiles once
     builds.submit_optional(name, launcher.precompile, dtypes, key=(launcher.key, launcher.sizes, dtypes))
