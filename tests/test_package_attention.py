@@ -38,7 +38,7 @@ def _standalone(run_package, path, inputs, tmp_path):
     run = subprocess.run([str(run_package), str(path), *names, str(out)],
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 0, run.stderr
-    return torch.from_numpy(np.load(out))
+    return torch.from_numpy(np.load(out)).float()
 
 
 def _no_attention_extern(exported):
@@ -59,7 +59,8 @@ class Attentions(torch.nn.Module):
         return causal + masked + grouped
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp32", "bf16", "fp16"])  # fmt: skip
 def test_attention_calls_run_standalone(run_package, tmp_path, dtype):
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 19, 80, generator=gen).to(dtype) for _ in range(3))

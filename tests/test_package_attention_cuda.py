@@ -42,7 +42,8 @@ def _flash_only(exported):
 
 
 def _standalone(run_package, path, inputs, tmp_path):
-    """The package's first output by `run_package` (bfloat16 travels as float32 .npy)."""
+    """The package's first output by `run_package`, as float32 (bfloat16 travels as float32
+    .npy: numpy has none)."""
     names = []
     for i, x in enumerate(inputs):
         names.append(str(tmp_path / f"in{i}.npy"))
@@ -52,7 +53,7 @@ def _standalone(run_package, path, inputs, tmp_path):
     run = subprocess.run([str(run_package), str(path), *names, str(out)],
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 0, run.stderr
-    return torch.from_numpy(np.load(out))
+    return torch.from_numpy(np.load(out)).float()
 
 
 class Attentions(torch.nn.Module):
@@ -83,9 +84,8 @@ def test_attention_calls_in_a_cuda_package(run_package, tmp_path, dtype, e):
     tol = FP32 if dtype == torch.float32 else BF16
     torch.testing.assert_close(load_package(path)(q2, k2, v2, mask)[0].float(), want.float(),
                                **tol)  # fmt: skip
-    if dtype != torch.float16:  # run_package's .npy bridge covers float32 and bfloat16
-        got = _standalone(run_package, path, (q2, k2, v2, mask), tmp_path)
-        torch.testing.assert_close(got, want.float().cpu(), **tol)
+    got = _standalone(run_package, path, (q2, k2, v2, mask), tmp_path)
+    torch.testing.assert_close(got, want.float().cpu(), **tol)
 
 
 class Logits(torch.nn.Module):
