@@ -7,10 +7,10 @@ extern: calls into libtorch, which a package's C++ runtime cannot make. Where th
 `config.packaging`), the call is instead a kernel of the program: the template
 `csrc/triton_flash_attention.py` with heads, head dims (padded to powers of two), last-dim
 strides, the scale and the flags as compile-time constants and batch, lengths and the other
-strides as run-time arguments, launched on a grid of (query blocks x batch x heads) programs. It is a Triton
-kernel like the generated ones, so a package gets it as a cubin (triton_aot.attach_cubins) that the
-C++ wrapper launches. In-process CUDA compiles keep torch's kernels unless the switch is True
-(this kernel was not measured against them).
+strides as run-time arguments, launched on a grid of (query blocks x batch x heads) programs. It
+is a Triton kernel like the generated ones, so a package gets it as a cubin
+(triton_aot.attach_cubins) that the C++ wrapper launches. In-process CUDA compiles keep torch's
+kernels unless the switch is True (this kernel was not measured against them).
 
 It takes what cpu_attention's kernel takes (inference, no dropout, static heads and head dims,
 float32/bfloat16/float16, a float mask broadcastable to (B, H, L, S), GQA/MQA), head dims up to

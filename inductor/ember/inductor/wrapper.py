@@ -364,7 +364,8 @@ class WrapperBuilder:
     def _finish(self) -> Program:
         ks = list(self.ks.values())
         out = ["# ember.inductor generated wrapper", "import torch",
-               "from ember.inductor.runtime import empty_strided, reinterpret, restride, extern, cpp_kernel, triton_kernel, triton_template",
+               "from ember.inductor.runtime import empty_strided, reinterpret, restride, extern, "
+               "cpp_kernel, triton_kernel, triton_template",
                ""]  # fmt: skip
         for fn, op in sorted(self.externs.items()):
             out.append(f"{fn} = extern({op!r})")

@@ -90,8 +90,9 @@ void narrow_to_bf16(ember::NpyArray& a) {
   for (size_t i = 0; i < n; ++i) {
     uint32_t u;
     memcpy(&u, &a.data[i * 4], 4);
-    uint16_t h = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t((u >> 16) | 0x40u)
-                                                  : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+    uint16_t h = nan ? uint16_t((u >> 16) | 0x40u) : uint16_t(rounded >> 16);
     memcpy(&out[i * 2], &h, 2);
   }
   a.data.swap(out);

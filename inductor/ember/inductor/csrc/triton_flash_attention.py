@@ -3,12 +3,13 @@
 One program computes BLOCK_M query rows of one (batch, head) against every key block it needs,
 with an online softmax in float32 (exp2, the scale folded into log2(e)), so the (L, S) scores are
 never stored; the grid is cdiv(L, BLOCK_M) * B * H programs. Query head h reads key/value head
-h // GROUP (GQA/MQA; GROUP = 1 for plain attention). Head dims are padded to powers of two (E_PAD, EV_PAD) and masked. An additive mask of
-any float dtype is read through its strides (0 where it broadcasts); CAUSAL keeps key j <= query
-i (torch's top-left alignment). Inputs of float16/bfloat16 multiply in their dtype with float32
-accumulation; float32 inputs multiply in IEEE float32 (no TF32), as eager does. UPCAST (the
-launcher sets it under Triton's CPU interpreter only, whose float16/bfloat16 `tl.dot` returns
-garbage in Triton 3.6) multiplies float32 copies of the same values instead.
+h // GROUP (GQA/MQA; GROUP = 1 for plain attention). Head dims are padded to powers of two
+(E_PAD, EV_PAD) and masked. An additive mask of any float dtype is read through its strides (0
+where it broadcasts); CAUSAL keeps key j <= query i (torch's top-left alignment). Inputs of
+float16/bfloat16 multiply in their dtype with float32 accumulation; float32 inputs multiply in
+IEEE float32 (no TF32), as eager does. UPCAST (the launcher sets it under Triton's CPU
+interpreter only, whose float16/bfloat16 `tl.dot` returns garbage in Triton 3.6) multiplies
+float32 copies of the same values instead.
 
 Sizes that may be dynamic (batch, lengths, strides but the last) are run-time arguments; heads,
 head dims, last-dim strides, the scale and the flags are compile-time constants. A query row
@@ -25,7 +26,8 @@ def KERNEL_NAME(Q, K, V, M, O, B, L, S, QS0, QS1, QS2, KS0, KS1, KS2, VS0, VS1, 
                 EV: tl.constexpr, E_PAD: tl.constexpr, EV_PAD: tl.constexpr, QS3: tl.constexpr,
                 KS3: tl.constexpr, VS3: tl.constexpr, OS3: tl.constexpr, MS3: tl.constexpr,
                 HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, SCALE: tl.constexpr,
-                IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
     # one flat grid (x allows 2**31 - 1 programs where y allows 65535): the query blocks of one
     # (batch, head) are neighbours, so they share its keys and values in L2
     pid = tl.program_id(0).to(tl.int64)
