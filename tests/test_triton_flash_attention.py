@@ -209,6 +209,19 @@ def _extern_graph(prim, tensors, args, kwargs, index):
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
+def test_flash_extern_s_bottom_right_causal_mask_stays_an_extern(triton_graphs):
+    """CUDA's flash op aligns its causal mask bottom-right when query and key lengths differ
+    (torch.nn.attention.bias.causal_lower_right calls it so); the kernel's is top-left, so
+    such a call keeps the extern (a package then refuses it, saying why)."""
+    from ember.primtorch.prims.extern import sdpa_flash
+
+    q, k, v = _qkv(1, 2, 5, 12, 32)
+    gm = _extern_graph(sdpa_flash, (q, k, v), (0.0, True, False), {}, 0)
+    compiled = compile_prims(gm, [q, k, v])
+    assert not [k for k in compiled.artifact.kernels if k.name.startswith("flash_attention_")]
+    assert [s.target for s in compiled.artifact.steps if s.kind == "extern"] == ["extern.sdpa_flash"]
+
+
 @pytest.mark.parametrize("op", ["flash", "efficient", "cudnn"])
 def test_cuda_attention_externs_lower_to_the_kernel(triton_graphs, op):
     """How CUDA's three externs bind their arguments and lay out their output (the efficient
@@ -218,7 +231,8 @@ def test_cuda_attention_externs_lower_to_the_kernel(triton_graphs, op):
 
     q, k, v = _qkv(2, 4, 21, 30, 64, hkv=2, dtype=torch.bfloat16)
     mask = torch.randn(2, 1, 21, 30).to(torch.bfloat16)
-    if op == "flash":  # causal, no mask
+    if op == "flash":  # causal (equal lengths: see the bottom-right test), no mask
+        q, k, v = _qkv(2, 4, 21, 21, 64, hkv=2, dtype=torch.bfloat16)
         gm = _extern_graph(sdpa_flash, (q, k, v), (0.0, True, False), {"scale": 0.2}, 0)
         want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.2,
                                               enable_gqa=True)  # fmt: skip

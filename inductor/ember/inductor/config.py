@@ -146,12 +146,16 @@ def _from_env(cfg: Config) -> Config:
 @contextlib.contextmanager
 def for_package():
     """Compile for a package (ember.cpp_wrapper's registry entry "packaging"): lowerings that
-    replace calls into torch where a package needs them (triton_flash_attention) apply."""
-    saved, config.packaging = config.packaging, True
-    try:
-        yield
-    finally:
-        config.packaging = saved
+    replace calls into torch where a package needs them (triton_flash_attention) apply. Holds
+    the compile lock (re-entrant), so a compile on another thread never sees the switch."""
+    from ember.ir.locks import COMPILE_LOCK
+
+    with COMPILE_LOCK:
+        saved, config.packaging = config.packaging, True
+        try:
+            yield
+        finally:
+            config.packaging = saved
 
 
 def on_for(mode, device) -> bool:

@@ -149,6 +149,12 @@ def sdpa_flash(L, query, key, value, dropout_p=0.0, is_causal=False, return_debu
     """CUDA's flash kernel: (out, logsumexp, 7 more), only `out` read."""
     if return_debug_mask:
         raise NotImplementedError("Triton flash attention: the debug mask is asked for")
+    length, source = sympy.sympify(query.sizes[2]), sympy.sympify(key.sizes[2])
+    if is_causal and sympy.expand(length - source) != 0:
+        # this ATen op's causal mask is aligned bottom-right when the lengths differ (torch's
+        # CausalBias calls it so); F.scaled_dot_product_attention never sends it such a call
+        raise NotImplementedError("Triton flash attention: extern.sdpa_flash's bottom-right "
+                                  "causal mask (query and key lengths differ)")  # fmt: skip
     out = lower(L, "extern.sdpa_flash", query, key, value, None, is_causal, scale, dropout_p)
     return (out, *(None,) * 8)
 
