@@ -98,7 +98,7 @@ def _decoder(kind, dtype):
 
 
 @pytest.mark.parametrize(
-    "kind,dtype", [("llama", torch.float32), ("llama", torch.bfloat16), ("qwen2", torch.bfloat16)]
+    "kind,dtype", [("llama", torch.float32), ("llama", torch.bfloat16), ("qwen2", torch.float16)]
 )
 def test_gqa_decoder_runs_standalone(run_package, tmp_path, kind, dtype):
     model = _decoder(kind, dtype)
@@ -113,6 +113,6 @@ def test_gqa_decoder_runs_standalone(run_package, tmp_path, kind, dtype):
     assert got.shape == want.shape
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, **FP32)
-    else:  # bfloat16 rounding differs by op order: the logits agree to a few bf16 ulps
+    else:  # 16-bit rounding differs by op order: the logits agree to a few ulps
         torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
