@@ -1,6 +1,6 @@
 """Attention in CPU packages: scaled_dot_product_attention (causal, additive masks, GQA) and a
 transformers GQA decoder, exported, packaged and run by `run_package` (no Python, no libtorch)
-in float32 and bfloat16, against eager.
+in float32, bfloat16 and float16, against eager.
 
 Cross-component: dynamo exports, primtorch records torch's CPU flash call, inductor lowers it to
 its generated flash kernel (ember.inductor.cpu_attention), cpp_wrapper compiles it into model.so.
