@@ -8,7 +8,10 @@ the `CompiledArtifact` of the graph, inputs named `arg0..argN` in placeholder or
 program's placeholders are its inputs then its constants, so the trailing artifact inputs are the
 constants, which `package` freezes into weights. Extern ops the runtime lacks on the target device
 (convolution on CUDA, see config.conv_as_matmul) are first rewritten by the registry entry
-"decompose_externs" (ember.primtorch) into prims and the matmul externs.
+"decompose_externs" (ember.primtorch) into prims and the matmul externs. The compile runs inside
+the registry entry "packaging" (`ember.inductor.config.for_package`), under which inductor lowers
+calls the runtime cannot make into kernels of its own where it has them (CUDA attention as
+Ember's Triton flash kernel).
 
 An exported program is read by duck typing (`graph_module`, `inputs`, `constants`,
 `example_inputs()`), the attributes `ember.dynamo.ExportedProgram` has.
@@ -36,6 +39,7 @@ _ENTRIES = {
     "attach_cubins": "ember.inductor.triton_aot:attach_cubins",
     "decompose_externs": "ember.primtorch:decompose_externs",
     "load_exported": "ember.dynamo:load_exported",
+    "packaging": "ember.inductor.config:for_package",
 }
 _RESOLVED: dict[str, Any] = {}
 
@@ -81,7 +85,8 @@ def compile_exported(exported, device: str = "cpu") -> tuple[CompiledArtifact, d
     externs = config.decomposed_externs(want)
     if externs:  # the runtime has no kernel for these on `want`: generated code + matmuls instead
         gm = resolve_entry("decompose_externs")(gm, externs)
-    compiled = resolve_entry("compile_prims")(gm, exported.example_inputs())
+    with resolve_entry("packaging")():  # lowerings that replace calls into torch apply
+        compiled = resolve_entry("compile_prims")(gm, exported.example_inputs())
     artifact = getattr(compiled, "artifact", compiled)
     if isinstance(artifact, CompiledArtifact) and (want == "cuda" or any(
             k.language == "triton" and not k.binary for k in artifact.kernels)):  # fmt: skip

@@ -157,6 +157,17 @@ EXTERN_OPS: dict[str, ExternSpec] = {
 }
 
 
+# Attention externs (calls into torch's kernels) that ember.inductor replaces with a flash kernel
+# of its own when it compiles for a package: the generated C++ kernel on the CPU, the Triton
+# kernel (a cubin) on CUDA. One that reaches an artifact is a call those kernels do not take.
+LOWERED_FOR_PACKAGES = {
+    "extern.sdpa_flash_cpu": "cpu",
+    "extern.sdpa_flash": "cuda",
+    "extern.sdpa_efficient": "cuda",
+    "extern.sdpa_cudnn": "cuda",
+}
+
+
 def _vocabulary_names(target: str) -> tuple[str, ...]:
     """The op's argument names as the vocabulary defines them (when primtorch has defined it)."""
     try:
@@ -172,6 +183,13 @@ def bind_extern(target: str, args: Sequence, kwargs: Mapping,
     """The spec of `target` and its arguments by our parameter names (JSON form, unresolved)."""
     if target == "extern.custom_op":
         raise UnsupportedArtifactError(missing_kernel_message(args[0] if args else "?", args))
+    if target in LOWERED_FOR_PACKAGES:
+        raise UnsupportedArtifactError(
+            f"{target}: an attention call that Ember's own flash kernel does not take (dropout, "
+            "a read log-sum-exp, symbolic heads or head dims, head dims above 256 on CUDA, an "
+            "integer mask; see ember.inductor.triton_attention and cpu_attention), so it stays "
+            "a call into torch, which packages cannot make; run it with the Python wrapper"
+        )
     spec = EXTERN_OPS.get(target)
     if spec is None or device not in spec.devices:
         known = ", ".join(sorted(n for n, s in EXTERN_OPS.items() if device in s.devices))

@@ -14,10 +14,12 @@ Overrides (read once at import):
   EMBER_PAD_MM=0|1|auto           `pad_mm`
   EMBER_CONV_BIAS_EPILOGUE=0|1|auto  `conv_bias_epilogue`
   EMBER_CPU_FLASH_ATTENTION=0|1|auto  `cpu_flash_attention`
+  EMBER_TRITON_FLASH_ATTENTION=0|1|auto  `triton_flash_attention`
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Optional, Union
 import os
@@ -78,6 +80,14 @@ class Config:
     # applies (inference, no dropout, static sizes, fp32/bf16/fp16; else the extern call stays);
     # False: always torch's kernel.
     cpu_flash_attention: Union[bool, str] = "auto"
+    # CUDA's attention externs (extern.sdpa_flash, sdpa_efficient, sdpa_cudnn: torch's kernels)
+    # as Ember's own Triton flash-attention kernel (triton_attention.py), which packages launch
+    # as a cubin where they cannot call torch. "auto": while compiling for a package
+    # (`packaging`); True: in-process compiles too (and CPU graphs that render Triton, for
+    # tests); False: always torch's kernels.
+    triton_flash_attention: Union[bool, str] = "auto"
+    # set while ember.cpp_wrapper compiles a program for a package (`for_package()`)
+    packaging: bool = False
     # C++ backend
     cpu_backend: str = "cpp"  # or "triton"
     isa: str = ""  # "" means ember.ir.toolchain.cpu_isa()
@@ -133,9 +143,27 @@ def _from_env(cfg: Config) -> Config:
     flash = env.get("EMBER_CPU_FLASH_ATTENTION")
     if flash:
         cfg.cpu_flash_attention = {"0": False, "1": True}.get(flash, flash)
+    triton_flash = env.get("EMBER_TRITON_FLASH_ATTENTION")
+    if triton_flash:
+        cfg.triton_flash_attention = {"0": False, "1": True}.get(triton_flash, triton_flash)
     if "output_code" in env.get("EMBER_LOGS", "").split(","):
         cfg.output_code = True
     return cfg
+
+
+@contextlib.contextmanager
+def for_package():
+    """Compile for a package (ember.cpp_wrapper's registry entry "packaging"): lowerings that
+    replace calls into torch where a package needs them (triton_flash_attention) apply. Holds
+    the compile lock (re-entrant), so a compile on another thread never sees the switch."""
+    from ember.ir.locks import COMPILE_LOCK
+
+    with COMPILE_LOCK:
+        saved, config.packaging = config.packaging, True
+        try:
+            yield
+        finally:
+            config.packaging = saved
 
 
 def on_for(mode, device) -> bool:

@@ -78,10 +78,19 @@ def _why_not(L, q, k, v, dropout_p, mask, scale) -> str | None:
     """Why the kernel does not take this call, or None when it does."""
     if not enabled(L.device):
         return "config.cpu_flash_attention is off, or the graph is not a C++ CPU graph"
+    return unsupported(L, q, k, v, dropout_p, mask, scale, MAX_HEAD_DIM)
+
+
+def unsupported(L, q, k, v, dropout_p, mask, scale, max_head_dim: int,
+                single_output: bool = False) -> str | None:  # fmt: skip
+    """Why a flash kernel of Ember's (this one, or triton_attention's) cannot run this inference
+    call, or None: dropout, a read log-sum-exp (`single_output`: the op returns only the
+    output), dtypes, sizes and masks it does not take."""
     if dropout_p != 0.0:
         return "dropout"
     users = list(L.current.users) if L.current is not None else []
-    if any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+    if not single_output and any(u.target is not operator.getitem or u.args[1] != 0
+                                 for u in users):  # fmt: skip
         return "the log-sum-exp is read (a training graph's backward)"
     if q.dtype not in _DTYPES or not q.dtype == k.dtype == v.dtype:
         return f"dtype {q.dtype}"
@@ -95,8 +104,8 @@ def _why_not(L, q, k, v, dropout_p, mask, scale) -> str | None:
     same = _same(L, q.sizes[0], k.sizes[0]) and _same(L, k.sizes[0], v.sizes[0])
     if not (same and _same(L, k.sizes[2], v.sizes[2]) and hk == hv and e == ek) or h % hk:
         return "q, k and v sizes the kernel does not take"
-    if max(e, ev) > MAX_HEAD_DIM:
-        return f"head dim above {MAX_HEAD_DIM}"
+    if max(e, ev) > max_head_dim:
+        return f"head dim above {max_head_dim}"
     if scale is not None and not math.isfinite(scale):
         return f"scale {scale}"
     if mask is not None:
@@ -200,6 +209,12 @@ def sdpa_flash_cpu(L, query, key, value, dropout_p=0.0, is_causal=False, *, attn
                    scale=None):  # fmt: skip
     """The generated flash-attention kernel for this call (see the module doc), or
     NotImplementedError, which keeps the extern call into torch."""
+    if config.cpu_backend == "triton":  # the Triton renderer's own (its tests' CPU graphs)
+        from . import triton_attention
+
+        out = triton_attention.lower(L, "extern.sdpa_flash_cpu", query, key, value, attn_mask,
+                                     bool(is_causal), scale, dropout_p)  # fmt: skip
+        return out, None
     why = _why_not(L, query, key, value, dropout_p, attn_mask, scale)
     if why is not None:
         raise NotImplementedError(f"generated CPU flash attention: {why}")

@@ -27,6 +27,7 @@ from . import (
     lowering_views,  # noqa: F401  (registers the view, reduction and extern lowerings)
     metrics,
     runtime,
+    triton_attention,  # noqa: F401  (registers Ember's Triton flash attention's lowerings)
 )
 from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs

@@ -523,11 +523,37 @@ def triton_kernel(name, source, configs, xnumel, rnumel, numel=None) -> TritonLa
     return TritonLauncher(name, source, configs, xnumel, rnumel)
 
 
+class TritonTemplateLauncher:
+    """Launches a hand-written Triton kernel (a template such as triton_attention's flash
+    attention) with one fixed configuration: `launcher[grid](*args)`; the constants of `cfg`
+    (UPCAST on under Triton's CPU interpreter, see the template) and its num_warps/num_stages."""
+
+    def __init__(self, name, source, cfg):
+        self.fn_name, self.source = _named_by_content(name, source, "def {}(")
+        self.cfg, self._fn = dict(cfg), None
+
+    def __getitem__(self, grid):
+        if self._fn is None:
+            self._fn = getattr(_load_module(self.source), self.fn_name)
+        consts = {k: v for k, v in self.cfg.items() if k not in ("num_warps", "num_stages")}
+        if "UPCAST" in consts and os.environ.get("TRITON_INTERPRET") == "1":
+            consts["UPCAST"] = True
+        options = {k: self.cfg[k] for k in ("num_warps", "num_stages") if k in self.cfg}
+        grid = tuple(int(g) for g in grid)
+        return lambda *args: self._fn[grid](*args, **consts, **options)
+
+
+def triton_template(name, source, cfg) -> TritonTemplateLauncher:
+    return TritonTemplateLauncher(name, source, cfg)
+
+
 def precompile_triton(name: str, launcher: TritonLauncher, arg_types: tuple) -> None:
     """Inside `collect_builds()` on a GPU, compile `launcher`'s kernel in the background;
     arg_types are its ir types ("*fp32" for a pointer; the trailing sizes are the launcher's)."""
     builds = _PENDING.get()
     if builds is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    if not isinstance(launcher, TritonLauncher):  # a template's kernel compiles at its first call
         return
     dtypes = tuple(POINTER_DTYPES[t[1:]] for t in arg_types if t.startswith("*"))
     # the same kernel (another layer's) compiles once

@@ -54,13 +54,16 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
     """Compile the @triton.jit function `name` of `source` for sm_`arch` with block sizes `cfg`.
 
     arg_types are the non-constexpr parameters' types in order ("*fp32", "i64", ...); cfg holds
-    the constexpr block sizes and num_warps. Raises triton's CompilationError on a bad kernel."""
+    the constexpr block sizes, num_warps and optionally num_stages (software pipelining depth,
+    Triton's default when absent). Raises triton's CompilationError on a bad kernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     arch = arch or current_arch()
-    consts = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
+    options = {k: int(cfg[k]) for k in ("num_warps", "num_stages") if k in cfg}
+    options.setdefault("num_warps", 4)
+    consts = {k: v for k, v in cfg.items() if k not in options}
     key = hashlib.sha256(
         json.dumps([source, name, list(arg_types), cfg, arch, triton.__version__]).encode()
     ).hexdigest()[:32]
@@ -83,8 +86,7 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
     compiled = triton.compile(
         ASTSource(fn=fn, signature=signature, constexprs=consts),
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": int(cfg.get("num_warps", 4)),
-                 **({"num_stages": int(cfg["num_stages"])} if "num_stages" in cfg else {})},
+        options=options,
     )
     meta = {"name": compiled.metadata.name, "num_warps": compiled.metadata.num_warps,
             "shared_mem": compiled.metadata.shared}  # fmt: skip

@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 
 from ember.ir import BufferIR, KernelIR, StepIR, SymbolSpec, TensorMeta, new_artifact
 from ember.ir.codec import value_to_json
+from ember.ir.symbols import expr_to_json
 
 from .codegen_common import PY_MINMAX, print_index
 from .config import config
@@ -322,11 +323,25 @@ class WrapperBuilder:
                                   f"and {rhs} must be equal, got %d and %d' % ({lhs}, {rhs}))")
                 self.guards.append(rel)
             self._alloc(s)
+            if src.language == "triton":
+                self._template_launch(s.kernel, src)
+                return
             self.lines.append(f"{s.kernel}({', '.join(src.args)})")
             buffers, syms = split_size_args(src, list(src.args))
             self.art_steps.append(StepIR("kernel", s.kernel, [*buffers, *syms], {}, ()))
         elif isinstance(s, ExternBuffer):
             self._extern(s)
+
+    def _template_launch(self, kernel: str, src):
+        """A Triton template's launch: its buffers, then scalars that are size expressions (as
+        text in the KernelSource, which the compile cache stores as JSON), over `src.grid`."""
+        n_ptr = sum(1 for t in src.arg_types if t.startswith("*"))
+        buffers, scalars = list(src.args[:n_ptr]), [sympy.sympify(a) for a in src.args[n_ptr:]]
+        grid = ", ".join(_text(g) for g in src.grid)
+        args = ", ".join([*buffers, *(_text(e) for e in scalars)])
+        self.lines.append(f"{kernel}[({grid},)]({args})")
+        values = [int(e) if e.is_Integer else {"expr": expr_to_json(e)} for e in scalars]
+        self.art_steps.append(StepIR("kernel", kernel, [*buffers, *values], {}, ()))
 
     def _extern(self, s: ExternBuffer):
         fn = s.op.replace(".", "_")
@@ -349,7 +364,8 @@ class WrapperBuilder:
     def _finish(self) -> Program:
         ks = list(self.ks.values())
         out = ["# ember.inductor generated wrapper", "import torch",
-               "from ember.inductor.runtime import empty_strided, reinterpret, restride, extern, cpp_kernel, triton_kernel",
+               "from ember.inductor.runtime import empty_strided, reinterpret, restride, extern, "
+               "cpp_kernel, triton_kernel, triton_template",
                ""]  # fmt: skip
         for fn, op in sorted(self.externs.items()):
             out.append(f"{fn} = extern({op!r})")
@@ -388,6 +404,10 @@ def _standalone(k) -> str:
 
 
 def _kernel_loader(k) -> list[str]:
+    if k.language == "triton" and dict(k.meta).get("template"):
+        cfg = dict(dict(k.meta)["configs"][0])
+        return [f"{k.name} = triton_template({k.name!r}, r'''", k.source.rstrip("\n"),
+                f"''', {cfg!r})"]  # fmt: skip
     if k.language == "cpp":
         nsyms = k.arg_types.count("i64")  # trailing size arguments (dynamic shapes)
         return [

@@ -10,6 +10,10 @@
 // round (the figure bench/measure.py's per-call overhead timing gives for in-process backends):
 //   bench calls=CALLS sync_median_ms=X rounds=R loop_median_ms=Y
 //
+// numpy has no bfloat16: a bfloat16 input is read from a float32 .npy (rounded to nearest even,
+// as torch's .to(torch.bfloat16)) and a bfloat16 output is written as float32 (exact: every
+// bfloat16 is a float32).
+//
 // The exit status is 0 on success, else the EmberStatus of the failure (the message goes to
 // stderr): 1 bad arguments, 2 dtype, 3 shape, 4 device, 5 guard, 6 package, 7 version, ...
 #include <algorithm>
@@ -75,6 +79,37 @@ void release(std::vector<DLManagedTensor*>& tensors) {
 }
 
 void noop_deleter(DLManagedTensor*) {}
+
+bool is_bf16(DLDataType t) { return t.code == kDLBfloat && t.bits == 16 && t.lanes == 1; }
+bool is_f32(DLDataType t) { return t.code == kDLFloat && t.bits == 32 && t.lanes == 1; }
+
+// A float32 array as bfloat16, rounded to nearest even (a NaN stays a quiet NaN).
+void narrow_to_bf16(ember::NpyArray& a) {
+  size_t n = a.data.size() / 4;
+  std::vector<uint8_t> out(n * 2);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    memcpy(&u, &a.data[i * 4], 4);
+    bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+    uint16_t h = nan ? uint16_t((u >> 16) | 0x40u) : uint16_t(rounded >> 16);
+    memcpy(&out[i * 2], &h, 2);
+  }
+  a.data.swap(out);
+  a.dtype = DLDataType{kDLBfloat, 16, 1};
+}
+
+// Dense bfloat16 bytes as float32 bytes (exact).
+std::vector<uint8_t> widen_bf16(const std::vector<uint8_t>& in) {
+  std::vector<uint8_t> out(in.size() * 2);
+  for (size_t i = 0; i < in.size() / 2; ++i) {
+    uint16_t h;
+    memcpy(&h, &in[i * 2], 2);
+    uint32_t u = uint32_t(h) << 16;
+    memcpy(&out[i * 4], &u, 4);
+  }
+  return out;
+}
 
 // Wait for the work queued on the legacy default stream (the stream runs use) of a CUDA model.
 void synchronize(DLDevice device) {
@@ -172,6 +207,11 @@ int main(int argc, char** argv) {
   try {
     for (size_t i = 0; i < n_in; ++i) {
       arrays[i] = ember::npy_read(args[1 + i]);
+      EmberTensorInfo info;
+      if (ember_model_input_info(model, i, &info) == EMBER_OK && is_bf16(info.dtype) &&
+          is_f32(arrays[i].dtype)) {
+        narrow_to_bf16(arrays[i]);
+      }
       DLTensor& t = host[i].dl_tensor;
       t = DLTensor{arrays[i].data.data(), DLDevice{kDLCPU, 0}, int32_t(arrays[i].shape.size()),
                    arrays[i].dtype, arrays[i].shape.data(), nullptr, 0};
@@ -199,9 +239,11 @@ int main(int argc, char** argv) {
         t = h->dl_tensor;
       }
       staged = dense_host(t);
+      DLDataType written = t.dtype;
+      if (is_bf16(t.dtype)) staged = widen_bf16(staged), written = DLDataType{kDLFloat, 32, 1};
       std::vector<int64_t> shape(t.shape, t.shape + t.ndim);  // t.shape dies with h
       if (h) h->deleter(h);
-      ember::npy_write(args[1 + n_in + i], t.dtype, shape.data(), t.ndim, staged.data());
+      ember::npy_write(args[1 + n_in + i], written, shape.data(), t.ndim, staged.data());
     }
     release(outputs);
     outputs.assign(n_out, nullptr);
