@@ -14,6 +14,8 @@ Overrides (read once at import):
   EMBER_PAD_MM=0|1|auto           `pad_mm`
   EMBER_CONV_BIAS_EPILOGUE=0|1|auto  `conv_bias_epilogue`
   EMBER_CPU_FLASH_ATTENTION=0|1|auto  `cpu_flash_attention`
+  EMBER_GEMM_FORCE=extern|<i>     `gemm_force`: skip the matmul timing, keep the library call or
+                                  take template config i (tests, and runs without a GPU)
 """
 
 from __future__ import annotations
@@ -85,6 +87,14 @@ class Config:
     # a bfloat16 softmax over 4096 columns then moved 48% of the copy bandwidth (H100).
     persistent_reduction_max: int = 4096
     autotune: bool = True
+    # Matmuls (mm, addmm, bmm, baddbmm) as generated Triton GEMM templates with their pointwise
+    # readers fused as an epilogue, each chosen against the library call by timing on the real
+    # shapes in a subprocess (gemm_template.py, autotune.py). compile_fx turns it on for
+    # mode="max-autotune" / "max-autotune-no-cudagraphs"; off by default.
+    max_autotune_gemm: bool = False
+    # None: measure (CUDA only; elsewhere the library call stays). "extern": keep the library call;
+    # an int i: take template config i untimed (the Triton interpreter's tests).
+    gemm_force: Optional[Union[int, str]] = None
     # a Triton kernel's binary is kept in the cache after its first launch, and a later process
     # launches it from there without Triton's JIT (triton_binaries.py)
     triton_binaries: bool = True
@@ -125,6 +135,9 @@ def _from_env(cfg: Config) -> Config:
     flash = env.get("EMBER_CPU_FLASH_ATTENTION")
     if flash:
         cfg.cpu_flash_attention = {"0": False, "1": True}.get(flash, flash)
+    force = env.get("EMBER_GEMM_FORCE")
+    if force:
+        cfg.gemm_force = int(force) if force.isdigit() else force
     if "output_code" in env.get("EMBER_LOGS", "").split(","):
         cfg.output_code = True
     return cfg

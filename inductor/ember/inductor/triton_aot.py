@@ -60,7 +60,7 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
     from triton.compiler import ASTSource
 
     arch = arch or current_arch()
-    consts = {k: v for k, v in cfg.items() if k != "num_warps"}
+    consts = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
     key = hashlib.sha256(
         json.dumps([source, name, list(arg_types), cfg, arch, triton.__version__]).encode()
     ).hexdigest()[:32]
@@ -83,7 +83,8 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
     compiled = triton.compile(
         ASTSource(fn=fn, signature=signature, constexprs=consts),
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": int(cfg.get("num_warps", 4))},
+        options={"num_warps": int(cfg.get("num_warps", 4)),
+                 **({"num_stages": int(cfg["num_stages"])} if "num_stages" in cfg else {})},
     )
     meta = {"name": compiled.metadata.name, "num_warps": compiled.metadata.num_warps,
             "shared_mem": compiled.metadata.shared}  # fmt: skip

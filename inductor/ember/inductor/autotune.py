@@ -1,0 +1,238 @@
+"""Choice by measurement: candidate kernels timed on random inputs of the real layouts in a
+subprocess, the fastest remembered on disk (max-autotune's matmul templates, gemm_template.py).
+
+A `Choice` is a list of launches (a Triton kernel from its source with one launch config, or an
+extern call by its vocabulary name) over named tensors; its time is the sum of its launches'.
+The worker process (`python -m ember.inductor.autotune JOB`) compiles every Triton candidate on
+a thread pool, then times each one (CUDA: triton.testing.do_bench; CPU: the median of a few
+runs), printing one result line per choice as it goes. A candidate that fails to compile or
+run is dropped; one that takes the worker down (a crash, not an exception) is dropped too: the
+parent starts another worker for the rest, one candidate at a time, so the crash is pinned to
+its candidate. The winner is stored under the cache directory by a hash of the device's name,
+the versions, the tensors' layouts and every choice (so the template's source, its epilogue
+and its configs): a warm start never times again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ember.ir import cache_files
+
+from . import metrics
+from .runtime import cache_dir
+
+log = logging.getLogger("ember.inductor")
+RESULT = "EMBER_AUTOTUNE"  # the worker's result lines: RESULT <choice> <ms> | RESULT <i> error ..
+TIMEOUT_S = 600
+
+
+@dataclasses.dataclass
+class Choice:
+    """One candidate: its name and its launches, each a dict with "kind" "triton" (source, name,
+    args: tensor names, sizes: the numels the kernel takes after its pointers, cfg) or "extern"
+    (op, args: tensor names as {"tensor": name} or plain values, kwargs)."""
+
+    label: str
+    launches: list
+
+
+def tensor_spec(layout) -> dict:
+    """A loop-IR Layout as the worker rebuilds it (random values, the same strides)."""
+    return {"dtype": str(layout.dtype).removeprefix("torch."), "sizes": [int(s) for s in layout.sizes],
+            "strides": [int(s) for s in layout.strides], "offset": int(layout.offset),
+            "storage": int(layout.storage_size())}  # fmt: skip
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    import platform
+
+    return f"cpu {platform.machine()} {platform.processor()}"
+
+
+def job_key(job: dict) -> str:
+    import triton
+
+    text = json.dumps([device_name(job["device"]), torch.__version__, triton.__version__, job],
+                      sort_keys=True)  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _path(key: str) -> Path:
+    return cache_dir() / "gemm_autotune" / f"{key}.json"
+
+
+def pick(choices: list[Choice], tensors: dict, device: str) -> tuple[int, dict]:
+    """The index of the fastest choice that ran, and every choice's time in ms (None: failed),
+    from the on-disk cache when these choices were timed before on this device. Raises
+    RuntimeError when no choice ran."""
+    job = {"device": device, "tensors": tensors,
+           "choices": [dataclasses.asdict(c) for c in choices]}  # fmt: skip
+    key = job_key(job)
+    try:
+        stored = json.loads(_path(key).read_text())
+        labels = [c.label for c in choices]
+        if stored.get("key") == key and stored.get("winner") in labels:
+            metrics.gemm_autotune_hits += 1
+            return labels.index(stored["winner"]), stored.get("times", {})
+    except (OSError, ValueError, AttributeError):
+        pass
+    metrics.gemm_autotune_runs += 1
+    times = measure(job)
+    ran = [i for i, t in enumerate(times) if t is not None]
+    if not ran:
+        raise RuntimeError("ember.inductor autotune: no candidate ran: "
+                           + ", ".join(c.label for c in choices))  # fmt: skip
+    best = min(ran, key=times.__getitem__)
+    by_label = {c.label: t for c, t in zip(choices, times)}
+    entry = {"key": key, "winner": choices[best].label, "times": by_label}
+    cache_files.try_write_atomic(_path(key), json.dumps(entry))
+    log.debug("autotune: %s", by_label)
+    return best, by_label
+
+
+def measure(job: dict) -> list[Optional[float]]:
+    """Each choice's time in ms (None where it failed or crashed its worker), from workers."""
+    n = len(job["choices"])
+    times: dict[int, Optional[float]] = {}
+    serial = False
+    while len(times) < n:
+        todo = [i for i in range(n) if i not in times]
+        done, crashed = _run_worker(job, todo, serial)
+        times.update(done)
+        if crashed:
+            pending = [i for i in todo if i not in done]
+            if serial and pending:
+                # one candidate at a time: the first without a result is the one that crashed
+                log.debug("autotune: %s crashed its worker", job["choices"][pending[0]]["label"])
+                times[pending[0]] = None
+            serial = True
+    return [times[i] for i in range(n)]
+
+
+def _run_worker(job: dict, todo: list, serial: bool) -> tuple[dict, bool]:
+    """Run one worker on the choices `todo`: (their results so far, whether it died)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.json"
+        path.write_text(json.dumps({**job, "todo": todo, "serial": serial}))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([*sys.path, env.get("PYTHONPATH", "")])
+        try:
+            proc = subprocess.run([sys.executable, "-m", "ember.inductor.autotune", str(path)],
+                                  env=env, capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+            out, rc = proc.stdout, proc.returncode
+        except subprocess.TimeoutExpired as e:
+            out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), -1
+    done = {}
+    for line in out.splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) < 3 or parts[0] != RESULT:
+            continue
+        i = int(parts[1])
+        if parts[2] == "error":
+            log.debug("autotune: %s failed: %s", job["choices"][i]["label"], parts[3:])
+            done[i] = None
+        else:
+            done[i] = float(parts[2])
+    return done, rc != 0 and len(done) < len(todo)
+
+
+# --- the worker ----------------------------------------------------------------------------------
+
+
+def _make_tensor(spec: dict, device: str) -> torch.Tensor:
+    dtype = getattr(torch, spec["dtype"])
+    n = max(spec["storage"], 1)
+    if dtype.is_floating_point:
+        base = torch.randn(n, device=device).to(dtype)
+    elif dtype == torch.bool:
+        base = torch.rand(n, device=device) < 0.5
+    else:
+        base = torch.randint(0, 2, (n,), device=device).to(dtype)
+    return base.as_strided(spec["sizes"], spec["strides"], spec["offset"])
+
+
+def _launcher(launch: dict, tensors: dict):
+    """A no-argument callable running one launch (Triton's module loaded, not yet compiled)."""
+    from .runtime import _grid, _load_module, block_constants, extern, launch_options
+
+    if launch["kind"] == "extern":
+        fn = extern(launch["op"])
+        args = [tensors[a["tensor"]] if isinstance(a, dict) else a for a in launch["args"]]
+        kwargs = launch.get("kwargs", {})
+        return lambda: fn(*args, **kwargs)
+    kernel = getattr(_load_module(launch["source"]), launch["name"])
+    cfg, sizes = launch["cfg"], launch["sizes"]
+    grid, args = _grid(sizes, cfg), [tensors[a] for a in launch["args"]]
+    consts, options = block_constants(cfg), launch_options(cfg)
+    return lambda: kernel[grid](*args, *sizes, **consts, **options)
+
+
+def _time(fn, device: str) -> float:
+    if device.startswith("cuda"):
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=10, rep=50))
+    fn()
+    runs = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        runs.append((time.perf_counter() - start) * 1e3)
+    return sorted(runs)[1]
+
+
+def _worker(path: str) -> None:
+    job = json.loads(Path(path).read_text())
+    device = job["device"]
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    torch.manual_seed(0)
+    tensors = {name: _make_tensor(spec, device) for name, spec in job["tensors"].items()}
+    choices = job["choices"]
+
+    def prepare(i):
+        calls = [_launcher(launch, tensors) for launch in choices[i]["launches"]]
+        for call in calls:  # the first run compiles
+            call()
+        return calls
+
+    ready: dict = {}
+    if not job["serial"]:
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+            futures = {i: pool.submit(prepare, i) for i in job["todo"]}
+        for i, f in futures.items():
+            ready[i] = f.exception() or f.result()
+    for i in job["todo"]:
+        try:
+            calls = ready[i] if i in ready else prepare(i)
+            if isinstance(calls, BaseException):
+                raise calls
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            ms = sum(_time(call, device) for call in calls)
+            print(f"{RESULT} {i} {ms!r}", flush=True)
+        except Exception as e:  # noqa: BLE001  (reported to the parent, which drops the choice)
+            print(f"{RESULT} {i} error {type(e).__name__}: {str(e)[:200]!r}", flush=True)
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
+
+
+__all__ = ["Choice", "measure", "pick", "tensor_spec"]

@@ -1,0 +1,440 @@
+"""Matmul templates (max-autotune): a library mm/addmm/bmm/baddbmm call as a generated Triton GEMM
+whose pointwise readers run in its store (the epilogue), chosen against the call by timing.
+
+After scheduling, each such extern step with static sizes and a float16/bfloat16/float32 product
+may become a `GemmKernel`: a blocked GEMM (tl.dot over K in BLOCK_K steps, float32 accumulator,
+tiles of XBLOCK rows by YBLOCK columns) that takes over the first pointwise kernel reading the
+product, when that kernel loops over exactly the product's sizes and reads the product only at
+the element it computes (a bias, an activation, a residual add, a cast). Its members then run on
+the accumulator's tile, rendered by the Triton renderer itself (tile rows and columns stand for
+the kernel's loop variables), and the product is never written unless something else reads it.
+`choose_templates` renders every config of `gemm_configs`, has `autotune.pick` time them against
+the library call plus the separate epilogue kernel, and keeps whichever is faster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional
+
+import sympy
+import torch
+
+from .codegen_common import CantRender, CSEVar, KernelSource, buffer_ptr_type
+from . import metrics
+from .codegen_triton import TL, TritonRenderer, _bf16_rne, _indent, _interpreting, grid_of
+from .config import config
+from .loop_ir import AliasBuffer, Buffer, ExternBuffer
+from .scheduler import Kernel
+
+log = logging.getLogger("ember.inductor")
+
+TEMPLATE_OPS = ("extern.mm", "extern.addmm", "extern.bmm", "extern.baddbmm")
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): tiles that do well on Hopper and Ampere for
+# 16-bit operands (float32 ones halve BLOCK_K: their stages would not fit in shared memory).
+HOPPER_CONFIGS = (
+    (128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 32, 4, 4),
+    (64, 256, 32, 4, 4), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4),
+    (128, 32, 32, 4, 4), (64, 32, 32, 2, 5),
+)  # fmt: skip
+GROUP_M = 8  # rows of tiles walked together, so neighbouring programs share B's columns in L2
+
+
+@dataclasses.dataclass
+class Gemm:
+    """What a template multiplies: out[b] = alpha * a[b] @ b[b] + beta * bias (broadcast)."""
+
+    ext: ExternBuffer
+    a: Buffer
+    b: Buffer
+    bias: Optional[Buffer]
+    alpha: float
+    beta: float
+    batch: int  # 0 for a 2-D product
+    m: int
+    n: int
+    k: int
+
+
+@dataclasses.dataclass(eq=False)
+class GemmKernel(Kernel):
+    """A scheduled template: the product of `gemm` computed in the kernel, then `members` (its
+    fused epilogue, possibly none) on each tile. `product` is the product's buffer when it is
+    written to memory (a graph output, or read by another step), else None."""
+
+    gemm: Gemm = None
+    product: Optional[Buffer] = None
+    source: Optional[KernelSource] = None
+
+    @property
+    def operands(self) -> dict:
+        g = self.gemm
+        return {x.name: x for x in (g.a, g.b, g.bias) if x is not None}
+
+    def produced(self) -> set:
+        return super().produced() | ({self.product.name} if self.product is not None else set())
+
+    def reads(self) -> set:
+        return (super().reads() - {self.gemm.ext.name}) | set(self.operands)
+
+
+def _static(xs) -> Optional[tuple]:
+    xs = [sympy.sympify(x) for x in xs]
+    return tuple(int(x) for x in xs) if all(x.is_Integer for x in xs) else None
+
+
+def as_gemm(ext) -> Optional[Gemm]:
+    """The product an extern step computes, if a template can compute it; else None."""
+    if not isinstance(ext, ExternBuffer) or ext.op not in TEMPLATE_OPS or ext.outputs:
+        return None
+    batched = ext.op in ("extern.bmm", "extern.baddbmm")
+    if ext.op in ("extern.mm", "extern.bmm"):
+        if len(ext.args) != 2 or ext.kwargs:
+            return None
+        (a, b), bias, alpha, beta = ext.args, None, 1, 1
+    else:
+        if len(ext.args) != 3 or set(ext.kwargs) - {"alpha", "beta"}:
+            return None
+        bias, a, b = ext.args
+        alpha, beta = ext.kwargs.get("alpha", 1), ext.kwargs.get("beta", 1)
+        if not isinstance(bias, Buffer):
+            return None
+    if not (isinstance(a, Buffer) and isinstance(b, Buffer)):
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (alpha, beta)):
+        return None
+    lay = ext.layout
+    if not (a.dtype == b.dtype == lay.dtype and lay.dtype in _DTYPES):
+        return None
+    if bias is not None and bias.dtype != lay.dtype:
+        return None
+    for x in (ext, a, b, bias):
+        if x is None:
+            continue
+        if _static(x.layout.sizes) is None or _static(x.layout.strides) is None:
+            return None
+        # a view's pointer carries its offset; any other buffer is passed from its start
+        if not isinstance(x, AliasBuffer) and x.layout.offset != 0:
+            return None
+    out = _static(lay.sizes)
+    if len(out) != 2 + batched or len(a.layout.sizes) != 2 + batched:
+        return None
+    m, n, k = out[-2], out[-1], int(a.layout.sizes[-1])
+    if min(m, n, k) < 1 or (bias is not None and len(bias.layout.sizes) > len(out)):
+        return None
+    return Gemm(ext, a, b, bias, alpha, beta, out[0] if batched else 0, m, n, k)
+
+
+def takes_epilogue(g: Gemm, k: Kernel) -> bool:
+    """Whether kernel `k` can run on the template's tiles: pointwise, over exactly the product's
+    sizes in its order, and reading the product only at the element it computes."""
+    out = _static(g.ext.layout.sizes)
+    if isinstance(k, GemmKernel) or k.rsizes or _static(k.xsizes) != out or not k.members:
+        return False
+    xs, _ = k.vars()
+    want = sympy.expand(g.ext.layout.index(xs))
+    for m in k.members:
+        if m.node.ranges != k.xsizes or m.perm != tuple(range(len(out))):
+            return False
+        for name, index in k.record(m).loads:
+            if name == g.ext.name and sympy.expand(index) != want:
+                return False
+    return True
+
+
+def gemm_configs(g: Gemm) -> list[dict]:
+    """The template's launch configs: HOPPER_CONFIGS shrunk to the product's sizes (tl.dot wants
+    sides of at least 16), without repeats."""
+    def side(block, size):
+        return max(16, min(block, 1 << max(size - 1, 0).bit_length()))
+
+    out = []
+    for bm, bn, bk, warps, stages in HOPPER_CONFIGS:
+        if g.ext.dtype == torch.float32:
+            bk = max(16, bk // 2)
+        cfg = {"XBLOCK": side(bm, g.m), "YBLOCK": side(bn, g.n), "BLOCK_K": side(bk, g.k),
+               "num_warps": warps, "num_stages": stages}  # fmt: skip
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def label(cfg: Optional[dict]) -> str:
+    """A config as a short name ("extern" for the library call)."""
+    if cfg is None:
+        return "extern"
+    return "template {XBLOCK}x{YBLOCK}x{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+
+
+class GemmRenderer(TritonRenderer):
+    """Renders a GemmKernel: the blocked product, then the epilogue members on its tile."""
+
+    def _collect_args(self):
+        k = self.kernel
+        super()._collect_args()  # the epilogue's reads and stores
+        kinds = {n: p.rstrip("0123456789") for n, p in self.args.items() if n != k.gemm.ext.name}
+        kinds.update(dict.fromkeys(k.operands, "in_ptr"))
+        ordered = [*k.operands, *(n for n in kinds if n not in k.operands)]
+        if k.product is not None:
+            ordered.insert(len(k.operands), k.product.name)
+            kinds[k.product.name] = "out_ptr"
+        self.args = {n: f"{kinds[n]}{i}" for i, n in enumerate(ordered)}
+
+    def dtype_of(self, name) -> torch.dtype:
+        if name == self.kernel.gemm.ext.name:
+            return self.kernel.gemm.ext.dtype
+        return super().dtype_of(name)
+
+    def load(self, name, index):
+        if name != self.kernel.gemm.ext.name:
+            return super().load(name, index)
+        if self.index_key(self.final_index(index)) != self._product_key:
+            raise CantRender(f"{self.name}: the epilogue reads the product elsewhere ({index})")
+        return self._product
+
+    def render_config(self, cfg: dict) -> KernelSource:
+        """The kernel for one launch config (its block sizes are in the source)."""
+        k, g = self.kernel, self.kernel.gemm
+        big = any(int(self.buffers[n].layout.storage_size()) >= 2**31 for n in self.args
+                  if n in self.buffers)  # fmt: skip
+        idx = ".to(tl.int64)" if big else ""
+        bm, bn, bk = cfg["XBLOCK"], cfg["YBLOCK"], cfg["BLOCK_K"]
+        tiles_m = -(-g.m // bm)
+        p = {n: self.args[n] for n in k.operands}
+        a_st, b_st = _static(g.a.layout.strides), _static(g.b.layout.strides)
+        head = ["pid_x = tl.program_id(0)", "pid_y = tl.program_id(1)"]
+        if g.batch:
+            head += [f"bidx = (pid_x // {tiles_m}){idx}", f"pid_m = pid_x % {tiles_m}",
+                     "pid_n = pid_y"]  # fmt: skip
+            a_b, b_b = f"bidx * {a_st[0]} + ", f"bidx * {b_st[0]} + "
+        else:
+            # programs in groups of GROUP_M tile rows, column by column: the tiles running at
+            # once share their rows of A and columns of B in L2
+            head += [f"pid = pid_y * {tiles_m} + pid_x", "tiles_n = tl.num_programs(1)",
+                     f"width = {GROUP_M} * tiles_n", f"first_m = (pid // width) * {GROUP_M}",
+                     f"group = tl.minimum({tiles_m} - first_m, {GROUP_M})",
+                     "pid_m = first_m + (pid % width) % group", "pid_n = (pid % width) // group"]  # fmt: skip
+            a_b = b_b = ""
+        sa, sb = a_st[-2:], b_st[-2:]
+        precision = ""
+        if g.ext.dtype == torch.float32:
+            tf32 = torch.backends.cuda.matmul.allow_tf32  # eager's own choice for fp32 matmuls
+            precision = ", input_precision=" + ('"tf32"' if tf32 else '"ieee"')
+        k_mask = g.k % bk != 0
+        # Triton's interpreter multiplies 16-bit floats as their bit patterns: it gets float32
+        # (the products are exact in float32 either way, and the sum is float32 on the GPU too)
+        up = ".to(tl.float32)" if _interpreting() and g.ext.dtype != torch.float32 else ""
+        head += [
+            f"rm = (pid_m * XBLOCK + tl.arange(0, XBLOCK)[:, None]){idx}",
+            f"rn = (pid_n * YBLOCK + tl.arange(0, YBLOCK)[None, :]){idx}",
+            "mask = (rm < " + str(g.m) + ") & (rn < " + str(g.n) + ")",
+            # rows and columns past the edge read row/column 0 again (never stored): no masks
+            f"ra = rm % {g.m}", f"rb = rn % {g.n}", f"rk = tl.arange(0, {bk})",
+            f"a_ptrs = {p[g.a.name]} + {a_b}ra * {sa[0]} + rk[None, :] * {sa[1]}",
+            f"b_ptrs = {p[g.b.name]} + {b_b}rk[:, None] * {sb[0]} + rb * {sb[1]}",
+            "acc = tl.zeros([XBLOCK, YBLOCK], tl.float32)",
+            f"for kk in range(0, {g.k}, {bk}):",
+            *_indent([
+                f"a = tl.load(a_ptrs, mask=rk[None, :] < {g.k} - kk, other=0.0){up}" if k_mask
+                else f"a = tl.load(a_ptrs){up}",
+                f"b = tl.load(b_ptrs, mask=rk[:, None] < {g.k} - kk, other=0.0){up}" if k_mask
+                else f"b = tl.load(b_ptrs){up}",
+                f"acc = tl.dot(a, b, acc{precision})",
+                f"a_ptrs += {bk * sa[1]}", f"b_ptrs += {bk * sb[0]}",
+            ]),
+        ]  # fmt: skip
+        value = "acc"
+        if g.alpha != 1:
+            value = f"{value} * {float(g.alpha)!r}"
+        if g.bias is not None:
+            bias = self._broadcast_index(g.bias, g)
+            head.append(f"bias = tl.load({p[g.bias.name]} + {bias}, mask).to(tl.float32)")
+            value = f"{value} + bias" + (f" * {float(g.beta)!r}" if g.beta != 1 else "")
+        # the product as the library returns it: rounded to its dtype, read back as float32
+        if g.ext.dtype == torch.bfloat16 and _interpreting():
+            value = _bf16_rne(f"({value})")
+        elif g.ext.dtype != torch.float32:
+            value = f"({value}).to({TL[g.ext.dtype]}).to(tl.float32)"
+        head.append(f"prod = {value}")
+        if k.product is not None:
+            out = self._tile_index(_static(g.ext.layout.strides), g)
+            name = k.product.name
+            head.append(f"tl.store({self.args[name]} + {out}, prod.to({TL[g.ext.dtype]}), mask)")
+        return self._with_epilogue(head, cfg, tiles_m)
+
+    def _tile_index(self, strides, g) -> str:
+        rows, cols = strides[-2:]
+        return (f"bidx * {strides[0]} + " if g.batch else "") + f"rm * {rows} + rn * {cols}"
+
+    def _broadcast_index(self, bias: Buffer, g: Gemm) -> str:
+        """bias's address for the tile's elements: its sizes align with the product's from the
+        right, a size-1 (or missing) dim broadcast."""
+        sizes, strides = _static(bias.layout.sizes), _static(bias.layout.strides)
+        out_vars = (["bidx"] if g.batch else []) + ["rm", "rn"]
+        terms = []
+        for v, size, stride in zip(out_vars[::-1], sizes[::-1], strides[::-1]):
+            if size != 1 and stride != 0:
+                terms.append(f"{v} * {stride}")
+        return " + ".join(terms) or "tl.zeros([XBLOCK, YBLOCK], tl.int32)"
+
+    def _with_epilogue(self, head, cfg, tiles_m) -> KernelSource:
+        k, g = self.kernel, self.kernel.gemm
+        xs, _, _ = self.kernel_indices()
+        names = (["bidx"] if g.batch else []) + ["rm", "rn"]
+        tile = [sympy.Symbol(n, integer=True, nonnegative=True) for n in names]
+        sizes = ([g.batch] if g.batch else []) + [g.m, g.n]
+        self.ranges = dict(zip(tile, sizes))
+        self.persistent, self.locals, self.deferred, self.mask_stack = False, {}, {}, []
+        self.tile = ({*names[:-1]}, {names[-1]})
+        self._product_key = self.index_key(sympy.expand(g.ext.layout.index(tile)))
+        self._product = CSEVar("prod", torch.float32)
+        self.uses_prod = False
+        body = self._body(k.members, tile, [], "mask", x_level=True) if k.members else []
+        params = [*self.args.values(), "xnumel", "ynumel", "XBLOCK: tl.constexpr",
+                  "YBLOCK: tl.constexpr"]  # fmt: skip
+        src = "\n".join(["import triton", "import triton.language as tl",
+                         "from triton.language.extra import libdevice", "", "", "@triton.jit",
+                         f"def {self.name}({', '.join(params)}):", *_indent(head + body), ""])  # fmt: skip
+        types = tuple(buffer_ptr_type(self.dtype_of(n)) for n in self.args) + ("i64", "i64")
+        launch = {"XBLOCK": cfg["XBLOCK"], "YBLOCK": cfg["YBLOCK"], "num_warps": cfg["num_warps"],
+                  "num_stages": cfg["num_stages"]}  # fmt: skip
+        # programs along x: the tile rows of every batch; along y: the tile columns
+        xnumel = max(g.batch, 1) * tiles_m * cfg["XBLOCK"]
+        meta = (("xnumel", xnumel), ("rnumel", g.n), ("persistent", 0), ("reduction", 0),
+                ("tiled", 1), ("columns", 0), ("template", label(cfg)), ("configs", (launch,)))  # fmt: skip
+        out = KernelSource(self.name, "triton", src, tuple(self.args), types, meta=meta,
+                           num_warps=cfg["num_warps"])  # fmt: skip
+        return dataclasses.replace(out, grid=grid_of(out, launch))
+
+
+def _kernel_for(g: Gemm, epilogue: Optional[Kernel], stored: bool, name: str) -> GemmKernel:
+    product = g.ext if stored else None
+    if epilogue is None:
+        sizes = _static(g.ext.layout.sizes)
+        return GemmKernel(name, sizes, (), phases=[([], [])], gemm=g, product=product)
+    return GemmKernel(epilogue.name, epilogue.xsizes, (), members=list(epilogue.members),
+                      stores=dict(epilogue.stores), roles=dict(epilogue.roles),
+                      phases=list(epilogue.phases), local=set(epilogue.local), gemm=g,
+                      product=product)  # fmt: skip
+
+
+def plan(steps: list, output_names) -> list[tuple]:
+    """(extern step index, Gemm, epilogue step index or None, whether the product is stored)
+    for every extern step a template can replace."""
+    from .scheduler import _step_reads
+
+    readers: dict[str, list] = {}
+    for j, s in enumerate(steps):
+        for name in _step_reads(s):
+            readers.setdefault(name, []).append(j)
+    taken, out = set(), []
+    for i, s in enumerate(steps):
+        g = as_gemm(s)
+        if g is None:
+            continue
+        users = readers.get(g.ext.name, [])
+        first = users[0] if users else None
+        epilogue = None
+        if first is not None and first not in taken and isinstance(steps[first], Kernel):
+            if takes_epilogue(g, steps[first]):
+                epilogue = first
+                taken.add(first)
+        others = [j for j in users if j != epilogue]
+        stored = g.ext.name in output_names or bool(others)
+        out.append((i, g, epilogue, stored))
+    return out
+
+
+def render_candidates(gk: GemmKernel, buffers: dict) -> list[KernelSource]:
+    """The template kernel for every config (a config that cannot render is left out)."""
+    out = []
+    for cfg in gemm_configs(gk.gemm):
+        try:
+            out.append(GemmRenderer(gk, buffers, gk.name).render_config(cfg))
+        except CantRender as e:
+            log.debug("matmul template %s not rendered: %s", label(cfg), e)
+    return out
+
+
+__all__ = ["GemmKernel", "GemmRenderer", "as_gemm", "gemm_configs", "plan", "render_candidates",
+           "takes_epilogue"]  # fmt: skip
+
+
+def enabled(device: str) -> bool:
+    """Whether matmuls may become templates here: config.max_autotune_gemm, on a device whose
+    kernels are Triton's (CUDA; the CPU only through the interpreter, with gemm_force set)."""
+    if not config.max_autotune_gemm or config.gemm_force == "extern":
+        return False
+    if device.startswith("cuda"):
+        return True
+    return config.cpu_backend == "triton" and isinstance(config.gemm_force, int)
+
+
+def choose_templates(steps: list, buffers: dict, output_names, device: str) -> list:
+    """`steps` with each matmul that a template (with its epilogue) beats, by measurement or by
+    config.gemm_force, replaced by its GemmKernel (at its epilogue's place, else its own)."""
+    replace, drop = {}, set()
+    for i, g, j, stored in plan(steps, set(output_names)):
+        epilogue = steps[j] if j is not None else None
+        gk = _kernel_for(g, epilogue, stored, epilogue.name if epilogue else f"gemm_{g.ext.name}")
+        sources = render_candidates(gk, buffers)
+        if not sources:
+            continue
+        chosen = _choose(gk, sources, epilogue, buffers, device)
+        if chosen is None:
+            continue
+        gk.source = chosen
+        replace[j if j is not None else i] = gk
+        if j is not None:
+            drop.add(i)
+    if not replace:
+        return steps
+    metrics.gemm_templates += len(replace)
+    return [replace.get(i, s) for i, s in enumerate(steps) if i not in drop]
+
+
+def _choose(gk: GemmKernel, sources: list, epilogue, buffers, device) -> Optional[KernelSource]:
+    """The template source to use, or None to keep the library call."""
+    force = config.gemm_force
+    if isinstance(force, int):
+        return sources[min(force, len(sources) - 1)]
+    if not device.startswith("cuda"):
+        return None  # nothing to time the candidates on
+    from . import autotune
+
+    tensors, choices = {}, []
+
+    def use(name):
+        tensors.setdefault(name, autotune.tensor_spec(buffers[name].layout))
+        return name
+
+    ext = gk.gemm.ext
+    baseline = [{"kind": "extern", "op": ext.op,
+                 "args": [{"tensor": use(a.name)} if isinstance(a, Buffer) else a for a in ext.args],
+                 "kwargs": dict(ext.kwargs)}]  # fmt: skip
+    if epilogue is not None:  # the call, then the epilogue's own kernel, as they would run
+        from .pipeline import render_kernels
+
+        src = render_kernels([epilogue], buffers, device)[epilogue.name]
+        baseline.append(_triton_launch(src, use))
+    choices.append(autotune.Choice("extern", baseline))
+    for src in sources:
+        choices.append(autotune.Choice(dict(src.meta)["template"], [_triton_launch(src, use)]))
+    try:
+        best, times = autotune.pick(choices, tensors, device)
+    except (RuntimeError, OSError) as e:
+        log.warning("ember.inductor: matmul %s keeps the library call (%s)", ext.name, e)
+        return None
+    log.info("ember.inductor: matmul %s %s: %s", ext.name, "x".join(map(str, ext.layout.sizes)),
+             ", ".join(f"{k} {v:.4f} ms" if v is not None else f"{k} failed" for k, v in times.items()))  # fmt: skip
+    return None if best == 0 else sources[best - 1]
+
+
+def _triton_launch(src: KernelSource, use) -> dict:
+    meta = dict(src.meta)
+    second = meta["reduction"] or meta.get("tiled")
+    sizes = [int(meta["xnumel"])] + ([int(meta["rnumel"])] if second else [])
+    return {"kind": "triton", "source": src.source, "name": src.name,
+            "args": [use(a) for a in src.args], "sizes": sizes, "cfg": dict(meta["configs"][0])}  # fmt: skip
