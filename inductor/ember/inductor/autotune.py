@@ -52,9 +52,9 @@ class Choice:
 
 def tensor_spec(layout) -> dict:
     """A loop-IR Layout as the worker rebuilds it (random values, the same strides)."""
-    return {"dtype": str(layout.dtype).removeprefix("torch."), "sizes": [int(s) for s in layout.sizes],
-            "strides": [int(s) for s in layout.strides], "offset": int(layout.offset),
-            "storage": int(layout.storage_size())}  # fmt: skip
+    return {"dtype": str(layout.dtype).removeprefix("torch."),
+            "sizes": [int(s) for s in layout.sizes], "strides": [int(s) for s in layout.strides],
+            "offset": int(layout.offset), "storage": int(layout.storage_size())}  # fmt: skip
 
 
 def device_name(device: str) -> str:
@@ -134,10 +134,11 @@ def _run_worker(job: dict, todo: list, serial: bool) -> tuple[dict, bool]:
         env["PYTHONPATH"] = os.pathsep.join([*sys.path, env.get("PYTHONPATH", "")])
         try:
             proc = subprocess.run([sys.executable, "-m", "ember.inductor.autotune", str(path)],
-                                  env=env, capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+                                  env=env, capture_output=True, timeout=TIMEOUT_S)  # fmt: skip
             out, rc = proc.stdout, proc.returncode
-        except subprocess.TimeoutExpired as e:
-            out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), -1
+        except subprocess.TimeoutExpired as e:  # a hung candidate: as a crash
+            out, rc = e.stdout or b"", -1
+    out = out.decode(errors="replace")
     done = {}
     for line in out.splitlines():
         parts = line.split(" ", 3)

@@ -215,7 +215,8 @@ class GemmRenderer(TritonRenderer):
             head += [f"pid = pid_y * {tiles_m} + pid_x", "tiles_n = tl.num_programs(1)",
                      f"width = {GROUP_M} * tiles_n", f"first_m = (pid // width) * {GROUP_M}",
                      f"group = tl.minimum({tiles_m} - first_m, {GROUP_M})",
-                     "pid_m = first_m + (pid % width) % group", "pid_n = (pid % width) // group"]  # fmt: skip
+                     "pid_m = first_m + (pid % width) % group",
+                     "pid_n = (pid % width) // group"]  # fmt: skip
             a_b = b_b = ""
         sa, sb = a_st[-2:], b_st[-2:]
         precision = ""
@@ -296,14 +297,16 @@ class GemmRenderer(TritonRenderer):
                   "YBLOCK: tl.constexpr"]  # fmt: skip
         src = "\n".join(["import triton", "import triton.language as tl",
                          "from triton.language.extra import libdevice", "", "", "@triton.jit",
-                         f"def {self.name}({', '.join(params)}):", *_indent(head + body), ""])  # fmt: skip
+                         f"def {self.name}({', '.join(params)}):", *_indent(head + body),
+                         ""])  # fmt: skip
         types = tuple(buffer_ptr_type(self.dtype_of(n)) for n in self.args) + ("i64", "i64")
         launch = {"XBLOCK": cfg["XBLOCK"], "YBLOCK": cfg["YBLOCK"], "num_warps": cfg["num_warps"],
                   "num_stages": cfg["num_stages"]}  # fmt: skip
         # programs along x: the tile rows of every batch; along y: the tile columns
         xnumel = max(g.batch, 1) * tiles_m * cfg["XBLOCK"]
         meta = (("xnumel", xnumel), ("rnumel", g.n), ("persistent", 0), ("reduction", 0),
-                ("tiled", 1), ("columns", 0), ("template", label(cfg)), ("configs", (launch,)))  # fmt: skip
+                ("tiled", 1), ("columns", 0), ("template", label(cfg)),
+                ("configs", (launch,)))  # fmt: skip
         out = KernelSource(self.name, "triton", src, tuple(self.args), types, meta=meta,
                            num_warps=cfg["num_warps"])  # fmt: skip
         return dataclasses.replace(out, grid=grid_of(out, launch))
@@ -411,9 +414,8 @@ def _choose(gk: GemmKernel, sources: list, epilogue, buffers, device) -> Optiona
         return name
 
     ext = gk.gemm.ext
-    baseline = [{"kind": "extern", "op": ext.op,
-                 "args": [{"tensor": use(a.name)} if isinstance(a, Buffer) else a for a in ext.args],
-                 "kwargs": dict(ext.kwargs)}]  # fmt: skip
+    args = [{"tensor": use(a.name)} if isinstance(a, Buffer) else a for a in ext.args]
+    baseline = [{"kind": "extern", "op": ext.op, "args": args, "kwargs": dict(ext.kwargs)}]
     if epilogue is not None:  # the call, then the epilogue's own kernel, as they would run
         from .pipeline import render_kernels
 
@@ -427,8 +429,9 @@ def _choose(gk: GemmKernel, sources: list, epilogue, buffers, device) -> Optiona
     except (RuntimeError, OSError) as e:
         log.warning("ember.inductor: matmul %s keeps the library call (%s)", ext.name, e)
         return None
+    timed = [f"{k} {v:.4f} ms" if v is not None else f"{k} failed" for k, v in times.items()]
     log.info("ember.inductor: matmul %s %s: %s", ext.name, "x".join(map(str, ext.layout.sizes)),
-             ", ".join(f"{k} {v:.4f} ms" if v is not None else f"{k} failed" for k, v in times.items()))  # fmt: skip
+             ", ".join(timed))  # fmt: skip
     return None if best == 0 else sources[best - 1]
 
 
@@ -437,4 +440,5 @@ def _triton_launch(src: KernelSource, use) -> dict:
     second = meta["reduction"] or meta.get("tiled")
     sizes = [int(meta["xnumel"])] + ([int(meta["rnumel"])] if second else [])
     return {"kind": "triton", "source": src.source, "name": src.name,
-            "args": [use(a) for a in src.args], "sizes": sizes, "cfg": dict(meta["configs"][0])}  # fmt: skip
+            "args": [use(a) for a in src.args], "sizes": sizes,
+            "cfg": dict(meta["configs"][0])}  # fmt: skip
