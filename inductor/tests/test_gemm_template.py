@@ -147,6 +147,21 @@ def test_as_gemm_declines_what_it_cannot_compute():
     assert not isinstance(ok, GemmKernel)
 
 
+def test_measured_choice_through_the_pipeline_is_cached(tmp_path, monkeypatch):
+    """The measured path end to end on the CPU (Triton's interpreter times the templates in the
+    worker, torch the library call plus the epilogue kernel): a valid choice, and a second
+    compile of the same graph reads it instead of timing again."""
+    monkeypatch.setattr(toolchain.config, "cache_dir", tmp_path)
+    monkeypatch.setattr(config, "gemm_force", "measure")
+    a, w, b = mats((32, 40), (40, 48), (48,))
+    fn = lambda a, w, b: torch.sigmoid(a @ w + b)  # noqa: E731
+    check(fn, a, w, b, kernels=1, atol=1e-5, rtol=1e-5)
+    assert metrics.gemm_autotune_runs == 1 and metrics.gemm_autotune_hits == 0
+    runs = metrics.gemm_autotune_runs
+    check(fn, a, w, b, kernels=1, atol=1e-5, rtol=1e-5)  # (check resets the counters)
+    assert metrics.gemm_autotune_runs == 0 and metrics.gemm_autotune_hits == 1 and runs == 1
+
+
 # --- the autotuner's subprocess and cache (timed on the CPU) -------------------------------------
 
 CRASH = """

@@ -14,8 +14,8 @@ Overrides (read once at import):
   EMBER_PAD_MM=0|1|auto           `pad_mm`
   EMBER_CONV_BIAS_EPILOGUE=0|1|auto  `conv_bias_epilogue`
   EMBER_CPU_FLASH_ATTENTION=0|1|auto  `cpu_flash_attention`
-  EMBER_GEMM_FORCE=extern|<i>     `gemm_force`: skip the matmul timing, keep the library call or
-                                  take template config i (tests, and runs without a GPU)
+  EMBER_GEMM_FORCE=extern|<i>|measure  `gemm_force`: keep the library call, take template
+                                  config i untimed, or time even on the CPU (tests)
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ class Config:
     # mode="max-autotune" / "max-autotune-no-cudagraphs"; off by default.
     max_autotune_gemm: bool = False
     # None: measure (CUDA only; elsewhere the library call stays). "extern": keep the library call;
-    # an int i: take template config i untimed (the Triton interpreter's tests).
+    # an int i: take template config i untimed; "measure": time even on the CPU, in Triton's
+    # interpreter (both for tests).
     gemm_force: Optional[Union[int, str]] = None
     # a Triton kernel's binary is kept in the cache after its first launch, and a later process
     # launches it from there without Triton's JIT (triton_binaries.py)

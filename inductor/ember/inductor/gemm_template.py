@@ -372,7 +372,8 @@ def enabled(device: str) -> bool:
         return False
     if device.startswith("cuda"):
         return True
-    return config.cpu_backend == "triton" and isinstance(config.gemm_force, int)
+    forced = isinstance(config.gemm_force, int) or config.gemm_force == "measure"
+    return config.cpu_backend == "triton" and forced
 
 
 def choose_templates(steps: list, buffers: dict, output_names, device: str) -> list:
@@ -403,7 +404,7 @@ def _choose(gk: GemmKernel, sources: list, epilogue, buffers, device) -> Optiona
     force = config.gemm_force
     if isinstance(force, int):
         return sources[min(force, len(sources) - 1)]
-    if not device.startswith("cuda"):
+    if not device.startswith("cuda") and force != "measure":
         return None  # nothing to time the candidates on
     from . import autotune
 
