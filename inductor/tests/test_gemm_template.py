@@ -58,6 +58,23 @@ def test_bf16_product_then_cast_and_scale():
     assert metrics.gemm_templates == 1
 
 
+def test_operand_casts_are_read_through_as_a_prologue():
+    """Under autocast a float32 weight (transposed) and input are cast to bfloat16 for the
+    product: the template reads the float32 tensors and casts each block, so the casts' own
+    kernels are gone; a cast something else reads too keeps its kernel."""
+    x, w, b = mats((32, 40), (48, 40), (48,))
+
+    def linear(x, w, b):
+        bf = torch.bfloat16
+        return F.gelu(x.to(bf) @ w.to(bf).t() + b.to(bf))
+
+    c = check(linear, x, w, b, kernels=1, atol=5e-2, rtol=2e-2)
+    assert metrics.gemm_templates == 1 and c.source.count(".to(tl.bfloat16)") >= 1
+    both = lambda x, w: (x @ w.to(torch.bfloat16).t(), w.to(torch.bfloat16) * 2)  # noqa: E731
+    check(both, x.to(torch.bfloat16), w, kernels=2, atol=5e-2, rtol=2e-2)
+    assert metrics.gemm_templates == 1
+
+
 def test_product_read_elsewhere_is_stored_too():
     """A product that is an output as well as the epilogue's input is written by the template;
     one only a reduction reads keeps its epilogue-free template and the reduction kernel."""
@@ -119,12 +136,14 @@ def test_the_template_compiles_for_hopper(monkeypatch):
     for module in (gemm_template, codegen_triton):
         monkeypatch.setattr(module, "_interpreting", lambda: False)
     a, w, b = mats((256, 128), (128, 256), (256,), dtype=torch.bfloat16)
-    fn = lambda a, w, b: F.relu(a @ w + b)  # noqa: E731
+    w = w.float()  # and a prologue: the weight cast in the template
+    fn = lambda a, w, b: F.relu(a @ w.to(torch.bfloat16) + b)  # noqa: E731
     kernels = []
     for force in (0, 99):  # 99: the last config
         monkeypatch.setattr(config, "gemm_force", force)
         (k,) = compile_prims(trace_to_prims(fn, a, w, b), [a, w, b]).program.kernels
         assert "tl.dot(a, b, acc)" in k.source and "a = tl.load(a_ptrs)\n" in k.source
+        assert "b = tl.load(b_ptrs).to(tl.bfloat16)\n" in k.source
         kernels.append((k.name, k))
     assert [dict(k.meta)["configs"][0]["num_stages"] for _, k in kernels] == [3, 5]
     assert check_kernels(kernels, 90) == []

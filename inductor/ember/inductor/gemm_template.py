@@ -8,6 +8,8 @@ product, when that kernel loops over exactly the product's sizes and reads the p
 the element it computes (a bias, an activation, a residual add, a cast). Its members then run on
 the accumulator's tile, rendered by the Triton renderer itself (tile rows and columns stand for
 the kernel's loop variables), and the product is never written unless something else reads it.
+An operand that is a lone cast (a weight cast under autocast) is read from the cast's source and
+converted block by block (a prologue), and the cast's kernel is dropped.
 `choose_templates` renders every config of `gemm_configs`, has `autotune.pick` time them against
 the library call plus the separate epilogue kernel, and keeps whichever is faster.
 """
@@ -25,8 +27,9 @@ from .codegen_common import CantRender, CSEVar, KernelSource, buffer_ptr_type
 from . import metrics
 from .codegen_triton import TL, TritonRenderer, _bf16_rne, _indent, _interpreting, grid_of
 from .config import config
-from .loop_ir import AliasBuffer, Buffer, ExternBuffer
-from .scheduler import Kernel
+from .loop_ir import AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, TextHandler, loop_vars
+from .loop_ir import set_handler
+from .scheduler import Kernel, unit_steps
 
 log = logging.getLogger("ember.inductor")
 
@@ -43,6 +46,23 @@ GROUP_M = 8  # rows of tiles walked together, so neighbouring programs share B's
 
 
 @dataclasses.dataclass
+class Operand:
+    """Where a template reads a matrix operand: buffer `name` at offset + sum(index * strides)
+    (batch, row, column), converted to `cast` when set (a prologue: the operand was a cast's
+    output, which the template computes from the cast's source instead)."""
+
+    name: str
+    offset: int
+    strides: tuple
+    cast: Optional[torch.dtype] = None
+    producer: Optional[int] = None  # the step computing the cast, dropped with a template
+
+
+def _plain(x: Buffer) -> Operand:
+    return Operand(x.name, 0, _static(x.layout.strides))
+
+
+@dataclasses.dataclass
 class Gemm:
     """What a template multiplies: out[b] = alpha * a[b] @ b[b] + beta * bias (broadcast)."""
 
@@ -56,6 +76,11 @@ class Gemm:
     m: int
     n: int
     k: int
+    ops: tuple = ()  # (Operand of a, Operand of b)
+
+    def __post_init__(self):
+        if not self.ops and self.a is not None:
+            self.ops = (_plain(self.a), _plain(self.b))
 
 
 @dataclasses.dataclass(eq=False)
@@ -71,7 +96,8 @@ class GemmKernel(Kernel):
     @property
     def operands(self) -> dict:
         g = self.gemm
-        return {x.name: x for x in (g.a, g.b, g.bias) if x is not None}
+        names = [o.name for o in g.ops] + ([g.bias.name] if g.bias is not None else [])
+        return dict.fromkeys(names)
 
     def produced(self) -> set:
         return super().produced() | ({self.product.name} if self.product is not None else set())
@@ -203,7 +229,7 @@ class GemmRenderer(TritonRenderer):
         bm, bn, bk = cfg["XBLOCK"], cfg["YBLOCK"], cfg["BLOCK_K"]
         tiles_m = -(-g.m // bm)
         p = {n: self.args[n] for n in k.operands}
-        a_st, b_st = _static(g.a.layout.strides), _static(g.b.layout.strides)
+        (oa, ob), (a_st, b_st) = g.ops, (g.ops[0].strides, g.ops[1].strides)
         head = ["pid_x = tl.program_id(0)", "pid_y = tl.program_id(1)"]
         if g.batch:
             head += [f"bidx = (pid_x // {tiles_m}){idx}", f"pid_m = pid_x % {tiles_m}",
@@ -227,21 +253,24 @@ class GemmRenderer(TritonRenderer):
         # Triton's interpreter multiplies 16-bit floats as their bit patterns: it gets float32
         # (the products are exact in float32 either way, and the sum is float32 on the GPU too)
         up = ".to(tl.float32)" if _interpreting() and g.ext.dtype != torch.float32 else ""
+        load_a, load_b = "tl.load(a_ptrs{})", "tl.load(b_ptrs{})"
+        if k_mask:
+            load_a = load_a.format(f", mask=rk[None, :] < {g.k} - kk, other=0.0")
+            load_b = load_b.format(f", mask=rk[:, None] < {g.k} - kk, other=0.0")
+        load_a, load_b = (self._converted(v, t.format(""), o, g.ext.dtype, up)
+                          for v, t, o in (("a", load_a, oa), ("b", load_b, ob)))  # fmt: skip
         head += [
             f"rm = (pid_m * XBLOCK + tl.arange(0, XBLOCK)[:, None]){idx}",
             f"rn = (pid_n * YBLOCK + tl.arange(0, YBLOCK)[None, :]){idx}",
             "mask = (rm < " + str(g.m) + ") & (rn < " + str(g.n) + ")",
             # rows and columns past the edge read row/column 0 again (never stored): no masks
             f"ra = rm % {g.m}", f"rb = rn % {g.n}", f"rk = tl.arange(0, {bk})",
-            f"a_ptrs = {p[g.a.name]} + {a_b}ra * {sa[0]} + rk[None, :] * {sa[1]}",
-            f"b_ptrs = {p[g.b.name]} + {b_b}rk[:, None] * {sb[0]} + rb * {sb[1]}",
+            f"a_ptrs = {p[oa.name]} + {oa.offset} + {a_b}ra * {sa[0]} + rk[None, :] * {sa[1]}",
+            f"b_ptrs = {p[ob.name]} + {ob.offset} + {b_b}rk[:, None] * {sb[0]} + rb * {sb[1]}",
             "acc = tl.zeros([XBLOCK, YBLOCK], tl.float32)",
             f"for kk in range(0, {g.k}, {bk}):",
             *_indent([
-                f"a = tl.load(a_ptrs, mask=rk[None, :] < {g.k} - kk, other=0.0){up}" if k_mask
-                else f"a = tl.load(a_ptrs){up}",
-                f"b = tl.load(b_ptrs, mask=rk[:, None] < {g.k} - kk, other=0.0){up}" if k_mask
-                else f"b = tl.load(b_ptrs){up}",
+                *load_a, *load_b,
                 f"acc = tl.dot(a, b, acc{precision})",
                 f"a_ptrs += {bk * sa[1]}", f"b_ptrs += {bk * sb[0]}",
             ]),
@@ -264,6 +293,16 @@ class GemmRenderer(TritonRenderer):
             name = k.product.name
             head.append(f"tl.store({self.args[name]} + {out}, prod.to({TL[g.ext.dtype]}), mask)")
         return self._with_epilogue(head, cfg, tiles_m)
+
+    @staticmethod
+    def _converted(var: str, load: str, o: Operand, dtype, up: str) -> list:
+        """Lines loading an operand block into `var`, cast as its prologue says, in the dtype
+        tl.dot takes."""
+        if o.cast is None:
+            return [f"{var} = {load}{up}"]
+        if up and dtype == torch.bfloat16:  # the interpreter: rounded as the GPU rounds
+            return [f"{var} = {load}", f"{var} = {_bf16_rne(var)}"]
+        return [f"{var} = {load}.to({TL[dtype]}){up}"]
 
     def _tile_index(self, strides, g) -> str:
         rows, cols = strides[-2:]
@@ -323,6 +362,63 @@ def _kernel_for(g: Gemm, epilogue: Optional[Kernel], stored: bool, name: str) ->
                       product=product)  # fmt: skip
 
 
+class _LoadRecorder(TextHandler):
+    """A body's text, with its loads' buffers and indices."""
+
+    def __init__(self):
+        super().__init__()
+        self.loads = []
+
+    def load(self, name, index):
+        self.loads.append((name, index))
+        return super().load(name, index)
+
+
+def cast_prologue(x: ComputedBuffer, dtype, producer: int) -> Optional[Operand]:
+    """`x` read as its source when it is only a cast of one element of one buffer to `dtype` at an
+    affine index (a weight cast under autocast, stored in the order it reads its source)."""
+    if x.is_reduction():
+        return None
+    vs = loop_vars("i", len(x.ranges))
+    with set_handler(_LoadRecorder()) as rec:
+        x.body(vs)
+    if len(rec.lines) != 3 or len(rec.loads) != 1 or "= to_dtype(tmp0, " not in rec.lines[1]:
+        return None
+    if not rec.lines[1].endswith(f", {str(dtype).removeprefix('torch.')})"):
+        return None
+    name, index = rec.loads[0]
+    index = sympy.expand(index)
+    steps = unit_steps(index, vs, vs)
+    offset = sympy.sympify(index.xreplace({v: 0 for v in vs}))
+    if steps is None or not offset.is_Integer:
+        return None
+    if sympy.expand(offset + sum(st * v for st, v in zip(steps, vs)) - index) != 0:
+        return None  # not affine (a reshape's div/mod): read through the stored cast
+    return Operand(name, int(offset), tuple(steps), cast=dtype, producer=producer)
+
+
+def _prologues(g: Gemm, steps, readers, i: int, output_names, taken: set) -> tuple:
+    """g's operands, each read through its cast's source where the cast's own kernel computes
+    only it, for this product alone."""
+    ops = list(g.ops)
+    for pos, x in enumerate((g.a, g.b)):
+        if not isinstance(x, ComputedBuffer) or x.name in output_names:
+            continue
+        producers = [j for j, s in enumerate(steps[:i])
+                     if isinstance(s, Kernel) and x.name in s.names]  # fmt: skip
+        if len(producers) != 1 or readers.get(x.name) != [i] or producers[0] in taken:
+            continue  # read elsewhere too, or an earlier product's epilogue
+        k = steps[producers[0]]
+        if k.names != [x.name] or k.rsizes or isinstance(k, GemmKernel):
+            continue
+        if any(o.producer == producers[0] for o in ops):
+            continue  # one cast read as both operands (x @ x.T): its kernel is dropped once
+        cast = cast_prologue(x, g.ext.dtype, producers[0])
+        if cast is not None and (len(cast.strides) == len(ops[pos].strides)):
+            ops[pos] = cast
+    return tuple(ops)
+
+
 def plan(steps: list, output_names) -> list[tuple]:
     """(extern step index, Gemm, epilogue step index or None, whether the product is stored)
     for every extern step a template can replace."""
@@ -346,6 +442,7 @@ def plan(steps: list, output_names) -> list[tuple]:
                 taken.add(first)
         others = [j for j in users if j != epilogue]
         stored = g.ext.name in output_names or bool(others)
+        g.ops = _prologues(g, steps, readers, i, output_names, taken)
         out.append((i, g, epilogue, stored))
     return out
 
@@ -386,20 +483,22 @@ def choose_templates(steps: list, buffers: dict, output_names, device: str) -> l
         sources = render_candidates(gk, buffers)
         if not sources:
             continue
-        chosen = _choose(gk, sources, epilogue, buffers, device)
+        chosen = _choose(gk, sources, epilogue, steps, buffers, device)
         if chosen is None:
             continue
         gk.source = chosen
         replace[j if j is not None else i] = gk
         if j is not None:
             drop.add(i)
+        drop.update(o.producer for o in g.ops if o.producer is not None)
     if not replace:
         return steps
     metrics.gemm_templates += len(replace)
     return [replace.get(i, s) for i, s in enumerate(steps) if i not in drop]
 
 
-def _choose(gk: GemmKernel, sources: list, epilogue, buffers, device) -> Optional[KernelSource]:
+def _choose(gk: GemmKernel, sources: list, epilogue, steps, buffers,
+            device) -> Optional[KernelSource]:  # fmt: skip
     """The template source to use, or None to keep the library call."""
     force = config.gemm_force
     if isinstance(force, int):
@@ -417,9 +516,13 @@ def _choose(gk: GemmKernel, sources: list, epilogue, buffers, device) -> Optiona
     ext = gk.gemm.ext
     args = [{"tensor": use(a.name)} if isinstance(a, Buffer) else a for a in ext.args]
     baseline = [{"kind": "extern", "op": ext.op, "args": args, "kwargs": dict(ext.kwargs)}]
-    if epilogue is not None:  # the call, then the epilogue's own kernel, as they would run
-        from .pipeline import render_kernels
+    from .pipeline import render_kernels
 
+    # the operands' casts, the call, then the epilogue's own kernel, as they would run
+    around = [steps[o.producer] for o in gk.gemm.ops if o.producer is not None]
+    for k in around:
+        baseline.insert(0, _triton_launch(render_kernels([k], buffers, device)[k.name], use))
+    if epilogue is not None:
         src = render_kernels([epilogue], buffers, device)[epilogue.name]
         baseline.append(_triton_launch(src, use))
     choices.append(autotune.Choice("extern", baseline))
