@@ -202,7 +202,7 @@ def _choices():
     tensors = {"a": spec, "b": spec}
     mm = {"kind": "extern", "op": "extern.mm", "args": [{"tensor": "a"}, {"tensor": "b"}]}
     crash = {"kind": "triton", "source": CRASH, "name": "k", "args": ["a"], "sizes": [1],
-             "cfg": {"XBLOCK": 1, "num_warps": 1}}  # fmt: skip
+             "cfgs": [{"XBLOCK": 1, "num_warps": 1}]}  # fmt: skip
     broken = dict(crash, source=RAISE)
     choices = [autotune.Choice("crash", [crash]), autotune.Choice("extern", [mm]),
                autotune.Choice("broken", [broken])]  # fmt: skip

@@ -43,8 +43,9 @@ TIMEOUT_S = 600
 @dataclasses.dataclass
 class Choice:
     """One candidate: its name and its launches, each a dict with "kind" "triton" (source, name,
-    args: tensor names, sizes: the numels the kernel takes after its pointers, cfg) or "extern"
-    (op, args: tensor names as {"tensor": name} or plain values, kwargs)."""
+    args: tensor names, sizes: the numels the kernel takes after its pointers, cfgs: its launch
+    configs, of which the fastest counts, as Ember's runtime autotunes a kernel's block sizes)
+    or "extern" (op, args: tensor names as {"tensor": name} or plain values, kwargs)."""
 
     label: str
     launches: list
@@ -168,20 +169,24 @@ def _make_tensor(spec: dict, device: str) -> torch.Tensor:
     return base.as_strided(spec["sizes"], spec["strides"], spec["offset"])
 
 
-def _launcher(launch: dict, tensors: dict):
-    """A no-argument callable running one launch (Triton's module loaded, not yet compiled)."""
+def _launchers(launch: dict, tensors: dict) -> list:
+    """No-argument callables running one launch, one per launch config (Triton's module is
+    loaded, the kernel not yet compiled)."""
     from .runtime import _grid, _load_module, block_constants, extern, launch_options
 
     if launch["kind"] == "extern":
         fn = extern(launch["op"])
         args = [tensors[a["tensor"]] if isinstance(a, dict) else a for a in launch["args"]]
         kwargs = launch.get("kwargs", {})
-        return lambda: fn(*args, **kwargs)
+        return [lambda: fn(*args, **kwargs)]
     kernel = getattr(_load_module(launch["source"]), launch["name"])
-    cfg, sizes = launch["cfg"], launch["sizes"]
-    grid, args = _grid(sizes, cfg), [tensors[a] for a in launch["args"]]
-    consts, options = block_constants(cfg), launch_options(cfg)
-    return lambda: kernel[grid](*args, *sizes, **consts, **options)
+    sizes, args = launch["sizes"], [tensors[a] for a in launch["args"]]
+
+    def run(cfg):
+        grid, consts, options = _grid(sizes, cfg), block_constants(cfg), launch_options(cfg)
+        return lambda: kernel[grid](*args, *sizes, **consts, **options)
+
+    return [run(cfg) for cfg in launch["cfgs"]]
 
 
 def _time(fn, device: str) -> float:
@@ -208,9 +213,10 @@ def _worker(path: str) -> None:
     choices = job["choices"]
 
     def prepare(i):
-        calls = [_launcher(launch, tensors) for launch in choices[i]["launches"]]
-        for call in calls:  # the first run compiles
-            call()
+        calls = [_launchers(launch, tensors) for launch in choices[i]["launches"]]
+        for alternatives in calls:
+            for call in alternatives:  # the first run compiles
+                call()
         return calls
 
     ready: dict = {}
@@ -228,7 +234,7 @@ def _worker(path: str) -> None:
                 calls = prepare(i)
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
-            ms = sum(_time(call, device) for call in calls)
+            ms = sum(min(_time(c, device) for c in alternatives) for alternatives in calls)
             print(f"{RESULT} {i} {ms!r}", flush=True)
         except Exception as e:  # noqa: BLE001  (reported to the parent, which drops the choice)
             print(f"{RESULT} {i} error {type(e).__name__}: {str(e)[:200]!r}", flush=True)

@@ -540,9 +540,10 @@ def _choose(gk: GemmKernel, sources: list, epilogue, steps, buffers,
 
 
 def _triton_launch(src: KernelSource, use) -> dict:
+    """A kernel as autotune's worker launches it: with every launch config it would try."""
     meta = dict(src.meta)
     second = meta["reduction"] or meta.get("tiled")
     sizes = [int(meta["xnumel"])] + ([int(meta["rnumel"])] if second else [])
     return {"kind": "triton", "source": src.source, "name": src.name,
             "args": [use(a) for a in src.args], "sizes": sizes,
-            "cfg": dict(meta["configs"][0])}  # fmt: skip
+            "cfgs": [dict(c) for c in meta["configs"]]}  # fmt: skip

@@ -80,9 +80,12 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
     finish, rebuild = (_load_cpp_wrapper, _program_cpp_wrapper) if cpp_wrapper else (
         _as_is, _program_python)  # fmt: skip
     options_text = f"mode={mode} cpp_wrapper={cpp_wrapper}"
+    templates = mode in ("max-autotune", "max-autotune-no-cudagraphs")
+    if templates and torch.cuda.is_available():  # the chosen tiles suit the GPU timed on
+        options_text += f" gpu={torch.cuda.get_device_name()}"
     runtime_cache = fx_cache.runtime_cache_for(gm, options_text, rebuild)
     prims_compiler = compile_prims
-    if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
+    if templates:
         prims_compiler = _with_gemm_templates(compile_prims)
     if runtime_cache is not None:
         compile_graph = runtime_cache.compiler(prims_compiler, finish)
