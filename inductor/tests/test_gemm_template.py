@@ -227,3 +227,7 @@ def test_no_candidate_that_runs_is_an_error(tmp_path, monkeypatch):
     choices, tensors = _choices()
     with pytest.raises(RuntimeError, match="no candidate ran"):
         autotune.pick([choices[2]], tensors, "cpu")
+    # a worker that dies before any candidate (here: tensors it cannot build) ends the search
+    bad = {name: dict(spec, dtype="no_such_dtype") for name, spec in tensors.items()}
+    with pytest.raises(RuntimeError, match="no candidate ran"):
+        autotune.pick([choices[1]], bad, "cpu")

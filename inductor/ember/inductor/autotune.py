@@ -114,20 +114,26 @@ def measure(job: dict) -> list[Optional[float]]:
     serial = False
     while len(times) < n:
         todo = [i for i in range(n) if i not in times]
-        done, crashed = _run_worker(job, todo, serial)
+        done, died, started = _run_worker(job, todo, serial)
         times.update(done)
-        if crashed:
-            pending = [i for i in todo if i not in done]
-            if serial and pending:
-                # one candidate at a time: the first without a result is the one that crashed
-                log.debug("autotune: %s crashed its worker", job["choices"][pending[0]]["label"])
-                times[pending[0]] = None
-            serial = True
+        if not died:
+            for i in todo:  # (a worker that ends normally has reported every choice)
+                times.setdefault(i, None)
+            continue
+        if serial and started is not None and started not in done:
+            # one candidate at a time: the one it had started took it down
+            log.debug("autotune: %s crashed its worker", job["choices"][started]["label"])
+            times[started] = None
+        elif serial and not done:  # it died before any candidate (no device, no memory)
+            log.debug("autotune: the worker died before timing anything")
+            times.update(dict.fromkeys(todo))
+        serial = True  # (a worker whose CUDA context an error broke ends, and the rest go on)
     return [times[i] for i in range(n)]
 
 
-def _run_worker(job: dict, todo: list, serial: bool) -> tuple[dict, bool]:
-    """Run one worker on the choices `todo`: (their results so far, whether it died)."""
+def _run_worker(job: dict, todo: list, serial: bool) -> tuple[dict, bool, Optional[int]]:
+    """Run one worker on the choices `todo`: (their results so far, whether it died before
+    reporting them all, the last choice it started)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.json"
         path.write_text(json.dumps({**job, "todo": todo, "serial": serial}))
@@ -140,18 +146,20 @@ def _run_worker(job: dict, todo: list, serial: bool) -> tuple[dict, bool]:
         except subprocess.TimeoutExpired as e:  # a hung candidate: as a crash
             out, rc = e.stdout or b"", -1
     out = out.decode(errors="replace")
-    done = {}
+    done, started = {}, None
     for line in out.splitlines():
         parts = line.split(" ", 3)
         if len(parts) < 3 or parts[0] != RESULT:
             continue
         i = int(parts[1])
-        if parts[2] == "error":
+        if parts[2] == "start":
+            started = i
+        elif parts[2] == "error":
             log.debug("autotune: %s failed: %s", job["choices"][i]["label"], parts[3:])
             done[i] = None
         else:
             done[i] = float(parts[2])
-    return done, rc != 0 and len(done) < len(todo)
+    return done, rc != 0 and len(done) < len(todo), started
 
 
 # --- the worker ----------------------------------------------------------------------------------
@@ -213,6 +221,8 @@ def _worker(path: str) -> None:
     choices = job["choices"]
 
     def prepare(i):
+        if device.startswith("cuda"):  # the current device is per thread
+            torch.cuda.set_device(torch.device(device))
         calls = [_launchers(launch, tensors) for launch in choices[i]["launches"]]
         for alternatives in calls:
             for call in alternatives:  # the first run compiles
@@ -226,6 +236,7 @@ def _worker(path: str) -> None:
         for i, f in futures.items():
             ready[i] = f.exception() or f.result()
     for i in job["todo"]:
+        print(f"{RESULT} {i} start", flush=True)
         try:
             calls = ready.get(i)
             if calls is None or isinstance(calls, BaseException):
@@ -238,6 +249,22 @@ def _worker(path: str) -> None:
             print(f"{RESULT} {i} {ms!r}", flush=True)
         except Exception as e:  # noqa: BLE001  (reported to the parent, which drops the choice)
             print(f"{RESULT} {i} error {type(e).__name__}: {str(e)[:200]!r}", flush=True)
+            if _cuda_broken(device):
+                sys.exit(3)  # an illegal address spoils the context: the rest in a new worker
+
+
+def _cuda_broken(device: str) -> bool:
+    """Whether the CUDA context is unusable after an error (a sticky fault, as from an
+    out-of-bounds access), so that every later launch in this process would fail too."""
+    if not device.startswith("cuda"):
+        return False
+    try:
+        torch.cuda.synchronize()
+        torch.empty(1, device=device).add_(1)
+        torch.cuda.synchronize()
+        return False
+    except Exception:  # noqa: BLE001
+        return True
 
 
 if __name__ == "__main__":
