@@ -94,7 +94,10 @@ def main(argv=None) -> int:
         print("mm_epilogue: needs a CUDA device", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("ember.inductor").setLevel(logging.INFO)  # Ember's timings of its choices
+    choices = _Collect()  # Ember's timings of its matmul candidates (logged at INFO)
+    ember_log = logging.getLogger("ember.inductor")
+    ember_log.setLevel(logging.INFO)
+    ember_log.addHandler(choices)
     dtype = DTYPES[args.dtype]
     torch.manual_seed(0)
     a = torch.randn(args.m, args.k, device="cuda", dtype=dtype)
@@ -120,6 +123,7 @@ def main(argv=None) -> int:
                    "of_peak": tflops / peak["tflops"], "compile_s": compile_s,
                    "max_abs_diff": float((out.float() - expected.float()).abs().max())}  # fmt: skip
             if name == "ember":
+                row["choices"] = [m for m in choices.messages if "matmul" in m]
                 row["templates"] = metrics.gemm_templates
                 row["autotune_runs"] = metrics.gemm_autotune_runs
                 row["autotune_cache_hits"] = metrics.gemm_autotune_hits
@@ -137,6 +141,15 @@ def main(argv=None) -> int:
     return 0
 
 
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
 def _markdown(result: dict) -> str:
     m, n, k = result["shape"]
     peak = result["measured_peak"]
@@ -151,6 +164,12 @@ def _markdown(result: dict) -> str:
                      f"cached {r['autotune_cache_hits']}")  # fmt: skip
         lines.append(f"| {r['backend']} | {r['ms']:.3f} | {r['tflops']:.1f} | {r['of_peak']:.0%} "
                      f"| {r['compile_s']:.1f} | {r['max_abs_diff']:.3g} | {notes} |")  # fmt: skip
+    for r in result["results"]:
+        for line in r.get("choices", ()):
+            lines += ["", f"Ember's measurement: {line}"]
+        if r["backend"] == "ember" and r.get("choices") == []:
+            lines += ["", "Ember timed nothing: its choice came from the cache (see results.json "
+                      "of the first run), or no matmul qualified."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

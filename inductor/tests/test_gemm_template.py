@@ -33,6 +33,17 @@ def test_mm_bias_gelu_is_one_kernel():
     assert "tl.dot(" in c.source and "tl.erf(" in c.source and "mm(" not in c.source
 
 
+def test_sizes_the_blocks_divide_have_no_masks_or_wraps():
+    """32 x 64 products in 32 x 64 tiles: no edge, so no mask and no modulo (which would hide
+    the contiguous runs from Triton); a 0-d epilogue input is read as a scalar."""
+    a, w, b, s = *mats((32, 64), (64, 64), (64,)), torch.tensor(3.0)
+    c = check(lambda a, w, b, s: F.gelu(a @ w + b) * s, a, w, b, s, kernels=1, atol=1e-4,
+              rtol=1e-5)  # fmt: skip
+    src = c.program.kernels[0].source
+    assert "mask" not in src, src
+    assert "ra = rm\n" in c.source and "rb = rn\n" in c.source
+
+
 def test_linear_relu_addmm_with_transposed_weight():
     x, w, b = mats((33, 40), (24, 40), (24,))  # non-multiples of the blocks
     c = check(lambda x, w, b: F.relu(F.linear(x, w, b)), x, w, b, kernels=1, atol=1e-5, rtol=1e-5)

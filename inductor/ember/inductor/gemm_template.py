@@ -250,6 +250,8 @@ class GemmRenderer(TritonRenderer):
             tf32 = torch.backends.cuda.matmul.allow_tf32  # eager's own choice for fp32 matmuls
             precision = ", input_precision=" + ('"tf32"' if tf32 else '"ieee"')
         k_mask = g.k % bk != 0
+        # where the blocks divide the product, no tile has an edge: nothing is masked
+        self._edge = ", mask" if g.m % bm or g.n % bn else ""
         # Triton's interpreter multiplies 16-bit floats as their bit patterns: it gets float32
         # (the products are exact in float32 either way, and the sum is float32 on the GPU too)
         up = ".to(tl.float32)" if _interpreting() and g.ext.dtype != torch.float32 else ""
@@ -262,9 +264,12 @@ class GemmRenderer(TritonRenderer):
         head += [
             f"rm = (pid_m * XBLOCK + tl.arange(0, XBLOCK)[:, None]){idx}",
             f"rn = (pid_n * YBLOCK + tl.arange(0, YBLOCK)[None, :]){idx}",
-            "mask = (rm < " + str(g.m) + ") & (rn < " + str(g.n) + ")",
-            # rows and columns past the edge read row/column 0 again (never stored): no masks
-            f"ra = rm % {g.m}", f"rb = rn % {g.n}", f"rk = tl.arange(0, {bk})",
+            *([f"mask = (rm < {g.m}) & (rn < {g.n})"] if self._edge else []),
+            # rows and columns past the edge read row/column 0 again (never stored): no masks;
+            # sides the blocks divide need no wrap, and Triton then sees their contiguous runs
+            # (vector loads; a modulo hides them)
+            f"ra = rm % {g.m}" if g.m % bm else "ra = rm",
+            f"rb = rn % {g.n}" if g.n % bn else "rb = rn", f"rk = tl.arange(0, {bk})",
             f"a_ptrs = {p[oa.name]} + {oa.offset} + {a_b}ra * {sa[0]} + rk[None, :] * {sa[1]}",
             f"b_ptrs = {p[ob.name]} + {ob.offset} + {b_b}rk[:, None] * {sb[0]} + rb * {sb[1]}",
             "acc = tl.zeros([XBLOCK, YBLOCK], tl.float32)",
@@ -280,7 +285,7 @@ class GemmRenderer(TritonRenderer):
             value = f"{value} * {float(g.alpha)!r}"
         if g.bias is not None:
             bias = self._broadcast_index(g.bias, g)
-            head.append(f"bias = tl.load({p[g.bias.name]} + {bias}, mask).to(tl.float32)")
+            head.append(f"bias = tl.load({p[g.bias.name]} + {bias}{self._edge}).to(tl.float32)")
             value = f"{value} + bias" + (f" * {float(g.beta)!r}" if g.beta != 1 else "")
         # the product as the library returns it: rounded to its dtype, read back as float32
         if g.ext.dtype == torch.bfloat16 and _interpreting():
@@ -291,7 +296,8 @@ class GemmRenderer(TritonRenderer):
         if k.product is not None:
             out = self._tile_index(_static(g.ext.layout.strides), g)
             name = k.product.name
-            head.append(f"tl.store({self.args[name]} + {out}, prod.to({TL[g.ext.dtype]}), mask)")
+            value = f"prod.to({TL[g.ext.dtype]})"
+            head.append(f"tl.store({self.args[name]} + {out}, {value}{self._edge})")
         return self._with_epilogue(head, cfg, tiles_m)
 
     @staticmethod
@@ -331,7 +337,8 @@ class GemmRenderer(TritonRenderer):
         self._product_key = self.index_key(sympy.expand(g.ext.layout.index(tile)))
         self._product = CSEVar("prod", torch.float32)
         self.uses_prod = False
-        body = self._body(k.members, tile, [], "mask", x_level=True) if k.members else []
+        mask = "mask" if self._edge else ""
+        body = self._body(k.members, tile, [], mask, x_level=True) if k.members else []
         params = [*self.args.values(), "xnumel", "ynumel", "XBLOCK: tl.constexpr",
                   "YBLOCK: tl.constexpr"]  # fmt: skip
         src = "\n".join(["import triton", "import triton.language as tl",
