@@ -157,6 +157,18 @@ def test_the_template_compiles_for_hopper(monkeypatch):
         assert "b = tl.load(b_ptrs).to(tl.bfloat16)\n" in k.source
         kernels.append((k.name, k))
     assert [dict(k.meta)["configs"][0]["num_stages"] for _, k in kernels] == [3, 5]
+    # float32 (eager's ieee products), and a float16 bmm with edges and a residual's tanh
+    monkeypatch.setattr(config, "gemm_force", 0)
+    x, wt, bias = mats((100, 72), (40, 72), (40,))
+    p, q, r = mats((3, 40, 24), (3, 24, 36), (3, 40, 36), dtype=torch.float16)
+    for fn, args in (
+        (lambda x, w, b: F.linear(x, w, b).sigmoid(), (x, wt, bias)),
+        (lambda p, q, r: torch.tanh(torch.bmm(p, q) + r), (p, q, r)),
+    ):
+        (k,) = compile_prims(trace_to_prims(fn, *args), list(args)).program.kernels
+        kernels.append((k.name, k))
+    assert 'input_precision="ieee"' in kernels[2][1].source
+    assert "mask = " in kernels[3][1].source and "bidx" in kernels[3][1].source
     assert check_kernels(kernels, 90) == []
 
 
