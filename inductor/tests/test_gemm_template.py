@@ -191,17 +191,21 @@ def test_as_gemm_declines_what_it_cannot_compute():
 
 def test_measured_choice_through_the_pipeline_is_cached(tmp_path, monkeypatch):
     """The measured path end to end on the CPU (Triton's interpreter times the templates in the
-    worker, torch the library call plus the epilogue kernel): a valid choice, and a second
-    compile of the same graph reads it instead of timing again."""
+    worker, torch the library call plus the epilogue kernel): a graph's two matmuls are timed
+    by one worker, and a second compile of the graph reads both choices instead."""
     monkeypatch.setattr(toolchain.config, "cache_dir", tmp_path)
     monkeypatch.setattr(config, "gemm_force", "measure")
-    a, w, b = mats((32, 40), (40, 48), (48,))
-    fn = lambda a, w, b: torch.sigmoid(a @ w + b)  # noqa: E731
-    check(fn, a, w, b, kernels=1, atol=1e-5, rtol=1e-5)
-    assert metrics.gemm_autotune_runs == 1 and metrics.gemm_autotune_hits == 0
-    runs = metrics.gemm_autotune_runs
-    check(fn, a, w, b, kernels=1, atol=1e-5, rtol=1e-5)  # (check resets the counters)
-    assert metrics.gemm_autotune_runs == 0 and metrics.gemm_autotune_hits == 1 and runs == 1
+    workers = []
+    run_worker = autotune._run_worker
+    monkeypatch.setattr(autotune, "_run_worker", lambda *a: workers.append(1) or run_worker(*a))
+    a, w, b, v = mats((32, 40), (40, 48), (48,), (48, 16))
+    fn = lambda a, w, b, v: torch.sigmoid(a @ w + b) @ v  # noqa: E731
+    check(fn, a, w, b, v, atol=1e-5, rtol=1e-5)
+    assert metrics.gemm_autotune_runs == 2 and metrics.gemm_autotune_hits == 0
+    assert len(workers) == 1
+    check(fn, a, w, b, v, atol=1e-5, rtol=1e-5)  # (check resets the counters)
+    assert metrics.gemm_autotune_runs == 0 and metrics.gemm_autotune_hits == 2
+    assert len(workers) == 1
 
 
 # --- the autotuner's subprocess and cache (timed on the CPU) -------------------------------------

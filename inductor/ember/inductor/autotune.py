@@ -3,6 +3,7 @@ subprocess, the fastest remembered on disk (max-autotune's matmul templates, gem
 
 A `Choice` is a list of launches (a Triton kernel from its source with one launch config, or an
 extern call by its vocabulary name) over named tensors; its time is the sum of its launches'.
+`pick_many` times every problem the cache does not know (a graph's matmuls) in one worker.
 The worker process (`python -m ember.inductor.autotune JOB`) compiles every Triton candidate on
 a thread pool, then times each one (CUDA: triton.testing.do_bench; CPU: the median of a few
 runs), printing one result line per choice as it goes. A candidate that fails to compile or
@@ -82,29 +83,77 @@ def pick(choices: list[Choice], tensors: dict, device: str) -> tuple[int, dict]:
     """The index of the fastest choice that ran, and every choice's time in ms (None: failed),
     from the on-disk cache when these choices were timed before on this device. Raises
     RuntimeError when no choice ran."""
-    job = {"device": device, "tensors": tensors,
-           "choices": [dataclasses.asdict(c) for c in choices]}  # fmt: skip
-    key = job_key(job)
-    try:
-        stored = json.loads(_path(key).read_text())
-        labels = [c.label for c in choices]
-        if stored.get("key") == key and stored.get("winner") in labels:
-            metrics.gemm_autotune_hits += 1
-            return labels.index(stored["winner"]), stored.get("times", {})
-    except (OSError, ValueError, AttributeError):
-        pass
-    metrics.gemm_autotune_runs += 1
-    times = measure(job)
-    ran = [i for i, t in enumerate(times) if t is not None]
-    if not ran:
-        raise RuntimeError("ember.inductor autotune: no candidate ran: "
-                           + ", ".join(c.label for c in choices))  # fmt: skip
-    best = min(ran, key=times.__getitem__)
-    by_label = {c.label: t for c, t in zip(choices, times)}
-    entry = {"key": key, "winner": choices[best].label, "times": by_label}
-    cache_files.try_write_atomic(_path(key), json.dumps(entry))
-    log.debug("autotune: %s", by_label)
-    return best, by_label
+    (result,) = pick_many([(choices, tensors)], device)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def pick_many(problems: list, device: str) -> list:
+    """`pick` for several (choices, tensors) problems (a graph's matmuls): those not in the
+    cache are timed together, in one worker (one process start and one CUDA context for all).
+    Each result is (index, times), or a RuntimeError where no choice of that problem ran."""
+    jobs = [{"device": device, "tensors": tensors,
+             "choices": [dataclasses.asdict(c) for c in choices]}  # fmt: skip
+            for choices, tensors in problems]
+    results: list = [None] * len(jobs)
+    misses = []
+    for j, job in enumerate(jobs):
+        key = job_key(job)
+        labels = [c["label"] for c in job["choices"]]
+        try:
+            stored = json.loads(_path(key).read_text())
+            if stored.get("key") == key and stored.get("winner") in labels:
+                metrics.gemm_autotune_hits += 1
+                results[j] = (labels.index(stored["winner"]), stored.get("times", {}))
+                continue
+        except (OSError, ValueError, AttributeError):
+            pass
+        misses.append((j, key))
+    if not misses:
+        return results
+    metrics.gemm_autotune_runs += len(misses)
+    merged, spans = _merged([jobs[j] for j, _ in misses], device)
+    times = measure(merged)
+    for (j, key), (lo, hi) in zip(misses, spans):
+        labels = [c["label"] for c in jobs[j]["choices"]]
+        mine = times[lo:hi]
+        ran = [i for i, t in enumerate(mine) if t is not None]
+        if not ran:
+            results[j] = RuntimeError("ember.inductor autotune: no candidate ran: "
+                                      + ", ".join(labels))  # fmt: skip
+            continue
+        best = min(ran, key=mine.__getitem__)
+        by_label = dict(zip(labels, mine))
+        entry = {"key": key, "winner": labels[best], "times": by_label}
+        cache_files.try_write_atomic(_path(key), json.dumps(entry))
+        log.debug("autotune: %s", by_label)
+        results[j] = (best, by_label)
+    return results
+
+
+def _merged(jobs: list, device: str) -> tuple[dict, list]:
+    """One job timing every choice of `jobs` (their tensors kept apart by a prefix), and the
+    span of each job's choices in it."""
+    tensors, choices, spans = {}, [], []
+    for j, job in enumerate(jobs):
+        def name(t, j=j):
+            return f"{j}/{t}"
+
+        tensors.update({name(t): spec for t, spec in job["tensors"].items()})
+        lo = len(choices)
+        for c in job["choices"]:
+            launches = []
+            for launch in c["launches"]:
+                if launch["kind"] == "extern":
+                    args = [{"tensor": name(a["tensor"])} if isinstance(a, dict) else a
+                            for a in launch["args"]]  # fmt: skip
+                else:
+                    args = [name(a) for a in launch["args"]]
+                launches.append({**launch, "args": args})
+            choices.append({"label": c["label"], "launches": launches})
+        spans.append((lo, len(choices)))
+    return {"device": device, "tensors": tensors, "choices": choices}, spans
 
 
 def measure(job: dict) -> list[Optional[float]]:
@@ -271,4 +320,4 @@ if __name__ == "__main__":
     _worker(sys.argv[1])
 
 
-__all__ = ["Choice", "measure", "pick", "tensor_spec"]
+__all__ = ["Choice", "measure", "pick", "pick_many", "tensor_spec"]

@@ -483,36 +483,65 @@ def enabled(device: str) -> bool:
 def choose_templates(steps: list, buffers: dict, output_names, device: str) -> list:
     """`steps` with each matmul that a template (with its epilogue) beats, by measurement or by
     config.gemm_force, replaced by its GemmKernel (at its epilogue's place, else its own)."""
-    replace, drop = {}, set()
+    replace, drop, candidates = {}, set(), []
     for i, g, j, stored in plan(steps, set(output_names)):
         epilogue = steps[j] if j is not None else None
         gk = _kernel_for(g, epilogue, stored, epilogue.name if epilogue else f"gemm_{g.ext.name}")
         sources = render_candidates(gk, buffers)
-        if not sources:
+        if sources:
+            candidates.append((i, j, gk, sources, epilogue))
+    chosen = _choose_all(candidates, steps, buffers, device)
+    for (i, j, gk, _, _), source in zip(candidates, chosen):
+        if source is None:
             continue
-        chosen = _choose(gk, sources, epilogue, steps, buffers, device)
-        if chosen is None:
-            continue
-        gk.source = chosen
+        gk.source = source
         replace[j if j is not None else i] = gk
         if j is not None:
             drop.add(i)
-        drop.update(o.producer for o in g.ops if o.producer is not None)
+        drop.update(o.producer for o in gk.gemm.ops if o.producer is not None)
     if not replace:
         return steps
     metrics.gemm_templates += len(replace)
     return [replace.get(i, s) for i, s in enumerate(steps) if i not in drop]
 
 
-def _choose(gk: GemmKernel, sources: list, epilogue, steps, buffers,
-            device) -> Optional[KernelSource]:  # fmt: skip
-    """The template source to use, or None to keep the library call."""
+def _choose_all(candidates: list, steps, buffers, device) -> list:
+    """For each (extern index, epilogue index, GemmKernel, sources, epilogue kernel): the template
+    source to use, or None to keep the library call; every matmul timed in one worker."""
     force = config.gemm_force
     if isinstance(force, int):
-        return sources[min(force, len(sources) - 1)]
-    if not device.startswith("cuda") and force != "measure":
-        return None  # nothing to time the candidates on
+        return [sources[min(force, len(sources) - 1)] for _, _, _, sources, _ in candidates]
+    if not candidates or (not device.startswith("cuda") and force != "measure"):
+        return [None] * len(candidates)  # nothing to time the candidates on
     from . import autotune
+
+    problems = [_problem(gk, sources, epilogue, steps, buffers, device)
+                for _, _, gk, sources, epilogue in candidates]  # fmt: skip
+    try:
+        results = autotune.pick_many(problems, device)
+    except OSError as e:
+        log.warning("ember.inductor: matmuls keep the library call (%s)", e)
+        return [None] * len(candidates)
+    out = []
+    for (_, _, gk, sources, _), result in zip(candidates, results):
+        ext = gk.gemm.ext
+        if isinstance(result, Exception):
+            log.warning("ember.inductor: matmul %s keeps the library call (%s)", ext.name, result)
+            out.append(None)
+            continue
+        best, times = result
+        timed = [f"{k} {v:.4f} ms" if v is not None else f"{k} failed" for k, v in times.items()]
+        log.info("ember.inductor: matmul %s %s: %s", ext.name,
+                 "x".join(map(str, ext.layout.sizes)), ", ".join(timed))  # fmt: skip
+        out.append(None if best == 0 else sources[best - 1])
+    return out
+
+
+def _problem(gk: GemmKernel, sources: list, epilogue, steps, buffers, device) -> tuple:
+    """autotune's (choices, tensors) for one matmul: the library call first (with the kernels
+    it needs around it), then each template source."""
+    from . import autotune
+    from .pipeline import render_kernels
 
     tensors, choices = {}, []
 
@@ -523,8 +552,6 @@ def _choose(gk: GemmKernel, sources: list, epilogue, steps, buffers,
     ext = gk.gemm.ext
     args = [{"tensor": use(a.name)} if isinstance(a, Buffer) else a for a in ext.args]
     baseline = [{"kind": "extern", "op": ext.op, "args": args, "kwargs": dict(ext.kwargs)}]
-    from .pipeline import render_kernels
-
     # the operands' casts, the call, then the epilogue's own kernel, as they would run
     around = [steps[o.producer] for o in gk.gemm.ops if o.producer is not None]
     for k in around:
@@ -535,15 +562,7 @@ def _choose(gk: GemmKernel, sources: list, epilogue, steps, buffers,
     choices.append(autotune.Choice("extern", baseline))
     for src in sources:
         choices.append(autotune.Choice(dict(src.meta)["template"], [_triton_launch(src, use)]))
-    try:
-        best, times = autotune.pick(choices, tensors, device)
-    except (RuntimeError, OSError) as e:
-        log.warning("ember.inductor: matmul %s keeps the library call (%s)", ext.name, e)
-        return None
-    timed = [f"{k} {v:.4f} ms" if v is not None else f"{k} failed" for k, v in times.items()]
-    log.info("ember.inductor: matmul %s %s: %s", ext.name, "x".join(map(str, ext.layout.sizes)),
-             ", ".join(timed))  # fmt: skip
-    return None if best == 0 else sources[best - 1]
+    return choices, tensors
 
 
 def _triton_launch(src: KernelSource, use) -> dict:
