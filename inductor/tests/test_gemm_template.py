@@ -61,6 +61,10 @@ def test_baddbmm_alpha_beta_and_a_batch_broadcast_weight():
     fn = lambda x, a, w: torch.baddbmm(x, a, w.expand(4, 24, 20), beta=0.5, alpha=2.0)  # noqa: E731
     check(fn, x, a, w, atol=1e-5, rtol=1e-5)
     assert metrics.gemm_templates == 1
+    nan = torch.full((4, 16, 20), float("nan"))  # beta=0: torch ignores the bias, NaNs too
+    check(lambda x, a, w: torch.baddbmm(x, a, w.expand(4, 24, 20), beta=0), nan, a, w,
+          atol=1e-5, rtol=1e-5)  # fmt: skip
+    assert metrics.gemm_templates == 1
 
 
 def test_bf16_product_then_cast_and_scale():

@@ -10,8 +10,8 @@ the accumulator's tile, rendered by the Triton renderer itself (tile rows and co
 the kernel's loop variables), and the product is never written unless something else reads it.
 An operand that is a lone cast (a weight cast under autocast) is read from the cast's source and
 converted block by block (a prologue), and the cast's kernel is dropped.
-`choose_templates` renders every config of `gemm_configs`, has `autotune.pick` time them against
-the library call plus the separate epilogue kernel, and keeps whichever is faster.
+`choose_templates` renders every config of `gemm_configs`, has `autotune.pick_many` time them
+against the library call plus the separate epilogue kernel, and keeps whichever is faster.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Optional
 import sympy
 import torch
 
-from .codegen_common import CantRender, CSEVar, KernelSource, buffer_ptr_type
 from . import metrics
+from .codegen_common import CantRender, CSEVar, KernelSource, buffer_ptr_type
 from .codegen_triton import TL, TritonRenderer, _bf16_rne, _indent, _interpreting, grid_of
 from .config import config
 from .loop_ir import AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, TextHandler, loop_vars
@@ -127,6 +127,8 @@ def as_gemm(ext) -> Optional[Gemm]:
         alpha, beta = ext.kwargs.get("alpha", 1), ext.kwargs.get("beta", 1)
         if not isinstance(bias, Buffer):
             return None
+        if beta == 0:  # torch ignores the bias then (a NaN in it included)
+            bias = None
     if not (isinstance(a, Buffer) and isinstance(b, Buffer)):
         return None
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (alpha, beta)):
