@@ -141,6 +141,19 @@ def test_compile_fx_max_autotune_turns_templates_on(monkeypatch):
     assert metrics.gemm_templates == 1  # the default mode made none
 
 
+def test_training_step_with_templates_in_both_directions():
+    """Forward and backward matmuls (the backward's read transposed views) as templates."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.GELU(), torch.nn.Linear(64, 24))
+    x = torch.randn(32, 40)
+    out = compile_fx(model, [x], mode="max-autotune")(x)
+    grads = torch.autograd.grad(out.square().mean(), list(model.parameters()))
+    ref = torch.autograd.grad(model(x).square().mean(), list(model.parameters()))
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
+    assert metrics.gemm_templates >= 5  # 2 forward, 3 backward (no grad for x)
+
+
 def test_the_template_compiles_for_hopper(monkeypatch):
     """The GPU spelling of the template (no interpreter work-arounds), its largest and smallest
     configs, compiled by the real Triton compiler for sm_90 (no GPU needed)."""
