@@ -271,7 +271,7 @@ class GemmRenderer(TritonRenderer):
             # sides the blocks divide need no wrap, and Triton then sees their contiguous runs
             # (vector loads; a modulo hides them)
             f"ra = rm % {g.m}" if g.m % bm else "ra = rm",
-            f"rb = rn % {g.n}" if g.n % bn else "rb = rn", f"rk = tl.arange(0, {bk})",
+            f"rb = rn % {g.n}" if g.n % bn else "rb = rn", f"rk = tl.arange(0, {bk}){idx}",
             f"a_ptrs = {p[oa.name]} + {oa.offset} + {a_b}ra * {sa[0]} + rk[None, :] * {sa[1]}",
             f"b_ptrs = {p[ob.name]} + {ob.offset} + {b_b}rk[:, None] * {sb[0]} + rb * {sb[1]}",
             "acc = tl.zeros([XBLOCK, YBLOCK], tl.float32)",
@@ -329,7 +329,7 @@ class GemmRenderer(TritonRenderer):
 
     def _with_epilogue(self, head, cfg, tiles_m) -> KernelSource:
         k, g = self.kernel, self.kernel.gemm
-        xs, _, _ = self.kernel_indices()
+        self.kernel_indices()  # (the kernel's ranges, which final_index simplifies within)
         names = (["bidx"] if g.batch else []) + ["rm", "rn"]
         tile = [sympy.Symbol(n, integer=True, nonnegative=True) for n in names]
         sizes = ([g.batch] if g.batch else []) + [g.m, g.n]
