@@ -48,3 +48,17 @@ def test_measured_choice_under_autocast(tmp_path, monkeypatch):
         expected = model(x)
     torch.testing.assert_close(out.float(), expected.float(), atol=3e-2, rtol=2e-2)
     assert metrics.gemm_autotune_runs == 2
+    _assert_templates_were_timed(tmp_path, 2)
+
+
+def _assert_templates_were_timed(cache_root, count):
+    """The choice cache holds `count` entries, in each of which the library call and at least
+    one template ran (a worker that failed outright would leave the library call unmeasured)."""
+    import json
+
+    entries = sorted((cache_root / "inductor" / "gemm_autotune").glob("*.json"))
+    assert len(entries) == count
+    for path in entries:
+        times = json.loads(path.read_text())["times"]
+        assert times["extern"] is not None, times
+        assert any(t is not None for label, t in times.items() if label != "extern"), times

@@ -1,6 +1,8 @@
 """max-autotune's matmul templates on a real GPU (skipped without CUDA): every config compiled by
 Triton and run against eager, and the choice timed in a subprocess, then read from the cache."""
 
+import json
+
 import pytest
 import torch
 import torch.nn as nn
@@ -65,3 +67,7 @@ def test_max_autotune_times_once_then_reads_the_choice(tmp_path, monkeypatch):
         torch.testing.assert_close(out, model(x), atol=6e-2, rtol=2e-2)
     assert metrics.gemm_autotune_runs == 1 and metrics.gemm_autotune_hits == 1
     assert not config.max_autotune_gemm
+    (entry,) = (tmp_path / "inductor" / "gemm_autotune").glob("*.json")
+    times = json.loads(entry.read_text())["times"]  # every candidate's time, as measured
+    assert times["extern"] is not None and len(times) > 2, times
+    assert sum(t is not None for t in times.values()) >= len(times) // 2, times
