@@ -88,6 +88,11 @@ def test_operand_casts_are_read_through_as_a_prologue():
     both = lambda x, w: (x @ w.to(torch.bfloat16).t(), w.to(torch.bfloat16) * 2)  # noqa: E731
     check(both, x.to(torch.bfloat16), w, kernels=2, atol=5e-2, rtol=2e-2)
     assert metrics.gemm_templates == 1
+    sq = torch.randn(24, 24)  # one cast as both operands: both read through, its kernel gone
+    check(lambda s: s.to(torch.bfloat16) @ s.to(torch.bfloat16), sq, kernels=1, atol=5e-2,
+          rtol=2e-2)  # fmt: skip
+    # x @ x.T: the transposed operand is a view of the cast, which therefore stays
+    check(lambda s: (lambda c: c @ c.t())(s.to(torch.bfloat16)), sq, atol=5e-2, rtol=2e-2)
 
 
 def test_product_read_elsewhere_is_stored_too():
@@ -98,6 +103,9 @@ def test_product_read_elsewhere_is_stored_too():
     assert c.source.count("tl.store(") == 2
     check(lambda a, w: (a @ w).softmax(-1), a, w, kernels=2, atol=1e-5, rtol=1e-5)
     assert metrics.gemm_templates == 1
+    w2 = torch.randn(40, 48)  # two products read by one kernel: one takes it as its epilogue
+    check(lambda a, w, v: torch.relu(a @ w + a @ v), a, w, w2, kernels=2, atol=1e-5, rtol=1e-5)
+    assert metrics.gemm_templates == 2
 
 
 def test_every_config_renders_and_runs():

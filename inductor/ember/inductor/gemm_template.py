@@ -420,8 +420,6 @@ def _prologues(g: Gemm, steps, readers, i: int, output_names, taken: set) -> tup
         k = steps[producers[0]]
         if k.names != [x.name] or k.rsizes or isinstance(k, GemmKernel):
             continue
-        if any(o.producer == producers[0] for o in ops):
-            continue  # one cast read as both operands (x @ x.T): its kernel is dropped once
         cast = cast_prologue(x, g.ext.dtype, producers[0])
         if cast is not None and (len(cast.strides) == len(ops[pos].strides)):
             ops[pos] = cast
