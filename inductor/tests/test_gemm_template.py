@@ -137,6 +137,21 @@ def test_default_mode_and_unforced_cpu_keep_the_library_call(monkeypatch):
     assert "extern_mm" in c.source and metrics.gemm_templates == 0
 
 
+def test_symbolic_sizes_keep_the_library_call():
+    """A template is compiled for static sizes only: rows that vary keep the library call."""
+    from inductor_helpers import dynamic_gm
+
+    model = torch.nn.Sequential(torch.nn.Linear(40, 24), torch.nn.ReLU())
+    x = torch.randn(16, 40)
+    gm = dynamic_gm(model, [x], [{0: "s0"}])
+    with torch.no_grad():
+        compiled = compile_fx(gm, [x], mode="max-autotune")
+        for n in (16, 9):
+            xs = torch.randn(n, 40)
+            torch.testing.assert_close(compiled(xs), model(xs), atol=1e-5, rtol=1e-5)
+    assert metrics.gemm_templates == 0
+
+
 def test_compile_fx_max_autotune_turns_templates_on(monkeypatch):
     monkeypatch.setattr(config, "max_autotune_gemm", False)
     model = torch.nn.Sequential(torch.nn.Linear(40, 24), torch.nn.GELU())
