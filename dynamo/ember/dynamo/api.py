@@ -48,8 +48,9 @@ def compile(model_or_fn=None, *, backend="inductor", mode=None, dynamic=None, fu
 
     mode, with the inductor backend (the names torch's compiler uses): None or "default"
     replays static inference graphs on CUDA from CUDA graphs, as torch's "reduce-overhead"
-    does, and autotunes Triton block sizes; "reduce-overhead" is the same; "max-autotune" is
-    the same today (matmul and convolution templates are not built yet);
+    does, and autotunes Triton block sizes; "reduce-overhead" is the same; "max-autotune" also
+    makes CUDA matmuls generated Triton templates with their pointwise readers fused, where
+    timing them against the library call says so (convolutions stay library calls);
     "max-autotune-no-cudagraphs" never replays from CUDA graphs. ember.inductor's README says
     more."""
     if model_or_fn is None:

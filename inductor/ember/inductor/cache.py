@@ -64,6 +64,10 @@ def graph_key(gm: fx.GraphModule, example_inputs) -> str:
     metas += [None] * (len(example_inputs) - len(metas))
     inputs = [_input_key(t, m) for t, m in zip(example_inputs, metas)]
     text = "\n".join([graph_text(gm), repr(inputs), fingerprint(), _versions(), f"format={FORMAT}"])
+    if config.max_autotune_gemm:  # matmul templates were chosen (and sized) for this GPU
+        devices = {str(getattr(t, "device", "")) for t in example_inputs}  # (data or not)
+        gpus = sorted(d for d in devices if d.startswith("cuda"))
+        text += "".join(f"\n{d}={torch.cuda.get_device_name(d)}" for d in gpus)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

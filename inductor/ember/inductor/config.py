@@ -15,6 +15,8 @@ Overrides (read once at import):
   EMBER_CONV_BIAS_EPILOGUE=0|1|auto  `conv_bias_epilogue`
   EMBER_CPU_FLASH_ATTENTION=0|1|auto  `cpu_flash_attention`
   EMBER_TRITON_FLASH_ATTENTION=0|1|auto  `triton_flash_attention`
+  EMBER_GEMM_FORCE=extern|<i>|measure  `gemm_force`: keep the library call, take template
+                                  config i untimed, or time even on the CPU (tests)
 """
 
 from __future__ import annotations
@@ -100,6 +102,15 @@ class Config:
     # a bfloat16 softmax over 4096 columns then moved 48% of the copy bandwidth (H100).
     persistent_reduction_max: int = 4096
     autotune: bool = True
+    # Matmuls (mm, addmm, bmm, baddbmm) as generated Triton GEMM templates with their pointwise
+    # readers fused as an epilogue, each chosen against the library call by timing on the real
+    # shapes in a subprocess (gemm_template.py, autotune.py). compile_fx turns it on for
+    # mode="max-autotune" / "max-autotune-no-cudagraphs"; off by default.
+    max_autotune_gemm: bool = False
+    # None: measure (CUDA only; elsewhere the library call stays). "extern": keep the library call;
+    # an int i: take template config i untimed; "measure": time even on the CPU, in Triton's
+    # interpreter (both for tests).
+    gemm_force: Optional[Union[int, str]] = None
     # a Triton kernel's binary is kept in the cache after its first launch, and a later process
     # launches it from there without Triton's JIT (triton_binaries.py)
     triton_binaries: bool = True
@@ -146,6 +157,9 @@ def _from_env(cfg: Config) -> Config:
     triton_flash = env.get("EMBER_TRITON_FLASH_ATTENTION")
     if triton_flash:
         cfg.triton_flash_attention = {"0": False, "1": True}.get(triton_flash, triton_flash)
+    force = env.get("EMBER_GEMM_FORCE")
+    if force:
+        cfg.gemm_force = int(force) if force.isdigit() else force
     if "output_code" in env.get("EMBER_LOGS", "").split(","):
         cfg.output_code = True
     return cfg

@@ -24,6 +24,7 @@ from . import (
     cache,
     cpu_attention,  # noqa: F401  (registers the generated CPU flash attention's lowering)
     fx_cache,
+    gemm_template,
     lowering_views,  # noqa: F401  (registers the view, reduction and extern lowerings)
     metrics,
     runtime,
@@ -54,8 +55,11 @@ MODES_TEXT = """What each mode does in Ember (the names torch's compiler uses):
   candidates on the first call and remembered on disk.
 - "reduce-overhead": the same as the default: Ember's default already replays CUDA graphs, which
   is what this mode turns on in torch.
-- "max-autotune": today the same as the default. Matmul and convolution templates chosen by
-  measurement (torch's meaning) are not built yet: matmuls and convolutions stay library calls.
+- "max-autotune": as the default, and on CUDA each matmul with static sizes (mm, addmm, bmm,
+  baddbmm: Linear layers too) is a generated Triton GEMM template with its pointwise readers
+  (bias, activation, residual add, cast) fused into its store, if timing it against the library
+  call (in a subprocess, on the real shapes; remembered on disk) says it is faster.
+  Convolutions stay library calls.
 - "max-autotune-no-cudagraphs": as "max-autotune", never replayed from CUDA graphs."""
 
 
@@ -78,11 +82,17 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
     finish, rebuild = (_load_cpp_wrapper, _program_cpp_wrapper) if cpp_wrapper else (
         _as_is, _program_python)  # fmt: skip
     options_text = f"mode={mode} cpp_wrapper={cpp_wrapper}"
+    templates = mode in ("max-autotune", "max-autotune-no-cudagraphs")
+    if templates and torch.cuda.is_available():  # the chosen tiles suit the GPU timed on
+        options_text += f" gpu={torch.cuda.get_device_name()}"
     runtime_cache = fx_cache.runtime_cache_for(gm, options_text, rebuild)
+    prims_compiler = compile_prims
+    if templates:
+        prims_compiler = _with_gemm_templates(compile_prims)
     if runtime_cache is not None:
-        compile_graph = runtime_cache.compiler(compile_prims, finish)
+        compile_graph = runtime_cache.compiler(prims_compiler, finish)
     else:
-        compile_graph = lambda gm, inputs: finish(compile_prims(gm, inputs))  # noqa: E731
+        compile_graph = lambda gm, inputs: finish(prims_compiler(gm, inputs))  # noqa: E731
 
     graphs = mode != "max-autotune-no-cudagraphs"  # see MODES_TEXT
 
@@ -100,6 +110,22 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
 # Takes graphs with symbolic sizes (gm.meta["ember_symbols"]): one program for every size in
 # range; where a graph's symbols are beyond it, it raises and dynamo retraces with static sizes.
 compile_fx.ember_supports_dynamic = True
+
+
+def _with_gemm_templates(compile):
+    """`compile` with config.max_autotune_gemm on while it runs (under the compile lock, so a
+    default-mode compile on another thread never sees it; the backward compiles later, through
+    this same function)."""
+
+    def compile_with_templates(gm, inputs):
+        with COMPILE_LOCK:
+            saved, config.max_autotune_gemm = config.max_autotune_gemm, True
+            try:
+                return compile(gm, inputs)
+            finally:
+                config.max_autotune_gemm = saved
+
+    return compile_with_templates
 
 
 def _as_is(compiled: CompiledGraph) -> CompiledGraph:
@@ -165,6 +191,9 @@ def _compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
         with progress.stage("scheduling"):
             steps = schedule(lowered.buffers, out_names)  # 3. dead code, fusion, phases, locals
         buffers = {b.name: b for b in [*lowered.inputs, *lowered.buffers] if b is not None}
+        if gemm_template.enabled(lowered.device):  # 3b. max-autotune: matmul templates, timed
+            with progress.stage("matmul autotuning"):
+                steps = gemm_template.choose_templates(steps, buffers, out_names, lowered.device)
         hints = {s: example_inputs[i].shape[d] for s, (i, d) in lowered.size_symbols.items()}
         with progress.stage("code generation"):
             kernels = render_kernels(steps, buffers, lowered.device, hints)  # 4. kernel source
@@ -324,6 +353,9 @@ def render_kernels(steps, buffers: dict, device: str, hints=None) -> dict:
     for s in steps:
         if isinstance(s, TemplateBuffer):  # a hand-written kernel renders itself
             out[s.kernel] = s.render(s.kernel)
+            continue
+        if isinstance(s, gemm_template.GemmKernel):  # rendered and chosen when it was planned
+            out[s.name] = s.source
             continue
         if not isinstance(s, Kernel):
             continue

@@ -355,11 +355,11 @@ class TritonLauncher:
         return self._fn
 
     def _grid_and_constants(self, cfg) -> tuple:
-        return _grid(self.sizes, cfg), {k: v for k, v in cfg.items() if k != "num_warps"}
+        return _grid(self.sizes, cfg), block_constants(cfg)
 
     def _launch(self, cfg, args):
         grid, consts = self._grid_and_constants(cfg)
-        return self.fn[grid](*args, *self.sizes, **consts, num_warps=cfg["num_warps"])
+        return self.fn[grid](*args, *self.sizes, **consts, **launch_options(cfg))
 
     def precompile(self, dtypes: tuple) -> None:
         """Compile, ahead of the first call, each config that call will launch (every config
@@ -373,7 +373,7 @@ class TritonLauncher:
             if triton_binaries.stored(self.key, cfg):
                 continue  # the first call most likely launches the stored binary
             grid, consts = self._grid_and_constants(cfg)
-            self.fn.warmup(*dtypes, *self.sizes, grid=grid, **consts, num_warps=cfg["num_warps"])
+            self.fn.warmup(*dtypes, *self.sizes, grid=grid, **consts, **launch_options(cfg))
 
     def __call__(self, *args):
         if self.fast is not None:
@@ -403,13 +403,28 @@ def _direct_launcher(compiled, cfg, sizes):
     device = driver.active.get_current_device()
     get_stream = driver.active.get_current_stream
     gx, gy = (*_grid(sizes, cfg), 1)[:2]
-    tail = (*sizes, *(v for k, v in cfg.items() if k != "num_warps"))
+    tail = (*sizes, *block_constants(cfg).values())
     run, fn, meta = compiled.run, compiled.function, compiled.packed_metadata
 
     def launch(*args):
         run(gx, gy, 1, get_stream(device), fn, meta, None, None, None, *args, *tail)
 
     return launch
+
+
+# A launch config's entries that are options of the launch, not constexpr parameters of the
+# kernel (a matmul template's configs set num_stages: gemm_template.py).
+LAUNCH_OPTIONS = ("num_warps", "num_stages")
+
+
+def block_constants(cfg: dict) -> dict:
+    """The constexpr parameters of a launch config (XBLOCK, ...), in its order."""
+    return {k: v for k, v in cfg.items() if k not in LAUNCH_OPTIONS}
+
+
+def launch_options(cfg: dict) -> dict:
+    """The launch options of a config (num_warps, and num_stages where it sets one)."""
+    return {k: cfg[k] for k in LAUNCH_OPTIONS if k in cfg}
 
 
 def _grid(sizes, cfg) -> tuple:
@@ -513,8 +528,7 @@ class TritonSizesLauncher(TritonLauncher):
         sizes = (xnumel,) if rnumel is None else (xnumel, rnumel)
         cfg = self.cfg
         grid = (-(-xnumel // cfg["XBLOCK"]),)
-        consts = {k: v for k, v in cfg.items() if k != "num_warps"}
-        self.fn[grid](*buffers, *sizes, *syms, **consts, num_warps=cfg["num_warps"])
+        self.fn[grid](*buffers, *sizes, *syms, **block_constants(cfg), **launch_options(cfg))
 
 
 def triton_kernel(name, source, configs, xnumel, rnumel, numel=None) -> TritonLauncher:

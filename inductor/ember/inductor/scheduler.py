@@ -139,6 +139,14 @@ class Kernel:
         xs, rs = self.vars()
         return record(m.node, *self.member_index(m, xs, rs))
 
+    def produced(self) -> set:
+        """The buffers this kernel writes or keeps (a template's product too: GemmKernel)."""
+        return set(self.names)
+
+    def reads(self) -> set:
+        """The buffers this kernel reads."""
+        return set().union(*(reads_of(m.node) for m in self.members))
+
 
 def _perms(sizes, target) -> list:
     """Ways to read the dimensions of `sizes` as `target`: for each target dim, the node dim that
@@ -356,7 +364,7 @@ def _is_large(b: ComputedBuffer) -> bool:
 
 def _produces(step) -> set:
     if isinstance(step, Kernel):
-        return set(step.names)
+        return step.produced()
     if isinstance(step, ExternBuffer):
         return {step.name, *step.outputs}
     return {step.name}
@@ -399,7 +407,7 @@ def schedule(buffers, output_names) -> list:
 
 def _step_reads(step) -> set:
     if isinstance(step, Kernel):
-        return set().union(*(reads_of(m.node) for m in step.members)) - set()
+        return step.reads()
     return reads_of(step)
 
 

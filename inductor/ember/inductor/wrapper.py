@@ -145,6 +145,8 @@ class WrapperBuilder:
         want = sympy.expand(k.stores[b.name])
         for name, uses in reads.items():
             src = self.buffers.get(name)
+            if name in getattr(k, "operands", {}):
+                continue  # a matmul template's operand: other tiles still read it
             if not (isinstance(src, ComputedBuffer) and last.get(name) == i and name not in self.outputs
                     and not self._aliased(name)  # an output's view of it outlives the kernel
                     and name not in self.donated and src.layout == b.layout
@@ -205,9 +207,8 @@ class WrapperBuilder:
         at: dict = {}
         for i, s in enumerate(self.steps):
             if isinstance(s, Kernel):
-                for m in s.members:
-                    if m.node.name not in s.local:
-                        at.setdefault(self._key(m.node), []).append(i)
+                for b in _allocated(s):
+                    at.setdefault(self._key(b), []).append(i)
             elif isinstance(s, TemplateBuffer):
                 at.setdefault(self._key(s), []).append(i)
         return at
@@ -275,11 +276,9 @@ class WrapperBuilder:
     def _step(self, s, i, last):
         if isinstance(s, Kernel):
             src = self.ks[s.name]
-            for m in s.members:
-                b = m.node
-                if b.name in s.local:
-                    continue
-                self._alloc(b, self._inplace_donor(s, b, i, last))
+            for b in _allocated(s):
+                donor = None if isinstance(b, ExternBuffer) else self._inplace_donor(s, b, i, last)
+                self._alloc(b, donor)
             self.lines.append(f"{s.name}({', '.join(src.args)})")
             if src.language == "triton":
                 args = launch_args(src, list(src.args))
@@ -425,9 +424,17 @@ def _kernel_loader(k) -> list[str]:
             f"''', {list(meta['configs'])!r}, {meta['xnumel']}, {meta['rnumel'] if meta['reduction'] or meta.get('tiled') else None}{numel})"]  # fmt: skip
 
 
+def _allocated(k: Kernel) -> list:
+    """The buffers a kernel writes to memory: a template's stored product, then its members."""
+    product = getattr(k, "product", None)
+    return ([product] if product is not None else []) + [
+        m.node for m in k.members if m.node.name not in k.local
+    ]
+
+
 def _produces_names(s) -> set:
     if isinstance(s, Kernel):
-        return set(s.names)
+        return s.produced()
     if isinstance(s, ExternBuffer):
         return {s.name, *s.outputs}
     return {s.name}
