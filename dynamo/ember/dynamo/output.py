@@ -104,6 +104,11 @@ class OutputGraph:
         if source in self._input_by_source:
             return self._input_by_source[source]
         if not _plain_tensor_type(type(value)):
+            if type(value).__name__ == "DTensor":
+                raise Unsupported(f"a DTensor ({source.name()}, placements "
+                                  f"{tuple(value.placements)}) as a graph input: DTensor "
+                                  "programs are captured only through parallelize_module's "
+                                  "ColwiseParallel/RowwiseParallel on nn.Linear and nn.Embedding")
             raise Unsupported(f"tensor subclass {type(value).__name__} as a graph input")
         if not guarded:
             dims = {}
