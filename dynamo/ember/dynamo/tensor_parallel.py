@@ -90,7 +90,7 @@ def parallel_style(module) -> Optional[Style]:
 
 
 def _placement_text(placements) -> str:
-    return "(" + ", ".join(str(p) for p in placements) + ")"
+    return "(" + ", ".join(repr(p) for p in placements) + ")"
 
 
 def _shard(dim):
