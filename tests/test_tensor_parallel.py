@@ -6,7 +6,8 @@ A colwise Linear -> GELU -> rowwise Linear block is one graph with no break whos
 one all-reduce node; outputs, the input's gradient (all-reduced in backward) and the DTensor
 parameters' gradients equal eager TP's, and so do parameters after SGD steps. Colwise and
 rowwise Embeddings too. A style Ember does not capture (sequence parallel's Shard input) breaks
-the graph with a reason naming the layout and the user's line, and still matches eager.
+the graph with a reason naming the layout and the user's line, and still matches eager; so
+does a function of DTensors (no parallelize_module), which runs eagerly.
 """
 
 from __future__ import annotations
@@ -61,9 +62,9 @@ def _plan(kind):
     if kind == "mlp":
         return MLP(), {"up": ColwiseParallel(), "down": RowwiseParallel()}
     if kind == "embed":
-        return EmbedMLP(), {"rows": RowwiseParallel(input_layouts=Replicate()), "cols": ColwiseParallel(),
-                            "proj": RowwiseParallel(), "mlp.up": ColwiseParallel(),
-                            "mlp.down": RowwiseParallel()}  # fmt: skip
+        return EmbedMLP(), {"rows": RowwiseParallel(input_layouts=Replicate()),
+                            "cols": ColwiseParallel(), "proj": RowwiseParallel(),
+                            "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
     # sequence parallel: the input arrives sharded on dim 0 and is all-gathered
     return PlainMLP(), {"up": ColwiseParallel(input_layouts=Shard(0)), "down": RowwiseParallel()}
 
@@ -140,13 +141,36 @@ def _case(kind, backend, rank):
     return report
 
 
+def _dtensor_input_case(rank):
+    """A function of DTensors (no parallelize_module): run eagerly, with a reason."""
+    import ember
+    import ember.dynamo
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(0)
+    w = distribute_tensor(torch.randn(D, D), mesh, [Shard(1)])
+    x = distribute_tensor(torch.randn(4, D), mesh, [Replicate()])
+
+    def f(x, w):
+        return torch.relu(x @ w) + 1
+
+    ember.reset()
+    got, ref = ember.compile(f, backend="aot_eager")(x, w), f(x, w)
+    stats = ember.dynamo.convert.stats
+    return {"out": _max_diff(ref, got), "type": type(got).__name__, "graphs": len(stats.graphs),
+            "breaks": [f"{b.reason} @ {b.where}" for b in stats.breaks + stats.failures]}
+
+
 def _worker(rank: int, port: int, out: str, cases: list) -> None:
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        report = {case: _case(*case.split(":"), rank) for case in cases}
+        report = {case: _dtensor_input_case(rank) if case == "dtensor_input"
+                  else _case(*case.split(":"), rank) for case in cases}  # fmt: skip
     finally:
         dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
@@ -172,7 +196,7 @@ def _launch(tmp_path, cases):
     return procs, [p.communicate(timeout=600)[0].decode(errors="replace") for p in procs]
 
 
-CASES = ["mlp:aot_eager", "mlp:inductor", "embed:aot_eager", "seq:aot_eager"]
+CASES = ["mlp:aot_eager", "mlp:inductor", "embed:aot_eager", "seq:aot_eager", "dtensor_input"]
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +248,14 @@ def test_unsupported_layout_breaks_with_a_reason_and_matches_eager(reports):
     assert r["breaks"] and "input layouts (Shard(dim=0))" in r["breaks"][0], r
     assert "test_tensor_parallel.py" in r["breaks"][0], r  # names the user's line
     assert r["out"] < 1e-5 and r["x_grad"] < 1e-5 and r["grads"] < 1e-5, r
+
+
+def test_other_dtensor_programs_run_eagerly_with_a_reason(reports):
+    r = reports["dtensor_input"]
+    assert r["out"] == 0.0 and r["type"] == "DTensor", r
+    assert r["graphs"] == 0 and len(r["breaks"]) == 1, r
+    assert "a DTensor (L['x'], placements (Replicate(),))" in r["breaks"][0], r
+    assert "test_tensor_parallel.py" in r["breaks"][0], r
 
 
 if __name__ == "__main__":

@@ -21,11 +21,12 @@ Any other layout (sequence parallel's Shard inputs, Shard outputs through reduce
 
 Parameters enter the graph as `param.to_local()` (source LocalShardSource): its backward wraps
 the local gradient as a DTensor of the parameter's placements, so `param.grad` is what eager TP
-produces. The collectives are torch.library operators (`ember_dist::all_reduce`,
-`ember_dist::grad_all_reduce`, collectives.py) that call torch.distributed on the group named in the graph;
-backends keep them opaque and their wrappers run them. While the frame is traced no
-collective runs (the example value of an all-reduce is the local value, its metadata exact),
-so a rank that recompiles alone cannot hang the others.
+produces. The collectives are torch.library operators (collectives.py: `ember_dist::all_reduce`,
+`ember_dist::grad_all_reduce`) that call torch.distributed on the group named in the graph;
+backends keep them opaque and their wrappers run them. No collective runs while the frame is
+traced (an all-reduce's example value is the local value, its metadata exact), nor while
+aot_autograd and inductor compile it (they trace with the operators' fake kernels: one
+all-reduce per forward and one per backward, counted): compiling never waits on a rank.
 """
 
 from __future__ import annotations
