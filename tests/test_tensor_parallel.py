@@ -41,6 +41,15 @@ class PlainMLP(MLP):
         return self.down(F.gelu(self.up(x)))
 
 
+class NormMLP(PlainMLP):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(D)
+
+    def forward(self, x):
+        return super().forward(self.norm(x))
+
+
 class EmbedMLP(torch.nn.Module):
     """Token ids through a rowwise and a colwise Embedding, then the MLP block."""
 
@@ -58,7 +67,12 @@ class EmbedMLP(torch.nn.Module):
 def _plan(kind):
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel import SequenceParallel
 
+    if kind == "sp":  # Megatron's sequence parallel: the norm on sequence shards
+        return NormMLP(), {"norm": SequenceParallel(),
+                           "up": ColwiseParallel(input_layouts=Shard(1)),
+                           "down": RowwiseParallel(output_layouts=Shard(1))}
     if kind == "mlp":
         return MLP(), {"up": ColwiseParallel(), "down": RowwiseParallel()}
     if kind == "embed":
@@ -111,7 +125,8 @@ def _case(kind, backend, rank):
     counting = _Counting(backend)
     compiled = ember.compile(model, backend=counting)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, model)]
-    gen = torch.Generator().manual_seed(7 + (rank if kind == "seq" else 0))  # TP: same input
+    # TP: the same input on both ranks; sequence parallel: each rank's shard
+    gen = torch.Generator().manual_seed(7 + (rank if kind in ("seq", "sp") else 0))
     report = {"out": 0.0, "x_grad": 0.0, "grads": 0.0, "placements": {}}
     for _ in range(3):
         x = _inputs(kind, gen)
@@ -196,7 +211,8 @@ def _launch(tmp_path, cases):
     return procs, [p.communicate(timeout=600)[0].decode(errors="replace") for p in procs]
 
 
-CASES = ["mlp:aot_eager", "mlp:inductor", "embed:aot_eager", "seq:aot_eager", "dtensor_input"]
+CASES = ["mlp:aot_eager", "mlp:inductor", "embed:aot_eager", "seq:aot_eager", "sp:aot_eager",
+         "dtensor_input"]
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +263,13 @@ def test_unsupported_layout_breaks_with_a_reason_and_matches_eager(reports):
     r = reports["seq:aot_eager"]
     assert r["breaks"] and "input layouts (Shard(dim=0))" in r["breaks"][0], r
     assert "test_tensor_parallel.py" in r["breaks"][0], r  # names the user's line
+    assert r["out"] < 1e-5 and r["x_grad"] < 1e-5 and r["grads"] < 1e-5, r
+
+
+def test_other_parallel_styles_break_naming_the_style(reports):
+    r = reports["sp:aot_eager"]
+    assert "LayerNorm parallelized with SequenceParallel" in r["breaks"][0], r
+    assert "test_tensor_parallel.py" in r["breaks"][0], r
     assert r["out"] < 1e-5 and r["x_grad"] < 1e-5 and r["grads"] < 1e-5, r
 
 

@@ -66,14 +66,31 @@ def _closure_value(fn, name):
     return fn.__closure__[code.co_freevars.index(name)].cell_contents
 
 
+def _other_style(style_mod, module) -> Optional[str]:
+    """The name of a tensor parallel style whose hooks `module` carries (SequenceParallel,
+    PrepareModuleInput, ...; a style's hooks close over the mesh), else None."""
+    for hook in (*module._forward_pre_hooks.values(), *module._forward_hooks.values()):
+        if _closure_value(hook, "device_mesh") is None:
+            continue
+        owner = _closure_value(hook, "self")
+        if isinstance(owner, style_mod.ParallelStyle):
+            return type(owner).__name__
+        for name in ("input_fn", "output_fn"):
+            fn = getattr(_closure_value(hook, name), "func", None)
+            if fn is not None:
+                return getattr(fn, "__qualname__", "a distribute_module hook").split(".")[0]
+    return None
+
+
 def parallel_style(module) -> Optional[Style]:
     """The ColwiseParallel/RowwiseParallel style `parallelize_module` applied to `module` (read
-    from the hooks `distribute_module` registered), or None."""
+    from the hooks `distribute_module` registered), or None; Unsupported for another tensor
+    parallel style (its hooks would meet DTensors the capture does not trace)."""
     style_mod = sys.modules.get(_STYLE_MODULE)
-    if style_mod is None or len(module._forward_pre_hooks) != 1:
+    if style_mod is None or not (module._forward_pre_hooks or module._forward_hooks):
         return None
-    if len(module._forward_hooks) != 1:
-        return None
+    if len(module._forward_pre_hooks) != 1 or len(module._forward_hooks) != 1:
+        return _refuse_other(style_mod, module)
     (pre,) = module._forward_pre_hooks.values()
     (post,) = module._forward_hooks.values()
     input_fn, output_fn = _closure_value(pre, "input_fn"), _closure_value(post, "output_fn")
@@ -84,6 +101,15 @@ def parallel_style(module) -> Optional[Style]:
                 and getattr(output_fn, "func", None) is cls._prepare_output_fn):  # fmt: skip
             (layouts, desired), (out_layouts, local) = input_fn.args, output_fn.args
             return Style(kind, layouts, desired, out_layouts, local, mesh)
+    return _refuse_other(style_mod, module)
+
+
+def _refuse_other(style_mod, module) -> None:
+    other = _other_style(style_mod, module)
+    if other is not None:
+        raise Unsupported(f"{type(module).__name__} parallelized with {other} (tensor "
+                          "parallel): only ColwiseParallel/RowwiseParallel on nn.Linear and "
+                          "nn.Embedding are captured; this call runs eagerly")  # fmt: skip
     return None
 
 
