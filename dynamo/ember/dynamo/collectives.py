@@ -15,7 +15,7 @@ def _group(name: str):
 @torch.library.custom_op("ember_dist::all_reduce", mutates_args=())
 def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """The sum of `x` over the ranks of the process group `group_name` (a new tensor)."""
-    out = x.contiguous().clone()
+    out = x.clone(memory_format=torch.contiguous_format)
     torch.distributed.all_reduce(out, group=_group(group_name))
     return out
 
