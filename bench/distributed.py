@@ -604,6 +604,9 @@ def main(argv=None) -> dict:
         _worker(cfg)
         return {}
     os.makedirs(cfg.out, exist_ok=True)
+    start = time.monotonic()
+    import ember  # noqa: F401  (builds Ember's C++ extension here once, not in a timed config)
+
     names = [] if cfg.no_tp else ["tp"]
     backends = [b for b in cfg.backends.split(",") if b]
     parallels = [p for p in cfg.parallel.split(",") if p]
@@ -613,7 +616,6 @@ def main(argv=None) -> dict:
                    if b in BACKENDS else len(BACKENDS))  # fmt: skip
     names += [f"{p}:{b}" for b in order for p in parallels]
     results: dict = {n: {"error": "not run (deadline)"} for n in names}
-    start = time.monotonic()
     for name in names:
         left = cfg.deadline - (time.monotonic() - start)
         if left < 20:
