@@ -99,3 +99,9 @@ def test_other_styles_are_refused_naming_the_style(mesh):
     ember.dynamo.reset()
     with pytest.raises(GraphBreakError, match="LayerNorm parallelized with SequenceParallel"):
         ember.compile(model, backend="eager", fullgraph=True)(torch.randn(2, 3, 8))
+
+
+def test_export_refuses_a_tensor_parallel_module(mesh):
+    _, model = _parallel(mesh)
+    with pytest.raises(GraphBreakError, match="tensor parallel Linear in ember.export"):
+        ember.export(model, (torch.randn(2, 3, 8),))

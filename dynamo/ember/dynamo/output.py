@@ -68,6 +68,7 @@ class OutputGraph:
     """Collects the fx graph, its inputs (by source), guards and side effects of one frame."""
 
     def __init__(self, code, where_fn, policy=None, exporting=False):
+        self.exporting = exporting  # ember.export: a program run without Python or ranks
         self.graph = fx.Graph()
         # Inputs go to the frame's graph even while a control-flow body is traced into its own
         # `graph`; `root_module` holds the subgraphs (control_flow.py swaps both for a body).

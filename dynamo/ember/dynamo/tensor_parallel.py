@@ -223,6 +223,10 @@ def call_parallel_module(tx, vt: V.ModuleVT, style: Style, args, kwargs) -> V.VT
                           "tensor argument")  # fmt: skip
     if vt.source is None:
         raise Unsupported("a tensor parallel module reached without a source")
+    if tx.output.exporting:
+        raise Unsupported(f"tensor parallel {type(m).__name__} in ember.export: an exported "
+                          "program runs without ranks to talk to; export the module before "
+                          "parallelize_module")  # fmt: skip
     _guard_hooks(tx, vt)
     from . import collectives  # noqa: F401  (defines the torch.ops.ember_dist operators)
 
