@@ -105,3 +105,54 @@ def test_export_refuses_a_tensor_parallel_module(mesh):
     _, model = _parallel(mesh)
     with pytest.raises(GraphBreakError, match="tensor parallel Linear in ember.export"):
         ember.export(model, (torch.randn(2, 3, 8),))
+
+
+def test_linears_without_bias(mesh):
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 8, bias=False))  # fmt: skip
+    plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+    eager = parallelize_module(copy.deepcopy(base), mesh, plan)
+    model = parallelize_module(copy.deepcopy(base), mesh, plan)
+    ember.dynamo.reset()
+    x = torch.randn(4, 8)
+    got = ember.compile(model, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(got, eager(x))
+    got.sum().backward()
+    eager(x).sum().backward()
+    for p, q in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad.to_local(), p.grad.to_local())
+
+
+def test_embeddings_colwise_with_padding_idx_and_rowwise(mesh):
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Embedding(10, 8, padding_idx=0)
+            self.b = torch.nn.Embedding(10, 8)
+
+        def forward(self, ids):
+            return self.a(ids) * self.b(ids)
+
+    torch.manual_seed(0)
+    base = Two()
+    plan = {"a": ColwiseParallel(), "b": RowwiseParallel(input_layouts=Replicate())}
+    eager = parallelize_module(copy.deepcopy(base), mesh, plan)
+    model = parallelize_module(copy.deepcopy(base), mesh, plan)
+    ember.dynamo.reset()
+    ids = torch.tensor([[0, 3, 9], [1, 0, 4]])
+    got = ember.compile(model, backend="aot_eager", fullgraph=True)(ids)
+    ref = eager(ids)
+    torch.testing.assert_close(got, ref)
+    got.sum().backward()
+    ref.sum().backward()
+    for p, q in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad.full_tensor(), p.grad.full_tensor())
+    assert float(model.a.weight.grad.full_tensor()[0].abs().sum()) == 0.0  # the padding row

@@ -240,7 +240,8 @@ def call_parallel_module(tx, vt: V.ModuleVT, style: Style, args, kwargs) -> V.VT
         if style.kind == "colwise":
             if torch.is_grad_enabled() and x.example.requires_grad:
                 x = _collective(tx, torch.ops.ember_dist.grad_all_reduce.default, x, group)
-            return call("call_function", F.linear, (x, weight, bias), {})
+            return call("call_function", F.linear, (x, weight) if bias is None else
+                        (x, weight, bias), {})  # fmt: skip
         y = _collective(tx, torch.ops.ember_dist.all_reduce.default,
                         call("call_function", F.linear, (x, weight), {}), group)  # fmt: skip
         if bias is None:
