@@ -25,6 +25,7 @@ from .typing_forms import is_typing_form, typing_subscript
 from .user_kernels import TritonLaunchVT, is_triton_kernel
 from .user_kernels import launch as launch_triton_kernel
 from .symbolic import COMPARE, INT_OPS, SymIntVT, SymSliceVT, as_sym, is_int_vt
+from .tensor_parallel import call_parallel_module, parallel_style
 
 
 # -- constants ------------------------------------------------------------------------------------
@@ -696,6 +697,9 @@ def call_module(tx, vt: V.ModuleVT, args, kwargs):
     m = vt.module
     from torch.nn.modules import module as module_mod
 
+    style = parallel_style(m)  # parallelize_module's colwise/rowwise hooks: captured
+    if style is not None:
+        return call_parallel_module(tx, vt, style, args, kwargs)
     eager_reason = eager_call_reason(m)
     if eager_reason is not None:
         raise Unsupported(eager_reason)

@@ -43,6 +43,13 @@ def _fsdp_class():
     return getattr(mod, "FSDPModule", None) if mod is not None else None
 
 
+def is_dtensor(value) -> bool:
+    """Whether `value` is a DTensor (the class is never imported here)."""
+    mod = sys.modules.get("torch.distributed.tensor._api")
+    cls = getattr(mod, "DTensor", None) if mod is not None else None
+    return cls is not None and isinstance(value, cls)
+
+
 def eager_call_reason(module) -> Optional[str]:
     """Why a call to `module` from captured code must run eagerly (a graph break), or None.
 

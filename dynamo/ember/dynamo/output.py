@@ -16,6 +16,7 @@ from ember.ir.example import metadata_only, metadata_only_tree
 
 from . import shapes
 from . import variables as V
+from .distributed import is_dtensor
 from .exc import Unsupported
 from .guards import GuardSet, tensor_spec
 from .source import Source
@@ -67,6 +68,7 @@ class OutputGraph:
     """Collects the fx graph, its inputs (by source), guards and side effects of one frame."""
 
     def __init__(self, code, where_fn, policy=None, exporting=False):
+        self.exporting = exporting  # ember.export: a program run without Python or ranks
         self.graph = fx.Graph()
         # Inputs go to the frame's graph even while a control-flow body is traced into its own
         # `graph`; `root_module` holds the subgraphs (control_flow.py swaps both for a body).
@@ -103,6 +105,11 @@ class OutputGraph:
         `guarded=False`: the caller guards what the tensor is made from (a NumPy array)."""
         if source in self._input_by_source:
             return self._input_by_source[source]
+        if is_dtensor(value):  # its __torch_function__ is torch's disabled one: not "plain"
+            raise Unsupported(f"a DTensor ({source.name()}, placements "
+                              f"{tuple(value.placements)}) as a graph input: DTensor programs "
+                              "are captured only through parallelize_module's "
+                              "ColwiseParallel/RowwiseParallel on nn.Linear and nn.Embedding")
         if not _plain_tensor_type(type(value)):
             raise Unsupported(f"tensor subclass {type(value).__name__} as a graph input")
         if not guarded:

@@ -141,6 +141,22 @@ class CellSource(Source):
         return f"{self.base.name()}.__closure__[{self.index}]"
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalShardSource(Source):
+    """`base.to_local()`: the local shard of the DTensor parameter at `base`, read through
+    DTensor's differentiable to_local (its gradient becomes the parameter's DTensor gradient).
+    Never guarded: a PARAM guard on `base` pins the parameter, and with it the shard."""
+
+    base: Source
+    __hash__ = _hash_once
+
+    def expr(self):
+        return f"{self.base.expr()}.to_local()"
+
+    def name(self):
+        return f"{self.base.name()}.to_local()"
+
+
 class ConstantSource(Source):
     """An object known when the frame was converted (a module's globals dict, a class attribute):
     the guard VM holds it directly and the transformed code reads it from its closure."""
