@@ -128,7 +128,8 @@ def lower(L, op: str, query, key, value, mask, is_causal: bool, scale, dropout_p
         types = tuple(f"*{_TYPES[x.dtype]}" for x in ptrs) + (f"*{_TYPES[meta.dtype]}",)
         return KernelSource(kernel, "triton", render_source(kernel),
                             (*names, *(str(x) for x in runtime)), (*types, *("i64",) * 18),
-                            grid=grid, meta=(("template", "flash_attention"), ("configs", (cfg,))),
+                            grid=grid,
+                            meta=(("handwritten", "flash_attention"), ("configs", (cfg,))),
                             num_warps=cfg["num_warps"])  # fmt: skip
 
     def fn(*tensors):  # the reference (the loop-IR interpreter runs it)

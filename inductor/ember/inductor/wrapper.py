@@ -403,7 +403,7 @@ def _standalone(k) -> str:
 
 
 def _kernel_loader(k) -> list[str]:
-    if k.language == "triton" and dict(k.meta).get("template"):
+    if k.language == "triton" and dict(k.meta).get("handwritten"):
         cfg = dict(dict(k.meta)["configs"][0])
         return [f"{k.name} = triton_template({k.name!r}, r'''", k.source.rstrip("\n"),
                 f"''', {cfg!r})"]  # fmt: skip
