@@ -301,3 +301,14 @@ def test_an_operand_with_unaligned_rows_is_computed_into_padded_rows(pad_on):
     check(fn, g, w, x, atol=1e-3, rtol=1e-4)
     small = torch.randn(8, N)  # below ALIGN_MIN_NUMEL: dense rows
     assert _matmul_operands(lambda g, w: (g * 2) @ w, small, w) == {"extern.mm": [(N, 1)]}
+
+
+def test_a_stored_operand_with_unaligned_rows_is_copied_into_padded_rows(pad_on):
+    # the loss gradient as a graph input (4200 x 1001 fp32): both products of the output
+    # layer's backward read a row-padded copy, as they are and transposed
+    g, w, x = torch.randn(4200, N), torch.randn(N, 256), torch.randn(4200, 256)
+    fn = lambda g, w, x: (g @ w, g.T @ x)  # noqa: E731
+    assert _matmul_operands(fn, g, w, x) == {"extern.mm": [(1004, 1), (1, 1004)]}
+    check(fn, g, w, x, atol=1e-3, rtol=1e-4)
+    # a narrow product (64 columns): cuBLAS's unaligned kernels cost less than the copy
+    assert _matmul_operands(lambda g, w: g @ w, g, torch.randn(N, 64)) == {"extern.mm": []}

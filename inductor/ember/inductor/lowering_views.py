@@ -497,6 +497,8 @@ def _matmul(name):
                 strides = read_order_strides(a)
                 aligned = _aligned_rows(a, strides)
                 args[pos] = L.realize(a, aligned or strides, padded=aligned is not None)
+            elif isinstance(a, View) and pos in _MATRICES[name] and pos not in required:
+                args[pos] = _aligned_copy(L, name, args, pos)
         if not n_pad:
             return L.extern(name, EXTERN_KERNELS[name], args, kwargs)
         m, dtype, device = args[_MATRICES[name][0]].sizes[0], out_meta(L).dtype, args[0].device
@@ -614,6 +616,32 @@ def _aligned_rows(a, strides) -> tuple | None:
         out[d] = step
         step *= -(-sizes[d] // align) * align if d == inner[0] else sizes[d]
     return tuple(out)
+
+
+# A stored operand with unaligned rows is copied into padded rows when it has at least this many
+# elements and the product's other side at least COPY_MIN_OTHER rows or columns: the copy reads
+# and writes the operand once, where cuBLAS's kernels for unaligned rows ran 4-5 times slower
+# than its aligned ones (H100, bf16: a (4096, 50257) loss gradient times the (50257, 768)
+# output layer took 2.2 ms, against 0.45 ms aligned and 0.3 ms for the copy).
+COPY_MIN_NUMEL = 2**22
+COPY_MIN_OTHER = 256
+
+
+def _aligned_copy(L, name, args, pos):
+    """A matrix operand that is a stored buffer (a graph input such as the loss gradient) as it
+    is, or copied into row-padded storage (`_aligned_rows`) when that pays."""
+    a = args[pos]
+    first, second = _MATRICES[name]
+    other = args[second].sizes[-1] if pos == first else args[first].sizes[-2]
+    try:
+        big = int(sympy.Mul(*a.sizes)) >= COPY_MIN_NUMEL and int(other) >= COPY_MIN_OTHER
+        strides = tuple(int(st) for st in a.strides)
+    except TypeError:  # symbolic sizes or strides
+        return a
+    aligned = _aligned_rows(a, strides) if big else None
+    if aligned is None:
+        return a
+    return L.realize(Lazy(a.sizes, a.dtype, a.device, a.load), aligned, padded=True)
 
 
 def _pad_operands(L, name, args, n_pad) -> list:
