@@ -115,7 +115,7 @@ def main(argv=None) -> int:
             metrics.reset()
             fn = compiled(name, mm_bias_gelu)
             start = time.perf_counter()
-            out = fn(a, w, b)
+            out = fn(a, w, b).clone()  # CUDA-graph outputs are overwritten by the next replay
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - start
             ms = time_ms(lambda: fn(a, w, b), args.iters)
