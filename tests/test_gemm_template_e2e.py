@@ -22,7 +22,10 @@ def _model():
 
 
 @pytest.mark.parametrize("cpp_wrapper", [False, True])
-def test_forced_templates_through_ember_compile(cpp_wrapper, monkeypatch):
+def test_forced_templates_through_ember_compile(cpp_wrapper, monkeypatch, tmp_path):
+    from ember.ir import toolchain
+
+    monkeypatch.setattr(toolchain.config, "cache_dir", tmp_path)  # compiled here, not a cache hit
     monkeypatch.setattr(config, "gemm_force", 0)
     model, x = _model(), torch.randn(128, 256, device="cuda")
     ember.dynamo.reset()

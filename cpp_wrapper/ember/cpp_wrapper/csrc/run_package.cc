@@ -233,10 +233,22 @@ int main(int argc, char** argv) {
       std::vector<uint8_t> staged;
       DLManagedTensor* h = nullptr;
       if (!on_cpu) {
-        st = ember_tensor_empty(DLDevice{kDLCPU, 0}, t.dtype, t.ndim, t.shape, &h);
-        if (st == EMBER_OK) st = ember_tensor_copy(&t, &h->dl_tensor, nullptr);
+        // The bytes the output spans, as one block (a permuted or row-padded layout is not
+        // dense), then its elements read through its strides on the host.
+        int64_t numel = 1, span = 1;
+        for (int d = 0; d < t.ndim; ++d) numel *= t.shape[d];
+        if (t.strides && numel > 0) {
+          for (int d = 0; d < t.ndim; ++d) span += (t.shape[d] - 1) * t.strides[d];
+        } else {
+          span = numel;
+        }
+        int64_t nbytes = span * ((t.dtype.bits * t.dtype.lanes + 7) / 8);
+        DLDataType byte{kDLUInt, 8, 1};
+        DLTensor block{t.data, t.device, 1, byte, &nbytes, nullptr, t.byte_offset};
+        st = ember_tensor_empty(DLDevice{kDLCPU, 0}, byte, 1, &nbytes, &h);
+        if (st == EMBER_OK) st = ember_tensor_copy(&block, &h->dl_tensor, nullptr);
         if (st != EMBER_OK) throw st;
-        t = h->dl_tensor;
+        t = DLTensor{h->dl_tensor.data, DLDevice{kDLCPU, 0}, t.ndim, t.dtype, t.shape, t.strides, 0};
       }
       staged = dense_host(t);
       DLDataType written = t.dtype;
