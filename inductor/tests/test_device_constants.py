@@ -75,3 +75,47 @@ def test_random_and_multi_element_values_stay():
     g.output((_call(g, prims.add, x, moved),))
     gm = fx.GraphModule(torch.nn.Module(), g)
     assert fold_device_constants(gm) is gm
+
+
+def test_an_aten_kernel_takes_its_host_scalars_where_they_are():
+    """The memory-efficient attention's backward reads its philox seed and offset on the host:
+    in a CUDA program they reach it as the CPU tensors they are (moved to the GPU, the kernel
+    read a device pointer on the CPU and the process died), and the program is not captured in
+    a CUDA graph (its host values would be read once, at capture)."""
+    from ember.inductor.cudagraphs import host_work
+    from ember.inductor.loop_ir import ExternBuffer, InputBuffer
+    from ember.inductor.lowering import lower_graph
+    from ember.inductor.pipeline import render_kernels
+    from ember.inductor.scheduler import schedule
+    from ember.inductor.wrapper import generate
+    from ember.primtorch.prims import extern
+
+    g = fx.Graph()
+
+    def arg(name, sizes, dtype=torch.bfloat16, device="cuda"):
+        p = g.placeholder(name)
+        strides = tuple(math.prod(sizes[i + 1:]) for i in range(len(sizes)))
+        p.meta[NODE_META_KEY] = TensorMeta(dtype, sizes, strides, 0, device)
+        return p
+
+    qkv = (2, 4, 128, 64)
+    grad, q, k, v, out = (arg(n, qkv) for n in ("grad", "q", "k", "v", "out"))
+    lse = arg("lse", (2, 4, 128), torch.float32)
+    seed, offset = arg("seed", (), torch.int64, "cpu"), arg("offset", (), torch.int64, "cpu")
+    node = _call(g, extern.sdpa_efficient_backward, grad, q, k, v, None, out, lse, seed, offset,
+                 0.1, [True, True, True, False])  # fmt: skip
+    g.output(tuple(g.call_function(__import__("operator").getitem, (node, i)) for i in range(3)))
+    for i, n in enumerate(list(g.nodes)[-4:-1]):
+        n.meta[NODE_META_KEY] = node.meta[NODE_META_KEY][i]
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    examples = [torch.empty(p.meta[NODE_META_KEY].sizes, device="meta")
+                for p in gm.graph.find_nodes(op="placeholder")]  # fmt: skip
+    low = lower_graph(gm, examples)
+    (call,) = [b for b in low.buffers if isinstance(b, ExternBuffer)]
+    host = [a for a in call.args if isinstance(a, InputBuffer) and str(a.layout.device) == "cpu"]
+    assert [a.name for a in host] == ["arg6", "arg7"]  # seed and offset, not copies
+    assert not [b for b in low.buffers if isinstance(b, ExternBuffer) and "device_put" in b.op]
+    steps = schedule(low.buffers, [o.name for o in low.outputs])
+    buffers = {b.name: b for b in [*low.inputs, *low.buffers] if b is not None}
+    program = generate(low, steps, render_kernels(steps, buffers, low.device))
+    assert host_work(program.artifact)

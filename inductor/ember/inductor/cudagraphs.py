@@ -199,7 +199,8 @@ def host_work(art) -> bool:
     copy between devices (a CPU scalar a kernel reads), or a user operator or Triton kernel
     (extern.custom_op: Python code that may do host work, or launch on another stream). A GPU
     op with a host result besides (flash attention's philox seed and offset) runs on the GPU
-    and is replayed."""
+    and is replayed; one that reads a host tensor (a CPU scalar an ATen kernel takes as eager
+    passes it) does not."""
     devices = {b.name: str(b.meta.device) for b in art.buffers}
     for step in art.steps:
         if step.kind != "extern":
@@ -209,7 +210,25 @@ def host_work(art) -> bool:
         outs = {devices[o] for o in step.outputs if o in devices}
         if outs and str(art.device) not in outs:
             return True
+        # a host tensor an ATen kernel reads where it is (a CPU scalar): read at each call in
+        # eager, it would be read once, when the graph was captured
+        if any(devices.get(name, str(art.device)) != str(art.device)
+               for name in _node_names((step.args, step.kwargs))):  # fmt: skip
+            return True
     return False
+
+
+def _node_names(value):
+    """The buffer names an extern step's JSON-form arguments refer to ({"node": name})."""
+    if isinstance(value, dict):
+        if set(value) == {"node"}:
+            yield value["node"]
+        else:
+            for v in value.values():
+                yield from _node_names(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _node_names(v)
 
 
 class GraphsBySize:

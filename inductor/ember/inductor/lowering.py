@@ -302,8 +302,14 @@ class Lowerer(fx.Interpreter):
             out = _first_meta(self.meta())
             if out is not None and str(out.device) != self.device:
                 return self.extern(name, getattr(target, "ref", None) or target, args, kwonly)
-            args = self._on_device(args)
-            kwonly = {k: self._on_device(v) for k, v in kwonly.items()}
+            # An ATen kernel called as it is (an extern lowered to its call, never to generated
+            # code) takes a stored tensor where it is, as eager hands it over: the
+            # memory-efficient attention's backward reads its philox seed and offset on the host
+            # (moved to the GPU, the kernel read a device pointer on the CPU: a segfault).
+            lower = LOWERINGS.get(name)
+            stored = getattr(lower, "aten_call", lower is None and name.startswith("extern."))
+            args = self._on_device(args, stored)
+            kwonly = {k: self._on_device(v, stored) for k, v in kwonly.items()}
         fn = LOWERINGS.get(name)
         if fn is not None:
             try:
@@ -470,12 +476,16 @@ class Lowerer(fx.Interpreter):
         self._reductions[key] = View.of(buf)
         return self._reductions[key]
 
-    def _on_device(self, a):
+    def _on_device(self, a, keep_stored: bool = False):
         """`a` with each tensor on another device than the kernels' copied to theirs (eager
-        lets a CUDA op read a CPU scalar tensor; a Triton kernel cannot)."""
+        lets a CUDA op read a CPU scalar tensor; a Triton kernel cannot). `keep_stored`: a
+        stored tensor (a View: an input, an extern's output) stays where it is, for an extern
+        call; a computed one is still made on the kernels' device."""
         if isinstance(a, (list, tuple)):
-            return type(a)(self._on_device(x) for x in a)
+            return type(a)(self._on_device(x, keep_stored) for x in a)
         if not is_tensor(a) or str(a.device) == self.device:
+            return a
+        if keep_stored and isinstance(a, View):
             return a
         meta = TensorMeta(a.dtype, tuple(a.sizes), contiguous_strides(a.sizes), 0, self.device)
         return self.extern("prims.device_put", device_put.ref, (a, self.device), meta=meta)

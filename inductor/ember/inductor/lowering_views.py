@@ -444,6 +444,7 @@ def _extern(name):
     def lower(L, *args, **kwargs):
         return L.extern(name, EXTERN_KERNELS[name], args, kwargs)
 
+    lower.aten_call = True  # only ever the call: its host tensors may stay on the host
     return lower
 
 
