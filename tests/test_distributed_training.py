@@ -15,12 +15,11 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from two_ranks import run_ranks
 
 STEPS = 3
 # Each Linear of MLP holds 1056 to 4224 bytes: a 1 KiB cap gives every layer its own bucket.
@@ -243,32 +242,9 @@ def _worker(rank: int, port: int, out: str, cases: list) -> None:
 # -- the tests -----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(tmp_path, cases: list) -> tuple:
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port),
-                               "--out", str(tmp_path), *cases], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in (0, 1)]  # fmt: skip
-    logs = [p.communicate(timeout=600)[0].decode(errors="replace") for p in procs]
-    return procs, logs
-
-
 def _run_ranks(tmp_path, cases: list) -> dict:
     """Run `cases` on two ranks (two processes, gloo) and return rank 0's report."""
-    procs, logs = _launch(tmp_path, cases)
-    if any(p.returncode for p in procs) and any("EADDRINUSE" in log or "address already in use"
-                                                in log.lower() for log in logs):  # fmt: skip
-        procs, logs = _launch(tmp_path, cases)  # another process took the free port first
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-6000:]
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    reports = run_ranks(__file__, tmp_path, cases)
     for case in cases:  # both ranks compiled the same graphs and ended with the same parameters
         assert reports[0][case].get("graphs") == reports[1][case].get("graphs"), case
     return reports[0]

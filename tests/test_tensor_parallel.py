@@ -15,13 +15,12 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+
+from two_ranks import run_ranks
 
 D, HIDDEN, VOCAB = 8, 16, 11
 
@@ -195,22 +194,6 @@ def _worker(rank: int, port: int, out: str, cases: list) -> None:
 # -- the tests -----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(tmp_path, cases):
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port),
-                               "--out", str(tmp_path), *cases], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in (0, 1)]  # fmt: skip
-    return procs, [p.communicate(timeout=600)[0].decode(errors="replace") for p in procs]
-
-
 CASES = ["mlp:aot_eager", "mlp:inductor", "embed:aot_eager", "seq:aot_eager", "sp:aot_eager",
          "dtensor_input"]
 
@@ -218,13 +201,7 @@ CASES = ["mlp:aot_eager", "mlp:inductor", "embed:aot_eager", "seq:aot_eager", "s
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("tp")
-    procs, logs = _launch(tmp_path, CASES)
-    if any(p.returncode for p in procs) and any("address already in use" in log.lower()
-                                                for log in logs):  # fmt: skip
-        procs, logs = _launch(tmp_path, CASES)  # another process took the free port first
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-6000:]
-    r0, r1 = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    r0, r1 = run_ranks(__file__, tmp_path, CASES)
     for case in CASES:
         assert (r0[case]["graphs"], r0[case]["breaks"]) == (r1[case]["graphs"],
                                                             r1[case]["breaks"]), case
