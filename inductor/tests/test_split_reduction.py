@@ -65,5 +65,7 @@ def test_which_reductions_split():
     assert _parts(many_rows) is None  # 1024 rows, a program each
     arg = _reductions(lambda a: a.argmax(0), torch.randn(4096, 8))[0]
     assert _parts(arg) is None  # a partial argmax's index is not the argmax's
+    row = _reductions(lambda a: a.pow(2).mean(-1), torch.randn(1, 4096))[0]
+    assert _parts(row) is None  # a decoding step's RMSNorm: one persistent row, fused
     whole = _reductions(lambda a: a.sum(), torch.randn(4096, 64))[0]
     assert _parts(whole) == [1024, 1]  # one row of 262144: 1024 chunks of 256 (4 rows of 64)

@@ -85,9 +85,12 @@ def _parts(b: ComputedBuffer):
     if d.reduction_type not in SPLITTABLE or ranges is None or rranges is None:
         return None
     x, r = math.prod(ranges), math.prod(rranges)
-    programs = math.ceil(x / COLUMN_BLOCK) if _walks_columns(b) else x
+    columns = _walks_columns(b)
+    programs = math.ceil(x / COLUMN_BLOCK) if columns else x
     if programs >= MIN_PROGRAMS or r < MIN_CHUNK * MIN_PARTS:
         return None
+    if not columns and r <= config.persistent_reduction_max:
+        return None  # a row one block holds (a decoding step's norm): one kernel with its readers
     want = min(1 << max(0, math.ceil(math.log2(TARGET_PROGRAMS / programs))), r // MIN_CHUNK)
     factors, left = [], want
     for n in rranges:  # the outermost dims first: each part a run of whole inner rows
