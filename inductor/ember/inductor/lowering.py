@@ -302,10 +302,8 @@ class Lowerer(fx.Interpreter):
             out = _first_meta(self.meta())
             if out is not None and str(out.device) != self.device:
                 return self.extern(name, getattr(target, "ref", None) or target, args, kwonly)
-            # An ATen kernel called as it is (an extern lowered to its call, never to generated
-            # code) takes a stored tensor where it is, as eager hands it over: the
-            # memory-efficient attention's backward reads its philox seed and offset on the host
-            # (moved to the GPU, the kernel read a device pointer on the CPU: a segfault).
+            # An ATen kernel called as it is takes stored tensors where they are, as in eager (the
+            # efficient attention's backward reads its CPU philox seed on the host: a segfault)
             lower = LOWERINGS.get(name)
             stored = getattr(lower, "aten_call", lower is None and name.startswith("extern."))
             args = self._on_device(args, stored)
@@ -479,8 +477,7 @@ class Lowerer(fx.Interpreter):
     def _on_device(self, a, keep_stored: bool = False):
         """`a` with each tensor on another device than the kernels' copied to theirs (eager
         lets a CUDA op read a CPU scalar tensor; a Triton kernel cannot). `keep_stored`: a
-        stored tensor (a View: an input, an extern's output) stays where it is, for an extern
-        call; a computed one is still made on the kernels' device."""
+        stored tensor (a View: an input, an extern's output) stays where it is."""
         if isinstance(a, (list, tuple)):
             return type(a)(self._on_device(x, keep_stored) for x in a)
         if not is_tensor(a) or str(a.device) == self.device:
