@@ -356,8 +356,7 @@ class Lowerer(fx.Interpreter):
     def realize(self, x, strides=None, padded: bool = False) -> View:
         """Compute `x` into a buffer (dense, with `strides` when they are a dense permutation;
         with none given, in the layout of what it reads when that is channels-last). `padded`:
-        `strides` are taken as they are, gaps between rows included (a matmul operand whose
-        rows are padded to an aligned length)."""
+        `strides` as they are, gaps between rows included (a matmul operand's padded rows)."""
         if isinstance(x, View):
             return x
         if strides is None:
