@@ -19,7 +19,7 @@ import os
 import pytest
 import torch
 
-from two_ranks import run_ranks
+from two_ranks import rank_main, run_ranks
 
 STEPS = 3
 # Each Linear of MLP holds 1056 to 4224 bytes: a 1 KiB cap gives every layer its own bucket.
@@ -318,12 +318,4 @@ def test_ddp_and_fsdp2_through_inductor_and_static_graph(tmp_path):
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int)
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--out")
-    parser.add_argument("cases", nargs="*")
-    ns = parser.parse_args()
-    _worker(ns.rank, ns.port, ns.out, ns.cases)
+    rank_main(_worker)

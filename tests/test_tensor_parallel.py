@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from two_ranks import run_ranks
+from two_ranks import rank_main, run_ranks
 
 D, HIDDEN, VOCAB = 8, 16, 11
 
@@ -259,12 +259,4 @@ def test_other_dtensor_programs_run_eagerly_with_a_reason(reports):
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int)
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--out")
-    parser.add_argument("cases", nargs="*")
-    ns = parser.parse_args()
-    _worker(ns.rank, ns.port, ns.out, ns.cases)
+    rank_main(_worker)

@@ -41,3 +41,17 @@ def run_ranks(script: str, tmp_path, cases: list) -> list:
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-6000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def rank_main(worker) -> None:
+    """A rank's entry point: `worker(rank, port, out, cases)` from the command line `launch`
+    gives."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int)
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--out")
+    parser.add_argument("cases", nargs="*")
+    ns = parser.parse_args()
+    worker(ns.rank, ns.port, ns.out, ns.cases)
