@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import sympy
 import torch
@@ -642,7 +643,23 @@ def _aligned_copy(L, name, args, pos):
     aligned = _aligned_rows(a, strides) if big else None
     if aligned is None:
         return a
-    return L.realize(Lazy(a.sizes, a.dtype, a.device, a.load), aligned, padded=True)
+    # Read as it is by one product and transposed by another (the loss gradient into dX and
+    # dW), one region is copied once: its copy is kept per (buffer, offset, dims by stride),
+    # and a later reader views it in its own dim order.
+    dims = tuple(sorted((st, int(n)) for st, n in zip(strides, a.sizes) if int(n) != 1))
+    key = (S(a.offset), dims)
+    copies = _ALIGNED_COPIES.setdefault(a.buffer, {})
+    if key in copies and len({st for st, _ in dims}) == len(dims):
+        copy, padded = copies[key]
+        new = [padded.get(st, 0) if int(n) != 1 else 1 for st, n in zip(strides, a.sizes)]
+        return View(copy.buffer, a.sizes, tuple(new), copy.offset)
+    copy = L.realize(Lazy(a.sizes, a.dtype, a.device, a.load), aligned, padded=True)
+    copies[key] = (copy, dict(zip(strides, aligned)))
+    return copy
+
+
+# buffer -> its row-padded copies (`_aligned_copy`), for the compile that made the buffer
+_ALIGNED_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _pad_operands(L, name, args, n_pad) -> list:

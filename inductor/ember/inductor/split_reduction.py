@@ -91,14 +91,12 @@ def _parts(b: ComputedBuffer):
         return None
     if not columns and r <= config.persistent_reduction_max:
         return None  # a row one block holds (a decoding step's norm): one kernel with its readers
+    # a power of two: enough parts for TARGET_PROGRAMS, none shorter than MIN_CHUNK
     want = min(1 << max(0, math.ceil(math.log2(TARGET_PROGRAMS / programs))), r // MIN_CHUNK)
+    want = 1 << (want.bit_length() - 1)
     factors, left = [], want
     for n in rranges:  # the outermost dims first: each part a run of whole inner rows
-        f = math.gcd(n, left) if left > 1 else 1
-        # gcd with a power of two: the largest power of two dividing both
-        f = 1 << (f.bit_length() - 1) if f & (f - 1) else f
-        while f > 1 and (n // f) * (r // n) < MIN_CHUNK:
-            f //= 2
+        f = math.gcd(n, left)  # the largest power of two dividing both
         factors.append(f)
         left //= f
     parts = math.prod(factors)
