@@ -248,7 +248,8 @@ int main(int argc, char** argv) {
         st = ember_tensor_empty(DLDevice{kDLCPU, 0}, byte, 1, &nbytes, &h);
         if (st == EMBER_OK) st = ember_tensor_copy(&block, &h->dl_tensor, nullptr);
         if (st != EMBER_OK) throw st;
-        t = DLTensor{h->dl_tensor.data, DLDevice{kDLCPU, 0}, t.ndim, t.dtype, t.shape, t.strides, 0};
+        t = DLTensor{h->dl_tensor.data, DLDevice{kDLCPU, 0}, t.ndim, t.dtype, t.shape, t.strides,
+                     0};
       }
       staged = dense_host(t);
       DLDataType written = t.dtype;
