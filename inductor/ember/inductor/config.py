@@ -13,6 +13,7 @@ Overrides (read once at import):
   EMBER_CUDAGRAPHS=0|1|auto       `cudagraphs`: replay CUDA inference graphs from CUDA graphs
   EMBER_PAD_MM=0|1|auto           `pad_mm`
   EMBER_CONV_BIAS_EPILOGUE=0|1|auto  `conv_bias_epilogue`
+  EMBER_SPLIT_REDUCTIONS=0|1|auto  `split_reductions`
   EMBER_CPU_FLASH_ATTENTION=0|1|auto  `cpu_flash_attention`
   EMBER_TRITON_FLASH_ATTENTION=0|1|auto  `triton_flash_attention`
   EMBER_GEMM_FORCE=extern|<i>|measure  `gemm_force`: keep the library call, take template
@@ -120,6 +121,14 @@ class Config:
     output_code: bool = False
 
 
+# The "auto" / True / False switches and the variables that set them.
+_SWITCHES = (("EMBER_CONV_CHANNELS_LAST", "conv_channels_last"), ("EMBER_CUDAGRAPHS", "cudagraphs"),
+             ("EMBER_PAD_MM", "pad_mm"), ("EMBER_CONV_BIAS_EPILOGUE", "conv_bias_epilogue"),
+             ("EMBER_SPLIT_REDUCTIONS", "split_reductions"),
+             ("EMBER_CPU_FLASH_ATTENTION", "cpu_flash_attention"),
+             ("EMBER_TRITON_FLASH_ATTENTION", "triton_flash_attention"))  # fmt: skip
+
+
 def _from_env(cfg: Config) -> Config:
     env = os.environ
     if env.get("EMBER_INDUCTOR_CACHE") == "0":
@@ -136,27 +145,10 @@ def _from_env(cfg: Config) -> Config:
         cfg.persistent_reduction_max = int(env["EMBER_PERSISTENT_MAX"])
     if env.get("EMBER_ISA"):
         cfg.isa = env["EMBER_ISA"]
-    layout = env.get("EMBER_CONV_CHANNELS_LAST")
-    if layout:
-        cfg.conv_channels_last = {"0": False, "1": True}.get(layout, layout)
-    graphs = env.get("EMBER_CUDAGRAPHS")
-    if graphs:
-        cfg.cudagraphs = {"0": False, "1": True}.get(graphs, graphs)
-    pad = env.get("EMBER_PAD_MM")
-    if pad:
-        cfg.pad_mm = {"0": False, "1": True}.get(pad, pad)
-    bias = env.get("EMBER_CONV_BIAS_EPILOGUE")
-    if bias:
-        cfg.conv_bias_epilogue = {"0": False, "1": True}.get(bias, bias)
-    split = env.get("EMBER_SPLIT_REDUCTIONS")
-    if split:
-        cfg.split_reductions = {"0": False, "1": True}.get(split, split)
-    flash = env.get("EMBER_CPU_FLASH_ATTENTION")
-    if flash:
-        cfg.cpu_flash_attention = {"0": False, "1": True}.get(flash, flash)
-    triton_flash = env.get("EMBER_TRITON_FLASH_ATTENTION")
-    if triton_flash:
-        cfg.triton_flash_attention = {"0": False, "1": True}.get(triton_flash, triton_flash)
+    for var, field in _SWITCHES:  # "0" / "1" / another mode name such as "auto"
+        value = env.get(var)
+        if value:
+            setattr(cfg, field, {"0": False, "1": True}.get(value, value))
     force = env.get("EMBER_GEMM_FORCE")
     if force:
         cfg.gemm_force = int(force) if force.isdigit() else force
