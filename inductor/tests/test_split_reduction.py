@@ -35,11 +35,13 @@ def test_every_combinable_reduction_matches_eager(split_on):
     check(lambda a: (1 + a * 1e-3).prod(0), x, atol=1e-5, rtol=1e-4)
 
 
-def test_a_bfloat16_sum_accumulates_its_partials_in_float32(split_on):
+def test_a_bfloat16_reduction_keeps_its_partials_in_float32(split_on):
+    # a max over bfloat16 values is a bfloat16 reduction: its partials are float32 (the dtype
+    # its kernels compute in), the final reduction rounds once (a sum already reduces in float32)
     x = torch.randn(8192, 8).to(torch.bfloat16)
-    check(lambda a: a.sum(0), x, atol=0.1, rtol=1e-2)
-    parts = [b for b in split_reductions(_reductions(lambda a: a.sum(0), x), "cpu")]
-    assert len(parts) == 2 and parts[0].dtype == torch.float32  # the partials
+    check(lambda a: (a.sum(0), a.amax(0)), x, atol=0.1, rtol=1e-2)
+    parts = split_reductions(_reductions(lambda a: a.amax(0), x), "cpu")
+    assert [b.dtype for b in parts] == [torch.float32, torch.bfloat16]
 
 
 def test_batch_norm_statistics_over_several_dims_are_split(split_on):
