@@ -544,17 +544,17 @@ class TritonTemplateLauncher:
 
     def __init__(self, name, source, cfg):
         self.fn_name, self.source = _named_by_content(name, source, "def {}(")
-        self.cfg, self._fn = dict(cfg), None
+        self._fn = None
+        # the launch's keywords, once: its constants, then num_warps/num_stages
+        self.kwargs = {**block_constants(cfg), **launch_options(cfg)}
+        if "UPCAST" in self.kwargs and os.environ.get("TRITON_INTERPRET") == "1":
+            self.kwargs["UPCAST"] = True
 
     def __getitem__(self, grid):
         if self._fn is None:
             self._fn = getattr(_load_module(self.source), self.fn_name)
-        consts = {k: v for k, v in self.cfg.items() if k not in ("num_warps", "num_stages")}
-        if "UPCAST" in consts and os.environ.get("TRITON_INTERPRET") == "1":
-            consts["UPCAST"] = True
-        options = {k: self.cfg[k] for k in ("num_warps", "num_stages") if k in self.cfg}
-        grid = tuple(int(g) for g in grid)
-        return lambda *args: self._fn[grid](*args, **consts, **options)
+        launch, kwargs = self._fn[tuple(int(g) for g in grid)], self.kwargs
+        return lambda *args: launch(*args, **kwargs)
 
 
 def triton_template(name, source, cfg) -> TritonTemplateLauncher:
