@@ -34,6 +34,7 @@ import threading
 import torch
 
 from ember.ir import TensorMeta
+from ember.ir.codec import value_from_json
 
 from . import metrics
 
@@ -212,23 +213,11 @@ def host_work(art) -> bool:
             return True
         # a host tensor an ATen kernel reads where it is (a CPU scalar): read at each call in
         # eager, it would be read once, when the graph was captured
-        if any(devices.get(name, str(art.device)) != str(art.device)
-               for name in _node_names((step.args, step.kwargs))):  # fmt: skip
+        read = []
+        value_from_json([list(step.args), list((step.kwargs or {}).values())], read.append)
+        if any(devices.get(name, str(art.device)) != str(art.device) for name in read):
             return True
     return False
-
-
-def _node_names(value):
-    """The buffer names an extern step's JSON-form arguments refer to ({"node": name})."""
-    if isinstance(value, dict):
-        if set(value) == {"node"}:
-            yield value["node"]
-        else:
-            for v in value.values():
-                yield from _node_names(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _node_names(v)
 
 
 class GraphsBySize:
