@@ -471,23 +471,28 @@ def walks_columns(k: Kernel) -> bool:
     if not k.rsizes or not all(s.is_Integer for s in xsizes) or int(sympy.Mul(*xsizes)) < COLUMN_MIN_XNUMEL:
         return False
     xs, rs = k.vars()
-    live = [v for v, s in zip(xs, xsizes) if s != 1]
+    ranges = dict(zip([*xs, *rs], [*k.xsizes, *k.rsizes]))
+    loads = [simplify_index(index, ranges) for m in k.members for _, index in k.record(m).loads]
+    return loads_walk_columns(loads, xs, k.xsizes, rs)
+
+
+def loads_walk_columns(loads, xs, xsizes, rs) -> bool:
+    """Whether every load index that moves with both the innermost live x variable and some r
+    variable steps by 1 along that x and by more along each r it uses (and at least one does);
+    False for an indirect or symbolic address (the kernel is left as it was)."""
+    live = [v for v, n in zip(xs, xsizes) if n != 1]
     if not live:
         return False
-    inner, ranges = live[-1], dict(zip([*xs, *rs], [*k.xsizes, *k.rsizes]))
     found = False
-    for m in k.members:
-        for _, index in k.record(m).loads:
-            e = sympy.sympify(simplify_index(index, ranges))
-            walked = [v for v in rs if e.has(v)]
-            if not walked or not e.has(inner):
-                continue
-            steps = unit_steps(e, [inner, *walked], [*xs, *rs])
-            if steps is None:
-                return False  # an indirect or symbolic address: leave the kernel as it was
-            if steps[0] != 1 or any(d in (1, -1) for d in steps[1:]):
-                return False
-            found = True
+    for index in loads:
+        e = sympy.sympify(index)
+        walked = [v for v in rs if e.has(v)]
+        if not walked or not e.has(live[-1]):
+            continue
+        steps = unit_steps(e, [live[-1], *walked], [*xs, *rs])
+        if steps is None or steps[0] != 1 or any(d in (1, -1) for d in steps[1:]):
+            return False
+        found = True
     return found
 
 

@@ -25,7 +25,7 @@ import sympy
 
 from .config import config, on_for
 from .loop_ir import ComputedBuffer, Layout, Reduction, compute_dtype, loop_vars, ops
-from .scheduler import record, unit_steps
+from .scheduler import loads_walk_columns, record
 
 # Reductions combined by themselves: a partial sum's sum is the sum.
 SPLITTABLE = ("sum", "prod", "max", "min", "any")
@@ -58,23 +58,11 @@ def _ints(sizes):
 
 
 def _walks_columns(b: ComputedBuffer) -> bool:
-    """Whether the reduction's reads step by 1 along its innermost output dim and by more along
-    each reduced one (a sum over rows of a row-major matrix, per column)."""
+    """Whether the reduction's reads walk columns (scheduler.loads_walk_columns): a sum over
+    the rows of a row-major matrix, per column."""
     xs, rs = loop_vars("x", len(b.ranges)), loop_vars("r", len(b.reduction_ranges))
-    live = [v for v, n in zip(xs, b.ranges) if n != 1]
-    if not live:
-        return False
-    found = False
-    for _, index in record(b, xs, rs).loads:
-        e = sympy.sympify(index)
-        walked = [v for v in rs if e.has(v)]
-        if not walked or not e.has(live[-1]):
-            continue
-        steps = unit_steps(e, [live[-1], *walked], [*xs, *rs])
-        if steps is None or steps[0] != 1 or any(d in (1, -1) for d in steps[1:]):
-            return False
-        found = True
-    return found
+    loads = [index for _, index in record(b, xs, rs).loads]
+    return loads_walk_columns(loads, xs, b.ranges, rs)
 
 
 def _parts(b: ComputedBuffer):
