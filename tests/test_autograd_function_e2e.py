@@ -104,12 +104,17 @@ def test_dropout_recomputed_in_the_backward_draws_the_forward_mask(backend):
         body = lambda t: torch.nn.functional.dropout(t, 0.5, training=True) * 1.0  # noqa: E731
         return checkpoint.checkpoint(body, x, use_reentrant=False)
 
+    from ember.inductor import metrics
+
     x = torch.randn(2000, requires_grad=True)
+    metrics.reset()
     out = ember.compile(f, backend=backend, fullgraph=True)(x)
     out.sum().backward()
     kept = (out != 0).float()
     assert 0.4 < kept.mean().item() < 0.6
     torch.testing.assert_close(x.grad, kept * 2)
+    # the draws are kernels (the forward's and the backward's recomputation), not references
+    assert not [f for f in metrics.fallbacks if "philox" in f], metrics.fallbacks
 
 
 class _Recording:

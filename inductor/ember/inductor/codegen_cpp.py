@@ -68,6 +68,7 @@ SCALAR_BINARY = {
     "gt": "{0} > {1}", "ge": "{0} >= {1}", "logical_and": "{0} && {1}", "logical_or": "{0} || {1}",
     "logical_xor": "bool({0}) != bool({1})", "bitwise_and": "{0} & {1}", "bitwise_or": "{0} | {1}",
     "bitwise_xor": "{0} ^ {1}", "shift_left": "{0} << {1}", "shift_right": "{0} >> {1}",
+    "philox": "ember::philox({0}, {1})",
 }  # fmt: skip
 VECTOR_OPS = {
     "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "truediv": "{0} / {1}",

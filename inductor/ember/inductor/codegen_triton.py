@@ -68,6 +68,8 @@ OPS = {
     "logical_or": "({0} != 0) | ({1} != 0)", "logical_xor": "({0} != 0) ^ ({1} != 0)",
     "bitwise_and": "{0} & {1}", "bitwise_or": "{0} | {1}", "bitwise_xor": "{0} ^ {1}",
     "shift_left": "{0} << {1}", "shift_right": "{0} >> {1}",
+    # uint32 words, zero-extended
+    "philox": "tl.randint({0}, {1}).to(tl.int64)",
 }  # fmt: skip
 # Triton's CPU interpreter has no libdevice: these spell the common ones with tl ops instead.
 INTERPRET_OPS = {

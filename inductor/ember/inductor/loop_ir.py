@@ -20,6 +20,7 @@ import sympy
 import torch
 
 from ember.ir import dtype_name
+from ember.primtorch.prims.random import philox_words
 
 # --- the ops vocabulary ------------------------------------------------------------------------
 
@@ -94,6 +95,9 @@ BINARY_OPS = [
     "bitwise_xor",
     "shift_left",
     "shift_right",
+    # philox(seed, counter): the first 32-bit word (int64) of Philox4x32-10 at `counter` with key
+    # `seed`, both int64 (ember.primtorch.prims.random; Triton's tl.randint)
+    "philox",
 ]
 COMPARE_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
                "logical_not", "isnan", "isinf", "isfinite", "signbit"}  # fmt: skip
@@ -433,6 +437,7 @@ _TORCH_BINARY = {
     "logical_xor": torch.logical_xor, "bitwise_and": torch.bitwise_and,
     "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor,
     "shift_left": torch.bitwise_left_shift, "shift_right": torch.bitwise_right_shift,
+    "philox": lambda seed, counter: philox_words(torch.as_tensor(seed), torch.as_tensor(counter)),
 }  # fmt: skip
 _SYMPY_TO_TORCH = {
     "FloorDiv": lambda a, b: a // b,

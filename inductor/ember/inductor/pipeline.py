@@ -25,6 +25,7 @@ from . import (
     cpu_attention,  # noqa: F401  (registers the generated CPU flash attention's lowering)
     fx_cache,
     gemm_template,
+    lowering_random,  # noqa: F401  (registers the random prims' lowerings)
     lowering_views,  # noqa: F401  (registers the view, reduction and extern lowerings)
     metrics,
     runtime,

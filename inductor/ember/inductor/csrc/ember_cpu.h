@@ -83,6 +83,24 @@ inline double pymod(double a, double b) {
   double r = std::fmod(a, b);
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
+// The first 32-bit word of Philox4x32-10 at counter `counter` with key `seed` (the counter's and
+// the key's low and high words), as ember.primtorch.prims.random defines it and Triton's
+// tl.randint computes it, so CPU and GPU kernels draw the same numbers.
+inline int64_t philox(int64_t seed, int64_t counter) {
+  uint32_t c0 = uint32_t(counter), c1 = uint32_t(uint64_t(counter) >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(uint64_t(seed) >> 32);
+  for (int round = 0; round < 10; ++round) {
+    uint64_t a = uint64_t(0xD2511F53u) * c0, b = uint64_t(0xCD9E8D57u) * c2;
+    uint32_t n0 = uint32_t(b >> 32) ^ c1 ^ k0, n2 = uint32_t(a >> 32) ^ c3 ^ k1;
+    c1 = uint32_t(b);
+    c3 = uint32_t(a);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return int64_t(c0);
+}
 template <class T> inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
 template <class T> inline T sign(T x) { return (T)((x > T(0)) - (x < T(0))); }
 // std::signbit on a float widened from bfloat16 makes GCC 12 fail (an internal compiler error)

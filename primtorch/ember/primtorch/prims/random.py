@@ -38,11 +38,9 @@ def _mulhilo(a: int, b: torch.Tensor):
     return (p1 >> 16) + (s >> 32), s & _MASK
 
 
-def philox_bits_ref(numel: int, seed, offset, device) -> torch.Tensor:
-    """The raw 32-bit words (as int64) for counters offset .. offset + numel - 1."""
-    seed = torch.as_tensor(seed, dtype=torch.int64, device=device)
-    offset = torch.as_tensor(offset, dtype=torch.int64, device=device)
-    counter = torch.arange(numel, dtype=torch.int64, device=device) + offset
+def philox_words(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """The first 32-bit word (as int64) of Philox4x32-10 at each element of `counter` (int64),
+    with the key from `seed` (int64, broadcast against it)."""
     c0, c1 = counter & _MASK, (counter >> 32) & _MASK
     c2 = c3 = torch.zeros_like(c0)
     k0, k1 = seed & _MASK, (seed >> 32) & _MASK
@@ -52,6 +50,13 @@ def philox_bits_ref(numel: int, seed, offset, device) -> torch.Tensor:
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
         k0, k1 = (k0 + _KEY_A) & _MASK, (k1 + _KEY_B) & _MASK
     return c0
+
+
+def philox_bits_ref(numel: int, seed, offset, device) -> torch.Tensor:
+    """The raw 32-bit words (as int64) for counters offset .. offset + numel - 1."""
+    seed = torch.as_tensor(seed, dtype=torch.int64, device=device)
+    offset = torch.as_tensor(offset, dtype=torch.int64, device=device)
+    return philox_words(seed, torch.arange(numel, dtype=torch.int64, device=device) + offset)
 
 
 def _numel(shape) -> int:
