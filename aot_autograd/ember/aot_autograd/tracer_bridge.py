@@ -55,7 +55,8 @@ class AOTTracer(Tracer):
         """Record one ATen call; inside a recompute region, its nodes carry the region's tag."""
         if not getattr(_region, "recompute", False):
             return super().dispatch(func, args, kwargs)
-        last = next(reversed(self.graph.nodes), None)
+        # iter(): torch 2.11's reversed node list is not an iterator itself
+        last = next(iter(reversed(self.graph.nodes)), None)
         out = super().dispatch(func, args, kwargs)
         for node in reversed(self.graph.nodes):  # the nodes this call appended
             if node is last:
