@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ember
-from ember.dynamo import GraphBreakError, convert
+from ember.dynamo import GraphBreakError, convert, numpy_device
 from ember.ir import NODE_META_KEY
 
 
@@ -183,3 +183,54 @@ def test_inputs_sharing_memory_run_eagerly():
     assert got == 3.0 and base[0, 0] == 1.0
     reasons = [r.reason for r in convert.stats.failures[f0:]]
     assert any("sharing memory" in r for r in reasons), reasons
+
+
+@pytest.fixture
+def copying_cpu(monkeypatch):
+    """`with torch.device("cpu")` takes the copying path (as a GPU would): real values."""
+    monkeypatch.setattr(numpy_device, "IN_PLACE_DEVICE_TYPES", set())
+    with torch.device("cpu"):
+        yield
+
+
+def writes_and_creation(a, b, i):
+    a[:, 0] += 1.0  # through a view
+    a[i] = 5.0  # an item assignment
+    b.sort()  # in place
+    z = np.zeros((2, 3)) + np.arange(3) + np.linspace(0, 1, 3) + np.eye(2, 3) + np.full(3, 2.0)
+    return (a @ b.T).sum(axis=1), np.mean(a), z * np.array([1, 2, 3]), b.max()
+
+
+def test_copying_path_values(copying_cpu):
+    rec = Recorder()
+    compiled = ember.compile(writes_and_creation, backend=rec)
+    for i in (1, 1):  # the second call reuses the graph
+        a, b = np.ones((2, 3), np.float32), np.array([[3, 1, 2], [9, 7, 8]], np.int64)
+        a_e, b_e = a.copy(), b.copy()
+        expected = writes_and_creation(a_e, b_e, i)
+        got = compiled(a, b, i)
+        for g, e in zip(got, expected):
+            assert type(g) is type(e) and g.dtype == e.dtype, (g, e)
+            np.testing.assert_allclose(g, e, rtol=1e-6)
+        np.testing.assert_array_equal(a, a_e)  # the writes were copied back
+        np.testing.assert_array_equal(b, b_e)
+    assert len(rec.graphs) == 1 and _output_placeholders(rec.graphs[0]) == ["l_a", "l_b"]
+    made = [n for n in rec.graphs[0].graph.nodes if "device" in n.kwargs]
+    assert len(made) >= 6 and all(n.kwargs["device"] == torch.device("cpu") for n in made)
+
+
+def test_copying_path_break_rebuilds_host_arrays(copying_cpu):
+    def f(a):
+        h = np.sin(a) * 2  # computed in the graph, no other value shares it
+        spectrum = np.fft.fft(h)  # a graph break: h comes back as a host array
+        h += 1  # the code after the break writes its own copy
+        return h, spectrum, a
+
+    a = np.arange(4.0)
+    expected = f(a.copy())
+    b0, f0 = len(convert.stats.breaks), len(convert.stats.failures)
+    got = ember.compile(f, backend="eager")(a)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-12)
+    assert got[2] is a
+    assert not convert.stats.failures[f0:] and len(convert.stats.breaks[b0:]) == 1

@@ -76,6 +76,11 @@ _DEFAULT_DEVICE_SOURCE = AttrSource(ConstantSource(_DefaultDevice(), "torch defa
                                     "current")  # fmt: skip
 
 
+# Default device types on which the graph works on the arrays' own memory (no copies). Tests
+# empty it to run the copying path, values and all, on the CPU.
+IN_PLACE_DEVICE_TYPES = {"cpu"}
+
+
 def array_device(output):
     """The device the frame's NumPy values compute on: torch's default device when it is not the
     CPU, else None (the arrays' own memory, on the CPU). Guarded on first use."""
@@ -83,7 +88,7 @@ def array_device(output):
     if not st.device_known:
         current = _DEFAULT_DEVICE_SOURCE.base.obj.current
         output.guards.add("EQ", _DEFAULT_DEVICE_SOURCE, current)
-        st.device = None if current is None or current.type == "cpu" else current
+        st.device = None if current is None or current.type in IN_PLACE_DEVICE_TYPES else current
         st.device_known = True
     return st.device
 
