@@ -5,11 +5,11 @@ type, dtype, shape, strides and writeability), so the graph works on the array's
 in-place update reaches the caller's array, as in NumPy. Under a non-CPU default torch device
 (`with torch.device("cuda")`, guarded) the input is a copy on that device instead, every array the
 graph creates is made there, results come back as host arrays and an input the graph wrote is
-copied back into the caller's array after the graph (numpy_device.py). Each ndarray value is an `NdarrayVT`
-over the tensor that computes it; operations follow NumPy's type promotion (NEP 50: Python
-scalars are weak, NumPy scalars and arrays are not), worked out at trace time by NumPy itself
-(`ufunc.resolve_dtypes`, `np.result_type`), and operands are cast explicitly so the tensor op
-computes in the dtype NumPy would. The functions themselves are in numpy_map.py.
+copied back into the caller's array after the graph (numpy_device.py). Each ndarray value is an
+`NdarrayVT` over the tensor that computes it; operations follow NumPy's type promotion (NEP 50:
+Python scalars are weak, NumPy scalars and arrays are not), worked out at trace time by NumPy
+itself (`ufunc.resolve_dtypes`, `np.result_type`), and operands are cast explicitly so the tensor
+op computes in the dtype NumPy would. The functions themselves are in numpy_map.py.
 """
 
 from __future__ import annotations
