@@ -119,9 +119,23 @@ def copy_back_when_written(tx, a: V.NdarrayVT) -> None:
     for array, vt in st.inputs.values():
         if storage_of(vt.tensor) == written and id(array) not in st.copied_back:
             st.copied_back.add(id(array))
+            check_no_written_overlap(tx.output, array)
             # the placeholder without its source: codegen passes it out of the graph
             alias = V.TensorVT(vt.tensor.node, vt.tensor.example)
             tx.output.record_side_effect("call", V.BuiltinVT(copy_to_host), [vt, alias], {})
+
+
+def check_no_written_overlap(output, array: np.ndarray) -> None:
+    """Input arrays that overlap in memory are separate copies on the device: fine to read, but
+    a write into one would not show through the other (checked at tracing, not guarded)."""
+    st = state(output)
+    for other, _ in st.inputs.values():
+        if other is array or not np.may_share_memory(array, other):
+            continue
+        if id(array) in st.copied_back or id(other) in st.copied_back:
+            raise Unsupported(f"a write into one of two NumPy input arrays that share memory, "
+                              f"while arrays compute on {st.device} (each is a separate copy "
+                              "there)")  # fmt: skip
 
 
 def host_array_text(cg, vt: V.NdarrayVT) -> str:

@@ -22,8 +22,9 @@ import torch
 
 from . import variables as V
 from .exc import Unsupported
-from .numpy_device import (array_device, copied_view, copy_back_when_written, device_kwargs,
-                           state, storage_of, to_device)  # fmt: skip
+from .numpy_device import (array_device, check_no_written_overlap, copied_view,
+                           copy_back_when_written, device_kwargs, state, storage_of,
+                           to_device)  # fmt: skip
 from .source import AttrSource, Source
 
 _PAIRS = [(np.bool_, torch.bool), (np.uint8, torch.uint8), (np.int8, torch.int8),
@@ -113,7 +114,8 @@ def wrap_numpy_value(builder, value, source):
 
 
 def wrap_input(builder, array: np.ndarray, source) -> V.NdarrayVT:
-    """A graph input for an ndarray: `torch.from_numpy(array)`, sharing the array's memory."""
+    """A graph input for an ndarray: `torch.from_numpy(array)`, sharing the array's memory, or
+    its copy on the device the arrays compute on."""
     if source is None:
         raise Unsupported("a NumPy array reached without a source (a closure or default value?)")
     output = builder.output
@@ -134,9 +136,8 @@ def wrap_input(builder, array: np.ndarray, source) -> V.NdarrayVT:
     builder.guard("EQ", AttrSource(source, "strides"), array.strides)
     builder.guard("EQ", AttrSource(AttrSource(source, "flags"), "writeable"), True)
     device = array_device(output)
-    if device is not None and any(np.may_share_memory(array, other) for other, _ in seen.values()):
-        raise Unsupported(f"two NumPy input arrays sharing memory while arrays compute on {device} "
-                          "(each would be a separate copy there)")  # fmt: skip
+    if device is not None:
+        check_no_written_overlap(output, array)
     value = torch.from_numpy(array) if device is None else to_device(array, device)
     tensor = output.add_input(value, NumpyTensorSource(source, device), guarded=False)
     vt = V.NdarrayVT(tensor, source=source)
