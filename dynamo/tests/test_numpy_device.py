@@ -221,6 +221,19 @@ def test_copying_path_break_rebuilds_host_arrays(copying_cpu):
     assert got[2] is a
     assert not convert.stats.failures[f0:] and len(convert.stats.breaks[b0:]) == 1
 
+    def view_alive(a):
+        row = a[1:]  # a view of the input: its host copy would not be one
+        order = np.argsort(row)  # a graph break
+        row[0] = order[0]
+        return a
+
+    a = np.arange(4.0)
+    got = ember.compile(view_alive, backend="eager")(a)
+    np.testing.assert_array_equal(got, view_alive(np.arange(4.0)))
+    assert got is a and a[1] == 0.0
+    reasons = [r.reason for r in convert.stats.failures[f0:]]
+    assert any("view of a NumPy array alive" in r for r in reasons), reasons
+
 
 def test_inputs_sharing_memory_are_read_as_copies_and_never_written(copying_cpu):
     def write(a, b):

@@ -142,7 +142,7 @@ def host_array_text(cg, vt: V.NdarrayVT) -> str:
     """Source text rebuilding NumPy value `vt` after the graph: an ndarray over the tensor's
     memory or, computed on a device, a host copy of it; a NumPy scalar when `vt.scalar`."""
     text = cg.expr(vt.tensor)
-    if vt.tensor.example.device.type != "cpu":
+    if state(cg.output).device is not None:  # every NumPy value of the frame is on the device
         if cg.at_break:
             _check_alone(cg, vt)
         text += ".cpu()"
