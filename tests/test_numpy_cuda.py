@@ -9,10 +9,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch.utils._pytree as pytree
 
 import ember
 from ember.dynamo import convert
-from ember.ir import NODE_META_KEY
+from ember.ir import NODE_META_KEY, TensorMeta
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICE = "cuda"
@@ -35,8 +36,9 @@ class DeviceRecorder:
 
     def __call__(self, gm, example_inputs):
         seen = {"example": {t.device.type for t in example_inputs}, "run_in": set(),
-                "values": {str(n.meta[NODE_META_KEY].device).split(":")[0]
-                           for n in gm.graph.nodes if NODE_META_KEY in n.meta},
+                "values": {str(m.device).split(":")[0] for n in gm.graph.nodes
+                           for m in pytree.tree_leaves(n.meta.get(NODE_META_KEY))
+                           if isinstance(m, TensorMeta)},
                 "run_out": set()}  # fmt: skip
         self.graphs.append(seen)
         compiled = ember.dynamo.lookup_backend("inductor")(gm, example_inputs)
