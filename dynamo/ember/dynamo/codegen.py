@@ -48,7 +48,7 @@ class CodeGen:
         self.out_index: dict[fx.Node, int] = {}
         self.ntemp = 0
         self.at_break = False  # rebuilding the live values at a graph break (not a return)
-        self.host_copies: dict = {}  # storage -> the NumPy value copied to the host (numpy_values)
+        self.host_copies: dict = {}  # storage -> the NumPy value copied to the host (numpy_device)
 
     # -- names for objects and temporaries ----------------------------------------------------
     def obj(self, value, hint="k") -> str:

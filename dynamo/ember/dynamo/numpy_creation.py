@@ -14,8 +14,9 @@ from . import variables as V
 from .exc import Unsupported
 from .numpy_map import (FUNCTIONS, NO, asarray, const, given, graph_call, graph_method, method,
                         refuse, register, shape_arg)  # fmt: skip
-from .numpy_values import (cast, check_writable, const_tensor, device_kwargs, dtype_arg, np_dtype,
-                           result, torch_dtype)  # fmt: skip
+from .numpy_device import device_kwargs
+from .numpy_values import (cast, check_writable, const_tensor, dtype_arg, np_dtype, result,
+                           torch_dtype)  # fmt: skip
 
 
 # -- creation -------------------------------------------------------------------------------------

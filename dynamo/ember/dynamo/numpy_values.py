@@ -22,9 +22,8 @@ import torch
 
 from . import variables as V
 from .exc import Unsupported
-from .numpy_device import (array_device, check_no_written_overlap, copied_view,
-                           copy_back_when_written, device_kwargs, state, storage_of,
-                           to_device)  # fmt: skip
+from .numpy_device import (array_device, check_no_written_overlap, copy_back_when_written,
+                           device_kwargs, state, storage_of, to_device)  # fmt: skip
 from .source import AttrSource, Source
 
 _PAIRS = [(np.bool_, torch.bool), (np.uint8, torch.uint8), (np.int8, torch.int8),
