@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 import ember
 from ember.dynamo import convert
@@ -77,3 +78,18 @@ def test_inplace_update_reaches_the_caller():
     before = x.copy()
     ember.compile(inplace_scale, backend="inductor")(x)
     np.testing.assert_allclose(x, before * 2 + np.arange(6, dtype=np.float32), rtol=1e-6)
+
+
+def test_copying_path_through_inductor(monkeypatch):
+    """The path a GPU takes (inputs copied to the default device, creation there, written inputs
+    copied back), run on the CPU by taking the CPU for a device: the graph returns the written
+    input and inductor compiles the explicit `device=` factories."""
+    from ember.dynamo import numpy_device
+
+    monkeypatch.setattr(numpy_device, "IN_PLACE_DEVICE_TYPES", set())
+    x = np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32)
+    with torch.device("cpu"):
+        _run_inductor(inplace_scale, x)
+        (out,) = [n for n in convert.stats.graphs[-1].gm.graph.nodes if n.op == "output"]
+        assert [n.op for n in out.args[0]][-1] == "placeholder"  # x, to be copied back
+        _run_inductor(softmax_stats, x)

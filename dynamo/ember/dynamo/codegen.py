@@ -47,6 +47,8 @@ class CodeGen:
         self.temps: dict[int, str] = {}
         self.out_index: dict[fx.Node, int] = {}
         self.ntemp = 0
+        self.at_break = False  # rebuilding the live values at a graph break (not a return)
+        self.host_copies: dict = {}  # storage -> the NumPy value copied to the host (numpy_device)
 
     # -- names for objects and temporaries ----------------------------------------------------
     def obj(self, value, hint="k") -> str:
@@ -136,7 +138,9 @@ class CodeGen:
         if vt.source is not None and not isinstance(vt, V.NewObjectVT):
             return self.source(vt.source)
         if isinstance(vt, V.NdarrayVT):  # a NumPy value the graph computed, as NumPy returns it
-            return self._bind(vt, f"{self.expr(vt.tensor)}.numpy(){'[()]' if vt.scalar else ''}")
+            from .numpy_device import host_array_text
+
+            return self._bind(vt, host_array_text(self, vt))
         if isinstance(vt, V.NamedTupleVT):
             items = ", ".join(self.expr(i) for i in vt.items)
             maker = self.eager(vt.cls._make if hasattr(vt.cls, "_make") else vt.cls)

@@ -324,6 +324,7 @@ def finish(tx, output, code, backend, reason):
     if kind == "return":
         body.append(f"return {cg.expr(tx.result[1])}")
     else:
+        cg.at_break = True
         body += break_code(cg, tx, inst, stack)
         stats.breaks.append(BreakRecord(reason.msg if reason else "graph break",
                                         reason.where if reason else tx.where()))  # fmt: skip

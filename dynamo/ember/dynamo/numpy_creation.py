@@ -1,5 +1,6 @@
-"""NumPy mapping table entries: array creation (float64 by default, as NumPy), conversion
-(np.array, np.asarray, astype, copy) and NumPy scalar types (np.float32(x), np.dtype(x))."""
+"""NumPy mapping table entries: array creation (float64 by default, as NumPy, made on the device
+the arrays compute on), conversion (np.array, np.asarray, astype, copy) and NumPy scalar types
+(np.float32(x), np.dtype(x))."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from . import variables as V
 from .exc import Unsupported
 from .numpy_map import (FUNCTIONS, NO, asarray, const, given, graph_call, graph_method, method,
                         refuse, register, shape_arg)  # fmt: skip
+from .numpy_device import device_kwargs
 from .numpy_values import (cast, check_writable, const_tensor, dtype_arg, np_dtype, result,
                            torch_dtype)  # fmt: skip
 
@@ -22,7 +24,8 @@ def _creation(fn, default):
     def impl(tx, shape, dtype=NO, order=NO, *, device=NO, like=NO):
         refuse(f"np.{fn.__name__}", device=device, like=like)
         dt = dtype_arg(dtype) or np.dtype(default)
-        return result(graph_call(tx, fn, shape_arg(shape), dtype=torch_dtype(dt)), False)
+        out = graph_call(tx, fn, shape_arg(shape), dtype=torch_dtype(dt), **device_kwargs(tx))
+        return result(out, False)
 
     return impl
 
@@ -38,7 +41,9 @@ def np_full(tx, shape, fill_value, dtype=NO, order=NO, *, device=NO, like=NO):
     value = const(fill_value, "fill_value")
     dt = dtype_arg(dtype) or np.asarray(value).dtype
     value = dt.type(value).item()
-    return result(graph_call(tx, torch.full, shape_arg(shape), value, dtype=torch_dtype(dt)), False)
+    out = graph_call(tx, torch.full, shape_arg(shape), value, dtype=torch_dtype(dt),
+                     **device_kwargs(tx))  # fmt: skip
+    return result(out, False)
 
 
 def _like(fn, fill=False):
@@ -80,7 +85,7 @@ def np_arange(tx, start_or_stop, stop=NO, step=NO, *, dtype=NO, device=NO, like=
         expected = len(range(*bounds))
     else:
         expected = max(0, math.ceil((bounds[1] - bounds[0]) / bounds[2]))
-    out = graph_call(tx, torch.arange, *bounds, dtype=torch_dtype(dt))
+    out = graph_call(tx, torch.arange, *bounds, dtype=torch_dtype(dt), **device_kwargs(tx))
     if out.example.shape[0] != expected:  # torch and NumPy round the length differently here
         raise Unsupported(f"np.arange{tuple(bounds)}: torch.arange gives another length")
     return result(out, False)
@@ -98,7 +103,7 @@ def np_linspace(tx, start, stop, num=50, endpoint=True, retstep=False, dtype=NO,
     tdt = torch_dtype(ct)
     div = num - 1 if endpoint else num
     delta = float(stop) - float(start)
-    y = graph_call(tx, torch.arange, num, dtype=tdt)
+    y = graph_call(tx, torch.arange, num, dtype=tdt, **device_kwargs(tx))
     step = delta / div if div > 0 else float("nan")
     if div > 0 and step != 0:
         y = graph_call(tx, operator.mul, y, step)
@@ -108,7 +113,7 @@ def np_linspace(tx, start, stop, num=50, endpoint=True, retstep=False, dtype=NO,
         y = graph_call(tx, operator.mul, y, delta)
     y = graph_call(tx, operator.add, y, float(start))
     if endpoint and num > 1:
-        last = graph_call(tx, torch.full, (1,), float(stop), dtype=tdt)
+        last = graph_call(tx, torch.full, (1,), float(stop), dtype=tdt, **device_kwargs(tx))
         head = graph_call(tx, operator.getitem, y, slice(None, -1))
         y = graph_call(tx, torch.cat, V.ListVT([head, last]))
     dt = dtype_arg(dtype) or ct
@@ -125,7 +130,9 @@ def np_eye(tx, N, M=None, k=0, dtype=NO, order=NO, *, device=NO, like=NO):
     if k != 0:
         raise Unsupported("np.eye with k != 0")
     dt = dtype_arg(dtype) or np.dtype(np.float64)
-    return result(graph_call(tx, torch.eye, n, n if m is None else m, dtype=torch_dtype(dt)), False)
+    out = graph_call(tx, torch.eye, n, n if m is None else m, dtype=torch_dtype(dt),
+                     **device_kwargs(tx))  # fmt: skip
+    return result(out, False)
 
 
 @register("identity")

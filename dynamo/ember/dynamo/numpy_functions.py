@@ -16,9 +16,9 @@ from . import variables as V
 from .exc import Unsupported
 from .numpy_map import (NO, asarray, axes_arg, const, given, graph_call, graph_method, keep,
                         method, refuse, register, shape_arg)  # fmt: skip
-from .numpy_values import (apply_ufunc, as_tensor, cast, copied_view, dtype_arg, getitem,
-                           key_for_result_type, np_dtype, operand, result, setitem,
-                           write_back)  # fmt: skip
+from .numpy_device import copied_view
+from .numpy_values import (apply_ufunc, as_tensor, cast, dtype_arg, getitem, key_for_result_type,
+                           np_dtype, operand, result, setitem, write_back)  # fmt: skip
 
 
 # -- reductions -----------------------------------------------------------------------------------

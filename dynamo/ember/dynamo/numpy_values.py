@@ -2,11 +2,14 @@
 
 An ndarray the frame reads becomes a graph input as `torch.from_numpy(array)` (guarded on its
 type, dtype, shape, strides and writeability), so the graph works on the array's own memory and an
-in-place update reaches the caller's array, as in NumPy. Each ndarray value is an `NdarrayVT`
-over the tensor that computes it; operations follow NumPy's type promotion (NEP 50: Python
-scalars are weak, NumPy scalars and arrays are not), worked out at trace time by NumPy itself
-(`ufunc.resolve_dtypes`, `np.result_type`), and operands are cast explicitly so the tensor op
-computes in the dtype NumPy would. The functions themselves are in numpy_map.py.
+in-place update reaches the caller's array, as in NumPy. Under a non-CPU default torch device
+(`with torch.device("cuda")`, guarded) the input is a copy on that device instead, every array the
+graph creates is made there, results come back as host arrays and an input the graph wrote is
+copied back into the caller's array after the graph (numpy_device.py). Each ndarray value is an
+`NdarrayVT` over the tensor that computes it; operations follow NumPy's type promotion (NEP 50:
+Python scalars are weak, NumPy scalars and arrays are not), worked out at trace time by NumPy
+itself (`ufunc.resolve_dtypes`, `np.result_type`), and operands are cast explicitly so the tensor
+op computes in the dtype NumPy would. The functions themselves are in numpy_map.py.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import torch
 
 from . import variables as V
 from .exc import Unsupported
+from .numpy_device import (array_device, check_no_written_overlap, copy_back_when_written,
+                           device_kwargs, state, storage_of, to_device)  # fmt: skip
 from .source import AttrSource, Source
 
 _PAIRS = [(np.bool_, torch.bool), (np.uint8, torch.uint8), (np.int8, torch.int8),
@@ -49,55 +54,31 @@ def numpy_dtype_of(dt: torch.dtype) -> np.dtype:
         raise Unsupported(f"a {dt} tensor as a NumPy array (NumPy has no {dt})") from None
 
 
-# -- per-frame state ----------------------------------------------------------------------------
-@dataclasses.dataclass
-class NumpyState:
-    """What one frame conversion knows about its arrays."""
-
-    inputs: dict = dataclasses.field(default_factory=dict)  # id(array) -> (array, NdarrayVT)
-    # Storages (of example tensors) that a NumPy view computed here as a copy (np.flip) reads:
-    # writes into them would show through the view in NumPy only.
-    copied: set = dataclasses.field(default_factory=set)
-
-
-def state(output) -> NumpyState:
-    st = getattr(output, "numpy_state", None)
-    if st is None:
-        st = output.numpy_state = NumpyState()
-    return st
-
-
-def _storage(t: V.TensorVT) -> int:
-    return t.example.untyped_storage().data_ptr()
-
-
-def copied_view(tx, source: V.NdarrayVT, out: V.NdarrayVT) -> V.NdarrayVT:
-    """`out` is a view of `source` in NumPy but a copy here: writes into either break the graph."""
-    state(tx.output).copied.add(_storage(source.tensor))
-    out.readonly = True
-    return out
-
-
 def check_writable(tx, a: V.NdarrayVT, what: str) -> None:
-    if a.readonly or _storage(a.tensor) in state(tx.output).copied:
+    """Every NumPy write into an array goes through here first."""
+    if a.readonly or storage_of(a.tensor) in state(tx.output).copied:
         raise Unsupported(f"{what} into a read-only NumPy array, or one that np.flip returned or "
                           "read (a view in NumPy, a copy here)")  # fmt: skip
+    copy_back_when_written(tx, a)
 
 
 # -- inputs ---------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class NumpyTensorSource(Source):
-    """`torch.from_numpy(base)`: the tensor view of an ndarray the frame reads (a graph input);
-    guards are installed on `base`, never on this source."""
+    """`torch.from_numpy(base)`: the tensor view of an ndarray the frame reads (a graph input), or
+    with `device` its copy there; guards are installed on `base`, never on this source."""
 
     base: Source
+    device: object = None
 
     @property
     def closure_objects(self):
-        return (torch.from_numpy,)
+        return (torch.from_numpy,) if self.device is None else (to_device, self.device)
 
     def expr(self):
-        return f"___c_{id(torch.from_numpy)}({self.base.expr()})"
+        if self.device is None:
+            return f"___c_{id(torch.from_numpy)}({self.base.expr()})"
+        return f"___c_{id(to_device)}({self.base.expr()}, ___c_{id(self.device)})"
 
     def name(self):
         return self.base.name()
@@ -132,7 +113,8 @@ def wrap_numpy_value(builder, value, source):
 
 
 def wrap_input(builder, array: np.ndarray, source) -> V.NdarrayVT:
-    """A graph input for an ndarray: `torch.from_numpy(array)`, sharing the array's memory."""
+    """A graph input for an ndarray: `torch.from_numpy(array)`, sharing the array's memory, or
+    its copy on the device the arrays compute on."""
     if source is None:
         raise Unsupported("a NumPy array reached without a source (a closure or default value?)")
     output = builder.output
@@ -152,7 +134,11 @@ def wrap_input(builder, array: np.ndarray, source) -> V.NdarrayVT:
     builder.guard("EQ", AttrSource(source, "shape"), array.shape)
     builder.guard("EQ", AttrSource(source, "strides"), array.strides)
     builder.guard("EQ", AttrSource(AttrSource(source, "flags"), "writeable"), True)
-    tensor = output.add_input(torch.from_numpy(array), NumpyTensorSource(source), guarded=False)
+    device = array_device(output)
+    if device is not None:
+        check_no_written_overlap(output, array)
+    value = torch.from_numpy(array) if device is None else to_device(array, device)
+    tensor = output.add_input(value, NumpyTensorSource(source, device), guarded=False)
     vt = V.NdarrayVT(tensor, source=source)
     seen[id(array)] = (array, vt)
     return vt
@@ -184,12 +170,12 @@ def const_tensor(tx, value) -> V.TensorVT:
     if arr.dtype not in TO_TORCH:
         raise Unsupported(f"a constant of NumPy dtype {arr.dtype} used as an array")
     return tx.output.call("call_function", torch.tensor, (V.ConstVT(arr.tolist()),),
-                          {"dtype": V.ConstVT(torch_dtype(arr.dtype))})  # fmt: skip
+                          {"dtype": V.ConstVT(torch_dtype(arr.dtype)), **device_kwargs(tx)})
 
 
 def scalar_tensor(tx, value, dt: np.dtype) -> V.TensorVT:
     return tx.output.call("call_function", torch.scalar_tensor, (V.ConstVT(value),),
-                          {"dtype": V.ConstVT(torch_dtype(dt))})  # fmt: skip
+                          {"dtype": V.ConstVT(torch_dtype(dt)), **device_kwargs(tx)})
 
 
 def dtype_arg(vt):
@@ -476,6 +462,9 @@ def _check_placement(a: V.NdarrayVT, index, torch_shape) -> None:
 
     def real(i):
         if isinstance(i, V.TensorVT):
+            if i.example.is_meta:
+                raise Unsupported("an index array into a NumPy array on the meta device (its "
+                                  "values decide where NumPy places the axes)")  # fmt: skip
             return i.example.cpu().numpy()
         if isinstance(i, V.ListVT):
             return tuple(real(x) for x in i.items) if i.is_tuple else [real(x) for x in i.items]
@@ -602,6 +591,11 @@ def from_numpy(tx, args, kwargs) -> V.VT:
     a = args[0]
     if a.scalar:
         raise Unsupported("torch.from_numpy of a NumPy scalar (NumPy would raise TypeError)")
+    device = array_device(tx.output)
+    if device is not None:  # the array's values are a copy on the device: no CPU view of them
+        raise Unsupported(f"torch.from_numpy where NumPy arrays compute on {device} (the default "
+                          "device): it gives a CPU tensor sharing the array's memory, so the "
+                          "frame continues eagerly from here")  # fmt: skip
     return a.tensor
 
 
@@ -619,4 +613,9 @@ def tensor_numpy(tx, t: V.TensorVT, args, kwargs) -> V.VT:
         raise Unsupported("Tensor.numpy() of a tensor that needs grad, is not on the CPU, or "
                           "with force=True")  # fmt: skip
     numpy_dtype_of(ex.dtype)
+    device = array_device(tx.output)
+    if device is not None:  # arrays compute on the device, this one would share CPU memory
+        raise Unsupported(f"Tensor.numpy() where NumPy arrays compute on {device} (the default "
+                          "device): the array shares the CPU tensor's memory, so the frame "
+                          "continues eagerly from here")  # fmt: skip
     return V.NdarrayVT(t)
