@@ -309,6 +309,9 @@ def _check_dirty(tx, cls, args, checked: _Checked) -> None:
         differentiable = checked.dirty[i] not in checked.non_differentiable and (
             ex.is_floating_point() or ex.is_complex())
         if not differentiable and not ex.requires_grad:
+            if any(t.requires_grad for t in _aliases(tx, ex)):  # as `y.detach().add_(1)`
+                raise Unsupported(f"{what}, a tensor sharing memory with one that requires grad: "
+                                  "the write would change a value autograd tracks")  # fmt: skip
             continue  # written with copy_
         if not differentiable:
             raise Unsupported(f"{what} and non-differentiable while it requires grad: eager "
@@ -316,24 +319,25 @@ def _check_dirty(tx, cls, args, checked: _Checked) -> None:
                               "graph cannot express")  # fmt: skip
         root = ex._base if ex._base is not None else ex
         if id(root) in inputs:
+            if a.real is not None and a.real.is_leaf and a.real.requires_grad:
+                raise Unsupported(f"{what}: a leaf Variable that requires grad has been used in "
+                                  "an in-place operation")  # eager's error, which it raises
             raise Unsupported(f"{what}, an input of the compiled frame whose new value needs a "
                               "gradient: aot_autograd does not write such values into inputs")
         if ex.is_leaf and ex.requires_grad:  # eager's own error
             raise Unsupported(f"{what}: a leaf Variable that requires grad has been used in an "
                               "in-place operation")  # fmt: skip
-        if ex._base is not None or _viewed(tx, ex):
+        if ex._base is not None or _aliases(tx, ex):
             raise Unsupported(f"{what}, a tensor that is a view or that other tensors view: "
                               "the write would have to reach them too")  # fmt: skip
         checked.rebound.add(i)
 
 
-def _viewed(tx, ex: torch.Tensor) -> bool:
-    """Whether a value the program still holds (other than `ex`) shares `ex`'s memory."""
+def _aliases(tx, ex: torch.Tensor) -> list:
+    """The values the program still holds, other than `ex`, that share `ex`'s memory."""
     storage = _storage(ex)
-    for value in list(tx.output._values.values()):
-        if value is not ex and isinstance(value, torch.Tensor) and _storage(value) == storage:
-            return True
-    return False
+    return [v for v in list(tx.output._values.values())
+            if v is not ex and isinstance(v, torch.Tensor) and _storage(v) == storage]  # fmt: skip
 
 
 def _write_dirty_inputs(tx, args, result, checked: _Checked):
