@@ -303,6 +303,8 @@ def _check_dirty(tx, cls, args, checked: _Checked) -> None:
         a = args[i]
         ex = a.example
         what = f"{name}.forward marks argument {i} dirty (in-place)"
+        if tx.output.graph is not tx.output.root_graph:  # bodies must not write their inputs
+            raise Unsupported(f"{what} inside a control-flow body")
         if any(j != i and isinstance(b, V.TensorVT) and _storage(b.example) == _storage(ex)
                for j, b in enumerate(args)):  # fmt: skip
             raise Unsupported(f"{what} and another argument shares its memory")
