@@ -282,3 +282,28 @@ def test_mark_dirty_without_gradients_writes_the_callers_tensor(backend):
     assert same and e_same
     torch.testing.assert_close(x, xe)
     torch.testing.assert_close(out, e_out)
+
+
+def _written_frame_input(y, w):
+    out = cases.DoubleInPlace.apply(y)  # y: the caller's tensor, needing grad, not a leaf
+    return out is y, out * w, y
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_mark_dirty_of_a_frame_input_matches_eager(backend):
+    # the graph reads the new value; the caller's tensor is written after it, and the input the
+    # graph read is never saved for the backward (autograd would find it overwritten)
+    breaks0 = len(convert.stats.breaks)
+    f = ember.compile(_written_frame_input, backend=backend, fullgraph=True)
+    w = torch.randn(6, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    y, ye = w * 3, we * 3
+    same, out, back = f(y, w)
+    e_same, e_out, e_back = _written_frame_input(ye, we)
+    assert same and e_same and back is y
+    torch.testing.assert_close(y, ye)
+    torch.testing.assert_close(out, e_out)
+    (out.sum() + (y * y).sum()).backward()
+    (e_out.sum() + (ye * ye).sum()).backward()
+    torch.testing.assert_close(w.grad, we.grad)
+    assert len(convert.stats.breaks) == breaks0

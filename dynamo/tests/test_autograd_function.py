@@ -13,7 +13,7 @@ import ember
 from corpus import CASES
 from ember.dynamo import CompileCounter, GraphBreakError, convert
 from ember.dynamo.functional_apply import AutogradFunctionCall
-from ember.ir import RECOMPUTE_META_KEY
+from ember.ir import RECOMPUTE_META_KEY, WRITTEN_AFTER_CALL_META_KEY
 
 CORPUS = [c for c in CASES if c.name.startswith("autograd_functions.")]
 
@@ -217,6 +217,34 @@ def test_mark_dirty_without_gradients_writes_the_callers_tensor_as_eager():
         assert not any(isinstance(n.target, AutogradFunctionCall) for n in gm.graph.nodes)
 
 
+def _written_frame_input(y, w):
+    out = _MarksDirty.apply(y)  # y: the caller's tensor, needing grad, not a leaf
+    return out is y, out * w, y
+
+
+def test_mark_dirty_of_a_frame_input_writes_the_callers_tensor_after_the_graph():
+    cnt = CompileCounter()
+    f = ember.compile(_written_frame_input, backend=cnt, fullgraph=True)
+    w = torch.randn(4, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    y, ye = w * 3, we * 3
+    same, out, back = f(y, w)
+    e_same, e_out, e_back = _written_frame_input(ye, we)
+    assert same and e_same and back is y and e_back is ye  # the caller's own tensor comes back
+    torch.testing.assert_close(y, ye)  # written, as eager writes it
+    torch.testing.assert_close(out, e_out)
+    (out.sum() + (y * y).sum()).backward()  # y's new history reaches w through the user's backward
+    (e_out.sum() + (ye * ye).sum()).backward()
+    torch.testing.assert_close(w.grad, we.grad)
+    (gm,) = cnt.graphs
+    (placeholder,) = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name == "l_y"]
+    assert placeholder.meta[WRITTEN_AFTER_CALL_META_KEY]
+    # leafness is not guarded: a leaf that requires grad gets eager's error, naming apply's line
+    with pytest.raises(RuntimeError, match=r"leaf Variable that requires grad .*test_autograd"):
+        f(torch.randn(4, requires_grad=True), w)
+    assert cnt.frame_count == 1
+
+
 class _DirtyNotReturned(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -247,11 +275,6 @@ def _leaf_made_in_the_frame(w):
     return _MarksDirty.apply(t) * w
 
 
-def _input_needing_grad(y):
-    out = _MarksDirty.apply(y)
-    return out is y, out.sin()
-
-
 def _view_of_a_frame_tensor(w):
     y = w * 3
     _MarksDirty.apply(y[1:3])
@@ -273,8 +296,8 @@ def _non_differentiable_needing_grad(w):
 @pytest.mark.parametrize("fn, make_input, reason", [
     (_MarksDirty.apply, lambda: torch.randn(4, requires_grad=True), "leaf Variable that requires"),
     (_leaf_made_in_the_frame, lambda: torch.randn(4, requires_grad=True), "leaf Variable"),
-    (_input_needing_grad, lambda: torch.randn(4, requires_grad=True) * 2, "an input of the "
-     "compiled frame"),
+    (lambda t: _MarksDirty.apply(t[1:]), lambda: torch.randn(4, requires_grad=True) * 2,
+     "a view of an input of the compiled frame"),
     (_DirtyNotReturned.apply, lambda: torch.randn(4, requires_grad=True) * 2, "not returned"),
     (_view_of_a_frame_tensor, lambda: torch.randn(4, requires_grad=True), "a view"),
     (_non_differentiable_needing_grad, lambda: torch.randn(4, requires_grad=True),

@@ -23,11 +23,11 @@ import threading
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
-from ember.ir import RECOMPUTE_META_KEY
+from ember.ir import RECOMPUTE_META_KEY, WRITTEN_AFTER_CALL_META_KEY
 
 from . import variables as V
 from .exc import Unsupported
-from .functional_apply import AutogradFunctionCall, has_setup_context
+from .functional_apply import AutogradFunctionCall, has_setup_context, write_dirty_input
 from .source import AttrSource
 
 _BASE = torch.autograd.Function
@@ -193,6 +193,7 @@ class _Checked:
     dirty: dict
     non_differentiable: set
     rebound: set = dataclasses.field(default_factory=set)  # dirty inputs the new value replaces
+    written_back: set = dataclasses.field(default_factory=set)  # those that are frame inputs
 
 
 def _check_traceable(tx, cls_vt, args, kwargs) -> _Checked:
@@ -286,14 +287,18 @@ def _storage(t: torch.Tensor):
 
 # -- inputs marked dirty ----------------------------------------------------------------------
 # The graph node never writes its arguments (functional_apply.py hands the user's forward copies
-# of the dirty ones); the write happens here, one of two ways. A value that carries no gradient
-# (nor did the input) is written into the input with `copy_`: an in-place op like any other,
-# which aot_autograd functionalises (and copies back into a graph input). A value that carries
-# a gradient takes the input's place: its TensorVT is pointed at the node's output, so every
-# name and container holding it reads the new value, and `apply(y) is y` holds, as in eager.
-# (torch's `copy` has no derivative formula, so aot_autograd cannot trace a `copy_` of a value
-# that needs a gradient.) That is only sound for a tensor of the frame that nothing else views;
-# the other cases run eagerly.
+# of the dirty ones); the write happens here, one of three ways. A value that carries no
+# gradient (nor did the input) is written into the input with `copy_`: an in-place op like any
+# other, which aot_autograd functionalises (and copies back into a graph input). A value that
+# carries a gradient takes the tensor's place: its TensorVT is pointed at the node's output, so
+# every name and container holding it reads the new value, and `apply(y) is y` holds, as in
+# eager. (torch's `copy` has no derivative formula, so aot_autograd cannot trace a `copy_` of a
+# value that needs a gradient.) That is only sound for a tensor that nothing else views. When
+# that tensor is an input of the frame, the graph reads the new value from then on and, after
+# the graph, `write_dirty_input` copies it into the caller's tensor with autograd recording the
+# copy; the frame gives back the caller's tensor wherever it returns or stores it, and the
+# placeholder is tagged so that aot_autograd saves no reference to the overwritten input. The
+# other cases run eagerly.
 
 
 def _check_dirty(tx, cls, args, checked: _Checked) -> None:
@@ -319,13 +324,18 @@ def _check_dirty(tx, cls, args, checked: _Checked) -> None:
             raise Unsupported(f"{what} and non-differentiable while it requires grad: eager "
                               "keeps its autograd history with new data, which a functional "
                               "graph cannot express")  # fmt: skip
-        root = ex._base if ex._base is not None else ex
-        if id(root) in inputs:
-            if a.real is not None and a.real.is_leaf and a.real.requires_grad:
+        if ex._base is not None and id(ex._base) in inputs:
+            raise Unsupported(f"{what}, a view of an input of the compiled frame: the write "
+                              "would have to reach the caller's tensor through the view")
+        if id(ex) in inputs:
+            if a.real.is_leaf and a.real.requires_grad:  # eager's error, which it then raises
                 raise Unsupported(f"{what}: a leaf Variable that requires grad has been used in "
-                                  "an in-place operation")  # eager's error, which it raises
-            raise Unsupported(f"{what}, an input of the compiled frame whose new value needs a "
-                              "gradient: aot_autograd does not write such values into inputs")
+                                  "an in-place operation")  # fmt: skip
+            if tx.output.exporting:
+                raise Unsupported(f"{what}, an input of the exported program")
+            checked.rebound.add(i)
+            checked.written_back.add(i)
+            continue
         if ex.is_leaf and ex.requires_grad:  # eager's own error
             raise Unsupported(f"{what}: a leaf Variable that requires grad has been used in an "
                               "in-place operation")  # fmt: skip
@@ -348,6 +358,13 @@ def _write_dirty_inputs(tx, args, result, checked: _Checked):
     items = list(result.items) if isinstance(result, V.ListVT) else [result]
     for i, k in checked.dirty.items():
         a, new = args[i], items[k]
+        if i in checked.written_back:
+            caller = copy.copy(a)  # the caller's tensor: the placeholder, rebuilt from its source
+            a.node.meta[WRITTEN_AFTER_CALL_META_KEY] = True  # aot_autograd saves it for no one
+            write = tx.builder.wrap(write_dirty_input, None)
+            where = V.ConstVT(tx.output.where())
+            tx.output.record_side_effect("call", write, [caller, new, where], {})
+            a.written_back = True  # rebuilt as the caller's tensor, which the call writes
         if i in checked.rebound:
             a.node, a.example, a.sym = new.node, new.example, new.sym
         else:

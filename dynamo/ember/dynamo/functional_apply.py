@@ -203,3 +203,15 @@ def _generate(user_cls: type, dirty: tuple) -> type:
         "forward": staticmethod(forward), "backward": staticmethod(backward),
         "__module__": __name__, "__qualname__": f"Functionalized{qualname}",
     })  # fmt: skip
+
+
+def write_dirty_input(target: torch.Tensor, value: torch.Tensor, where: str) -> None:
+    """After a graph: write the new value of a frame input that a custom Function at `where`
+    marked dirty into the caller's tensor, autograd recording the write (eager's apply rebases
+    the input's history there). Leafness is not guarded: a leaf that requires grad, where the
+    trace saw none, gets eager's error."""
+    if target.is_leaf and target.requires_grad:
+        raise RuntimeError("a leaf Variable that requires grad has been used in an in-place "
+                           f"operation (ctx.mark_dirty of the custom autograd.Function at {where})")
+    with torch.enable_grad():
+        target.copy_(value)
