@@ -245,6 +245,33 @@ def test_mark_dirty_of_a_frame_input_writes_the_callers_tensor_after_the_graph()
     assert cnt.frame_count == 1
 
 
+def _frame_input_written_twice(y, w):
+    _MarksDirty.apply(y)
+    z = y + w
+    return _MarksDirty.apply(y) * z
+
+
+def test_a_frame_input_written_twice_ends_with_the_second_value():
+    examples = []
+
+    def backend(gm, example_inputs):
+        examples.extend(t.detach().clone() for t in example_inputs)
+        return gm.forward
+
+    w = torch.randn(4, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    y, ye = w * 3, we * 3
+    given = y.detach().clone()
+    out = ember.compile(_frame_input_written_twice, backend=backend, fullgraph=True)(y, w)
+    e_out = _frame_input_written_twice(ye, we)
+    torch.testing.assert_close(examples[0], given)  # the backend saw the input, not its new value
+    torch.testing.assert_close(y, ye)
+    torch.testing.assert_close(out, e_out)
+    (out.sum() + y.sum()).backward()
+    (e_out.sum() + ye.sum()).backward()
+    torch.testing.assert_close(w.grad, we.grad)
+
+
 class _DirtyNotReturned(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):

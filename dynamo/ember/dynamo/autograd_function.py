@@ -327,7 +327,7 @@ def _check_dirty(tx, cls, args, checked: _Checked) -> None:
         if ex._base is not None and id(ex._base) in inputs:
             raise Unsupported(f"{what}, a view of an input of the compiled frame: the write "
                               "would have to reach the caller's tensor through the view")
-        if id(ex) in inputs:
+        if a.written_back or id(ex) in inputs:
             if a.real.is_leaf and a.real.requires_grad:  # eager's error, which it then raises
                 raise Unsupported(f"{what}: a leaf Variable that requires grad has been used in "
                                   "an in-place operation")  # fmt: skip
@@ -359,8 +359,12 @@ def _write_dirty_inputs(tx, args, result, checked: _Checked):
     for i, k in checked.dirty.items():
         a, new = args[i], items[k]
         if i in checked.written_back:
-            caller = copy.copy(a)  # the caller's tensor: the placeholder, rebuilt from its source
-            a.node.meta[WRITTEN_AFTER_CALL_META_KEY] = True  # aot_autograd saves it for no one
+            caller = copy.copy(a)  # the caller's tensor, rebuilt from its source
+            if a.node.op == "placeholder":  # written the first time
+                a.node.meta[WRITTEN_AFTER_CALL_META_KEY] = True  # aot_autograd saves it for none
+                # the backend's example input stays the input's value (`a` will hold the new one)
+                tx.output.inputs = [(s, t, caller if vt is a else vt)
+                                    for s, t, vt in tx.output.inputs]  # fmt: skip
             write = tx.builder.wrap(write_dirty_input, None)
             where = V.ConstVT(tx.output.where())
             tx.output.record_side_effect("call", write, [caller, new, where], {})
