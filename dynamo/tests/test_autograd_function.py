@@ -297,6 +297,18 @@ class _DirtyNonDifferentiable(torch.autograd.Function):
         return g * 2
 
 
+def _mark(ctx, x):
+    ctx.mark_dirty(x)
+
+
+class _MarksDirtyInAHelper(_MarksDirty):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        _mark(ctx, x)
+        return x
+
+
 def _leaf_made_in_the_frame(w):
     t = torch.ones(4, requires_grad=True)
     return _MarksDirty.apply(t) * w
@@ -331,11 +343,15 @@ def _non_differentiable_needing_grad(w):
      "non-differentiable while it requires grad"),
     (lambda t: cases.ScaleAndTrackMax.apply(t, t), lambda: torch.randn(4, requires_grad=True) * 2,
      "another argument shares its memory"),
+    (lambda t: _MarksDirtyInAHelper.apply(t * 1), lambda: torch.randn(4, requires_grad=True),
+     "from a function its forward calls"),
     (_detached_alias_of_a_tensor_needing_grad, lambda: torch.randn(4, requires_grad=True),
      "sharing memory with one that requires grad"),
 ])  # fmt: skip
 def test_mark_dirty_that_cannot_be_one_graph_runs_eagerly_at_the_users_line(fn, make_input,
                                                                            reason):
+    ember.reset()  # f's code is the same for every case: each must compile afresh
+
     def f(t):
         return fn(t)
 

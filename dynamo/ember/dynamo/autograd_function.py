@@ -197,15 +197,17 @@ class _Checked:
 
 
 def _check_traceable(tx, cls_vt, args, kwargs) -> _Checked:
-    """Trace the forward and the backward once (grad mode off, as torch runs them), on private
-    copies of the arguments' values: a forward that writes its inputs in place must not change
-    the values the rest of the trace sees."""
+    """Trace the forward and the backward once (grad mode off, as torch runs them). A forward
+    that marks inputs dirty runs on private copies of the arguments' values: its writes must not
+    change the values the rest of the trace sees."""
     from .calls import call, unpack
 
     cls = cls_vt.cls
     name = cls.__qualname__
-    args = [_private(a) for a in args]
-    kwargs = {k: _private(v) for k, v in kwargs.items()}
+    private = _may_mark_dirty(cls)
+    if private:
+        args = [_private(a) for a in args]
+        kwargs = {k: _private(v) for k, v in kwargs.items()}
     flags = V.TupleVT([V.ConstVT(isinstance(a, V.TensorVT) and a.example.requires_grad)
                        for a in args])  # fmt: skip
     ctx = V.NewObjectVT(_CheckedCtx, {"needs_input_grad": flags, **_marks()})
@@ -222,6 +224,9 @@ def _check_traceable(tx, cls_vt, args, kwargs) -> _Checked:
     for o in outs:
         if not isinstance(o, (V.TensorVT, V.ConstVT)):
             raise Unsupported(f"{name}.forward returns a {type(o).__name__}")
+    if ctx.attrs["_ember_dirty"].items and not private:
+        raise Unsupported(f"{name} marks an input dirty from a function its forward calls: "
+                          "call ctx.mark_dirty in forward or setup_context itself")  # fmt: skip
     dirty = _dirty_outputs(name, ctx.attrs["_ember_dirty"].items, args, outs)
     non_differentiable = {k for m in ctx.attrs["_ember_non_differentiable"].items
                           for k in _positions(m, outs)}  # fmt: skip
@@ -234,6 +239,24 @@ def _check_traceable(tx, cls_vt, args, kwargs) -> _Checked:
         if not (isinstance(r, V.TensorVT) or (isinstance(r, V.ConstVT) and r.value is None)):
             raise Unsupported(f"{name}.backward returns a {type(r).__name__}, not a tensor or None")
     return _Checked(syms if isinstance(out, V.ListVT) else syms[0], dirty, non_differentiable)
+
+
+def _may_mark_dirty(cls) -> bool:
+    """Whether cls's forward or setup_context code names `mark_dirty` (copying every argument's
+    value for every call would double the examples' memory while tracing)."""
+
+    def names(fn) -> set:
+        fn = inspect.unwrap(fn)
+        found, codes = set(), [getattr(fn, "__code__", None)]
+        while codes:
+            code = codes.pop()
+            if code is not None:
+                found.update(code.co_names)
+                codes += [c for c in code.co_consts if isinstance(c, type(code))]
+        return found
+
+    fns = [cls.forward] + ([cls.setup_context] if has_setup_context(cls) else [])
+    return any("mark_dirty" in names(fn) for fn in fns)
 
 
 def _private(vt):
