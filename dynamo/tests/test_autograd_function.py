@@ -320,6 +320,13 @@ def _view_of_a_frame_tensor(w):
     return (y * w).sum()
 
 
+def _in_place_result_still_held(w):
+    y = w * 3
+    z = y.mul_(2)  # z is y: the write must reach it too
+    _MarksDirty.apply(y)
+    return z * 1
+
+
 def _detached_alias_of_a_tensor_needing_grad(w):
     y = w * 3
     _, running = cases.ScaleAndTrackMax.apply(w, y.detach())  # writes y's memory
@@ -345,6 +352,7 @@ def _non_differentiable_needing_grad(w):
      "another argument shares its memory"),
     (lambda t: _MarksDirtyInAHelper.apply(t * 1), lambda: torch.randn(4, requires_grad=True),
      "from a function its forward calls"),
+    (_in_place_result_still_held, lambda: torch.randn(4, requires_grad=True), "other tensors view"),
     (_detached_alias_of_a_tensor_needing_grad, lambda: torch.randn(4, requires_grad=True),
      "sharing memory with one that requires grad"),
 ])  # fmt: skip

@@ -339,7 +339,7 @@ def _check_dirty(tx, cls, args, checked: _Checked) -> None:
         differentiable = checked.dirty[i] not in checked.non_differentiable and (
             ex.is_floating_point() or ex.is_complex())
         if not differentiable and not ex.requires_grad:
-            if any(t.requires_grad for t in _aliases(tx, ex)):  # as `y.detach().add_(1)`
+            if any(t.requires_grad for t in _aliases(tx, a)):  # as `y.detach().add_(1)`
                 raise Unsupported(f"{what}, a tensor sharing memory with one that requires grad: "
                                   "the write would change a value autograd tracks")  # fmt: skip
             continue  # written with copy_
@@ -362,17 +362,18 @@ def _check_dirty(tx, cls, args, checked: _Checked) -> None:
         if ex.is_leaf and ex.requires_grad:  # eager's own error
             raise Unsupported(f"{what}: a leaf Variable that requires grad has been used in an "
                               "in-place operation")  # fmt: skip
-        if ex._base is not None or _aliases(tx, ex):
+        if ex._base is not None or _aliases(tx, a):
             raise Unsupported(f"{what}, a tensor that is a view or that other tensors view: "
                               "the write would have to reach them too")  # fmt: skip
         checked.rebound.add(i)
 
 
-def _aliases(tx, ex: torch.Tensor) -> list:
-    """The values the program still holds, other than `ex`, that share `ex`'s memory."""
-    storage = _storage(ex)
-    return [v for v in list(tx.output._values.values())
-            if v is not ex and isinstance(v, torch.Tensor) and _storage(v) == storage]  # fmt: skip
+def _aliases(tx, vt: V.TensorVT) -> list:
+    """The values of other nodes the program still holds that share `vt`'s memory: views, and
+    the results of in-place ops on it (`z = y.mul_(2)`: z's node has y's very value)."""
+    storage = _storage(vt.example)
+    return [v for node, v in list(tx.output._values.items())
+            if node is not vt.node and isinstance(v, torch.Tensor) and _storage(v) == storage]
 
 
 def _write_dirty_inputs(tx, args, result, checked: _Checked):
