@@ -327,6 +327,12 @@ def _in_place_result_still_held(w):
     return z * 1
 
 
+def _frame_input_viewed(y):
+    v = y[0:2]
+    _MarksDirty.apply(y)  # v must see the write
+    return v * 1
+
+
 def _detached_alias_of_a_tensor_needing_grad(w):
     y = w * 3
     _, running = cases.ScaleAndTrackMax.apply(w, y.detach())  # writes y's memory
@@ -353,6 +359,7 @@ def _non_differentiable_needing_grad(w):
     (lambda t: _MarksDirtyInAHelper.apply(t * 1), lambda: torch.randn(4, requires_grad=True),
      "from a function its forward calls"),
     (_in_place_result_still_held, lambda: torch.randn(4, requires_grad=True), "other tensors view"),
+    (_frame_input_viewed, lambda: torch.randn(4, requires_grad=True) * 2, "other tensors view"),
     (_detached_alias_of_a_tensor_needing_grad, lambda: torch.randn(4, requires_grad=True),
      "sharing memory with one that requires grad"),
 ])  # fmt: skip

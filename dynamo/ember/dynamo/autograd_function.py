@@ -350,22 +350,19 @@ def _check_dirty(tx, cls, args, checked: _Checked) -> None:
         if ex._base is not None and id(ex._base) in inputs:
             raise Unsupported(f"{what}, a view of an input of the compiled frame: the write "
                               "would have to reach the caller's tensor through the view")
-        if a.written_back or id(ex) in inputs:
-            if a.real.is_leaf and a.real.requires_grad:  # eager's error, which it then raises
-                raise Unsupported(f"{what}: a leaf Variable that requires grad has been used in "
-                                  "an in-place operation")  # fmt: skip
-            if tx.output.exporting:
-                raise Unsupported(f"{what}, an input of the exported program")
-            checked.rebound.add(i)
-            checked.written_back.add(i)
-            continue
-        if ex.is_leaf and ex.requires_grad:  # eager's own error
+        frame_input = a.written_back or id(ex) in inputs
+        leaf = a.real if frame_input else ex  # (an input's example is a leaf of the trace's own)
+        if leaf.is_leaf and leaf.requires_grad:  # eager's error, which it then raises
             raise Unsupported(f"{what}: a leaf Variable that requires grad has been used in an "
                               "in-place operation")  # fmt: skip
         if ex._base is not None or _aliases(tx, a):
             raise Unsupported(f"{what}, a tensor that is a view or that other tensors view: "
                               "the write would have to reach them too")  # fmt: skip
+        if frame_input and tx.output.exporting:
+            raise Unsupported(f"{what}, an input of the exported program")
         checked.rebound.add(i)
+        if frame_input:
+            checked.written_back.add(i)
 
 
 def _aliases(tx, vt: V.TensorVT) -> list:
