@@ -233,3 +233,82 @@ def test_inductors_graph_cache_tells_checkpointed_graphs_apart():
         if n.op == "call_function":
             n.meta[RECOMPUTE_META_KEY] = True
     assert fx_graph_text(plain) != fx_graph_text(tagged)
+
+
+def _written_in_the_frame(w):
+    y = w * 3
+    out = cases.DoubleInPlace.apply(y)  # marks y dirty: eager writes it and returns it
+    return out is y, (y * w).sum()
+
+
+def _running_max(x, running):
+    out, r = cases.ScaleAndTrackMax.apply(x, running)
+    return out.sum(), r is running
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_mark_dirty_through_the_joint_graph_matches_eager(backend):
+    breaks0 = len(convert.stats.breaks)
+    w = torch.randn(6, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    same, loss = ember.compile(_written_in_the_frame, backend=backend, fullgraph=True)(w)
+    e_same, e_loss = _written_in_the_frame(we)
+    assert same and e_same
+    torch.testing.assert_close(loss, e_loss)
+    loss.backward()
+    e_loss.backward()
+    torch.testing.assert_close(w.grad, we.grad)
+    # a buffer marked dirty and non-differentiable: an input mutation, the caller's tensor written
+    x, running = torch.randn(5, 6, requires_grad=True), torch.zeros(6)
+    xe, running_e = x.detach().clone().requires_grad_(), running.clone()
+    f = ember.compile(_running_max, backend=backend, fullgraph=True)
+    for _ in range(2):  # the second call reads the first call's write
+        total, same = f(x, running)
+        e_total, e_same = _running_max(xe, running_e)
+        assert same and e_same
+        torch.testing.assert_close(running, running_e)
+        torch.testing.assert_close(total, e_total)
+    total.backward()
+    e_total.backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+    assert len(convert.stats.breaks) == breaks0
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_mark_dirty_without_gradients_writes_the_callers_tensor(backend):
+    def f(x):
+        out = cases.DoubleInPlace.apply(x)
+        return out is x, out + 1
+
+    x = torch.randn(6)
+    xe = x.clone()
+    same, out = ember.compile(f, backend=backend, fullgraph=True)(x)
+    e_same, e_out = f(xe)
+    assert same and e_same
+    torch.testing.assert_close(x, xe)
+    torch.testing.assert_close(out, e_out)
+
+
+def _written_frame_input(y, w):
+    out = cases.DoubleInPlace.apply(y)  # y: the caller's tensor, needing grad, not a leaf
+    return out is y, out * w, y
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_mark_dirty_of_a_frame_input_matches_eager(backend):
+    # the graph reads the new value; the caller's tensor is written after it, and the input the
+    # graph read is never saved for the backward (autograd would find it overwritten)
+    breaks0 = len(convert.stats.breaks)
+    f = ember.compile(_written_frame_input, backend=backend, fullgraph=True)
+    w = torch.randn(6, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    y, ye = w * 3, we * 3
+    same, out, back = f(y, w)
+    e_same, e_out, e_back = _written_frame_input(ye, we)
+    assert same and e_same and back is y
+    torch.testing.assert_close(y, ye)
+    torch.testing.assert_close(out, e_out)
+    (out.sum() + (y * y).sum()).backward()
+    (e_out.sum() + (ye * ye).sum()).backward()
+    torch.testing.assert_close(w.grad, we.grad)
+    assert len(convert.stats.breaks) == breaks0

@@ -11,7 +11,8 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ember.ir import NODE_META_KEY, RECOMPUTE_META_KEY, TensorMeta, progress
+from ember.ir import (NODE_META_KEY, RECOMPUTE_META_KEY, WRITTEN_AFTER_CALL_META_KEY, TensorMeta,
+                      progress)
 from ember.ir.example import example_of
 from ember.ir.locks import COMPILE_LOCK
 
@@ -124,9 +125,10 @@ class AOTFunction:
             check_mutated_aliasing(plan, tensors)
             self.last_graphs = {}
             return build_runtime(plan, compiled)
+        program = getattr(self.fn, "program", self.fn)
         with progress.stage("trace"):
             traced = trace(_flat_program(self.fn, flat, in_spec), tensors, self.symbolic,
-                           program=getattr(self.fn, "program", self.fn))  # fmt: skip
+                           program=program, overwritten=_written_after_call(program, flat))
         check_mutated_aliasing(traced.plan, tensors)
         example = list(traced.example_inputs)
         example += [torch.zeros((), dtype=torch.int64, device=d) for d in traced.plan.rng_devices]
@@ -150,6 +152,25 @@ class AOTFunction:
         if cache is not None:
             self.runtime_cache.store(flat, in_spec, traced.plan, compiled)
         return build_runtime(traced.plan, compiled)
+
+
+def _written_after_call(program, flat: list) -> tuple:
+    """Positions among the flat tensor arguments of the graph inputs the caller overwrites after
+    the call (placeholders tagged WRITTEN_AFTER_CALL_META_KEY). The graph's arguments are the
+    last flat leaves (after its parameters and buffers)."""
+    graph = getattr(program, "graph", None)
+    if not isinstance(graph, fx.Graph):
+        return ()
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if not any(n.meta.get(WRITTEN_AFTER_CALL_META_KEY) for n in placeholders):
+        return ()
+    start = len(flat) - len(placeholders)
+    tensor_index = {}
+    for pos, a in enumerate(flat):
+        if isinstance(a, torch.Tensor):
+            tensor_index[pos] = len(tensor_index)
+    return tuple(tensor_index[start + j] for j, n in enumerate(placeholders)
+                 if n.meta.get(WRITTEN_AFTER_CALL_META_KEY) and start + j in tensor_index)
 
 
 def _flat_program(fn: Callable, flat: list, in_spec):

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from ember.ir import NODE_META_KEY, TensorMeta
+from ember.ir import NODE_META_KEY, WRITTEN_AFTER_CALL_META_KEY, TensorMeta
 from ember.ir import control_flow as cf_ops
 from ember.ir.control_flow import is_control_flow
 
@@ -60,8 +60,9 @@ def _piece_module(gm: fx.GraphModule, nodes: list):
     env = {}
     for a in inputs:
         env[a] = graph.placeholder(a.name)
-        if NODE_META_KEY in a.meta:
-            env[a].meta[NODE_META_KEY] = a.meta[NODE_META_KEY]
+        for key in (NODE_META_KEY, WRITTEN_AFTER_CALL_META_KEY):
+            if key in a.meta:
+                env[a].meta[key] = a.meta[key]
     for n in nodes:
         env[n] = graph.node_copy(n, lambda x: env[x])
     graph.output(tuple(env[n] for n in outputs))

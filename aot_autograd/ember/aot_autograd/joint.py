@@ -98,12 +98,14 @@ def clone_input(t: torch.Tensor) -> torch.Tensor:
 
 
 def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None,
-          clone: Callable = clone_input) -> Traced:  # fmt: skip
+          clone: Callable = clone_input, *, overwritten=()) -> Traced:  # fmt: skip
     """Trace `flat_fn(*inputs) -> flat outputs` into a joint graph, or an inference graph.
 
     `symbolic`: (a TensorMeta or None per input, a primtorch ShapeEnv) to trace with symbolic
     sizes: inputs with a meta become SymbolicTensors, and the graph's sizes are expressions.
     `clone`: the private copy the program runs on (meta_trace.py passes meta-device ones).
+    `overwritten`: positions of inputs the caller writes after the call (not the program):
+    partitioners save none of them, as for inputs the program mutates.
     """
     copies = [clone(t) for t in inputs]
     clones = copies
@@ -129,8 +131,10 @@ def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None,
             with _composites(symbolic):
                 values += _trace_backward(tracer, graph_outs, diff, clones, grad_inputs)
         gm = tracer.output(values)
-        # Partitioners must not save these: the runtime overwrites them after the forward.
-        gm.meta[MUTATED_INPUTS_META] = tuple(primals[i].name for i in mutated)
+        # Partitioners must not save these: the runtime (or the caller) overwrites them after
+        # the forward.
+        written = sorted({*mutated, *overwritten})
+        gm.meta[MUTATED_INPUTS_META] = tuple(primals[i].name for i in written)
     constants = _check_lifted(tracer, needs_grad)
     _order_placeholders(gm)
     plan = RuntimePlan(

@@ -75,7 +75,8 @@ class _DeviceChoices(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def trace_program(flat_fn: Callable, inputs: list, symbolic=None, program=None) -> Traced:
+def trace_program(flat_fn: Callable, inputs: list, symbolic=None, program=None,
+                  overwritten=()) -> Traced:
     """`joint.trace`, on meta-device copies of the inputs where that records the same graph.
     `program`: the graph module flat_fn runs, when there is one: its calls are looked at first,
     since a graph's own calls can reach the tracer without passing a function mode (an
@@ -88,12 +89,12 @@ def trace_program(flat_fn: Callable, inputs: list, symbolic=None, program=None) 
     if device is not None and _allowed():
         try:
             with _DeviceChoices():
-                traced = trace(flat_fn, inputs, symbolic, clone=_meta_copy)
+                traced = trace(flat_fn, inputs, symbolic, clone=_meta_copy, overwritten=overwritten)
             _check_recordable(traced)
             return _on_device(traced, device)
         except Exception as e:  # noqa: BLE001  (any failure: the real trace decides)
             log.debug("aot_autograd: tracing on real values: %s: %s", type(e).__name__, e)
-    return trace(flat_fn, inputs, symbolic)
+    return trace(flat_fn, inputs, symbolic, overwritten=overwritten)
 
 
 def _allowed() -> bool:

@@ -15,17 +15,19 @@ aot_autograd's partitioner honours: the backward computes those values again, no
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import inspect
 import threading
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
-from ember.ir import RECOMPUTE_META_KEY
+from ember.ir import RECOMPUTE_META_KEY, WRITTEN_AFTER_CALL_META_KEY
 
 from . import variables as V
 from .exc import Unsupported
-from .functional_apply import AutogradFunctionCall, has_setup_context
+from .functional_apply import AutogradFunctionCall, has_setup_context, write_dirty_input
 from .source import AttrSource
 
 _BASE = torch.autograd.Function
@@ -35,7 +37,8 @@ CHECKPOINT = torch_checkpoint.checkpoint
 # -- the ctx objects traced code sees ---------------------------------------------------------
 class _ForwardOnlyCtx:
     """The `ctx` of a forward where no input needs a gradient: what it saves for the backward is
-    never read, so saving and marking do nothing."""
+    never read, so saving does nothing; the inputs it marks dirty decide which object apply
+    returns for them (`_marks` holds them)."""
 
     def save_for_backward(self, *tensors):
         pass
@@ -44,7 +47,7 @@ class _ForwardOnlyCtx:
         pass
 
     def mark_dirty(self, *tensors):
-        pass
+        self._ember_dirty = self._ember_dirty + tensors
 
     def set_materialize_grads(self, value):
         pass
@@ -58,19 +61,23 @@ class _CheckedCtx:
         self.saved_tensors = tensors
 
     def mark_non_differentiable(self, *tensors):
-        pass  # the real apply marks them; the check only needs the forward to run
+        self._ember_non_differentiable = self._ember_non_differentiable + tensors
 
     def mark_dirty(self, *tensors):
-        self._ember_dirty = True
+        self._ember_dirty = self._ember_dirty + tensors
 
     def set_materialize_grads(self, value):
         pass
 
 
+def _marks() -> dict:
+    """The attributes a traced ctx starts with: the tensors marked so far."""
+    return {"_ember_dirty": V.TupleVT([]), "_ember_non_differentiable": V.TupleVT([])}
+
+
 # -- autograd.Function ------------------------------------------------------------------------
 def call_autograd_function(tx, cls_vt: V.ClassVT, args: list, kwargs: dict):
     """`cls.apply(*args)` for a torch.autograd.Function subclass (`cls_vt`)."""
-    from .calls import call
     from .output import has_tensor
 
     cls = cls_vt.cls
@@ -79,18 +86,73 @@ def call_autograd_function(tx, cls_vt: V.ClassVT, args: list, kwargs: dict):
     if not (torch.is_grad_enabled()
             and has_tensor((args, kwargs), lambda t: t.example.requires_grad)):  # fmt: skip
         # No gradient can flow (inference, or grad mode off: both guarded): apply is its forward.
-        forward = _method(tx, cls_vt, "forward")
-        if has_setup_context(cls):
-            return call(tx, forward, list(args), kwargs)  # setup_context only saves
-        flags = V.TupleVT([V.ConstVT(False) for _ in args])
-        ctx = V.NewObjectVT(_ForwardOnlyCtx, {"needs_input_grad": flags})
-        return call(tx, forward, [ctx, *args], kwargs)
+        return _forward_inlined(tx, cls_vt, args, kwargs)
     _check_class(cls)
     with _thrown_away(tx, cls):
-        sym = _check_traceable(tx, cls_vt, args, kwargs)
-    if tx.output.shape_env is None:
-        sym = None
-    return tx.output.call("call_function", AutogradFunctionCall(cls), tuple(args), kwargs, sym)
+        checked = _check_traceable(tx, cls_vt, args, kwargs)
+    sym = checked.syms if tx.output.shape_env is not None else None
+    if checked.dirty:
+        _check_dirty(tx, cls, args, checked)
+    target = AutogradFunctionCall(cls, tuple(sorted(checked.dirty)))
+    result = tx.output.call("call_function", target, tuple(args), kwargs, sym)
+    if checked.dirty:
+        result = _write_dirty_inputs(tx, args, result, checked)
+    return result
+
+
+def _forward_inlined(tx, cls_vt, args: list, kwargs: dict):
+    """apply where no gradient can flow: the forward traced into the graph (its in-place ops
+    stay in-place ops), and an input it returns given back as eager's apply gives it."""
+    from .calls import call
+
+    cls = cls_vt.cls
+    forward = _method(tx, cls_vt, "forward")
+    flags = V.TupleVT([V.ConstVT(False) for _ in args])
+    ctx = V.NewObjectVT(_ForwardOnlyCtx, {"needs_input_grad": flags, **_marks()})
+    if not has_setup_context(cls):
+        out = call(tx, forward, [ctx, *args], kwargs)
+    else:
+        out = call(tx, forward, list(args), kwargs)
+        if not _returned_inputs(out, args):
+            return out  # setup_context only saves and marks; nothing it marks changes the result
+        inputs = V.TupleVT(_with_defaults(cls.forward, args))
+        call(tx, _method(tx, cls_vt, "setup_context"), [ctx, inputs, out], {})
+    returned = _returned_inputs(out, args)
+    if not returned:
+        return out
+    dirty = ctx.attrs["_ember_dirty"].items
+    items = list(out.items) if isinstance(out, V.ListVT) else [out]
+    for k, a in returned.items():
+        # eager's apply with no gradient to record: an input that requires grad comes back as
+        # a detached alias, one marked dirty as itself, any other as a new alias (view_as)
+        if a.example.requires_grad:
+            items[k] = tx.output.call("call_method", "detach", (a,), {})
+        elif any(isinstance(d, V.TensorVT) and d.example is a.example for d in dirty):
+            items[k] = a
+        else:
+            items[k] = tx.output.call("call_method", "view_as", (a, a), {})
+    return _same_structure(out, items)
+
+
+def _returned_inputs(out, args) -> dict:
+    """{output position: the argument VT it is} for outputs that are arguments themselves."""
+    items = out.items if isinstance(out, V.ListVT) else [out]
+    found = {}
+    for k, o in enumerate(items):
+        if isinstance(o, V.TensorVT):
+            for a in args:
+                if isinstance(a, V.TensorVT) and a.example is o.example:
+                    found[k] = a
+                    break
+    return found
+
+
+def _same_structure(out, items: list):
+    if not isinstance(out, V.ListVT):
+        return items[0]
+    if isinstance(out, V.NamedTupleVT):
+        return V.NamedTupleVT(out.cls, items, out.fields)
+    return V.ListVT(items, is_tuple=out.is_tuple)
 
 
 def _check_class(cls) -> None:
@@ -121,16 +183,34 @@ def _backward_code(tx, cls_vt):
     return bw
 
 
-def _check_traceable(tx, cls_vt, args, kwargs):
-    """Trace the forward and the backward once (grad mode off, as torch runs them); returns
-    the forward's symbolic output sizes (as OutputGraph.call takes them)."""
+@dataclasses.dataclass
+class _Checked:
+    """What the checking trace learnt: the forward's output sizes (`OutputGraph.call`'s `sym`),
+    the inputs marked dirty (argument position -> the output position returning it) and the
+    outputs marked non-differentiable."""
+
+    syms: object
+    dirty: dict
+    non_differentiable: set
+    rebound: set = dataclasses.field(default_factory=set)  # dirty inputs the new value replaces
+    written_back: set = dataclasses.field(default_factory=set)  # those that are frame inputs
+
+
+def _check_traceable(tx, cls_vt, args, kwargs) -> _Checked:
+    """Trace the forward and the backward once (grad mode off, as torch runs them). A forward
+    that marks inputs dirty runs on private copies of the arguments' values: its writes must not
+    change the values the rest of the trace sees."""
     from .calls import call, unpack
 
     cls = cls_vt.cls
     name = cls.__qualname__
+    private = _may_mark_dirty(cls)
+    if private:
+        args = [_private(a) for a in args]
+        kwargs = {k: _private(v) for k, v in kwargs.items()}
     flags = V.TupleVT([V.ConstVT(isinstance(a, V.TensorVT) and a.example.requires_grad)
                        for a in args])  # fmt: skip
-    ctx = V.NewObjectVT(_CheckedCtx, {"needs_input_grad": flags})
+    ctx = V.NewObjectVT(_CheckedCtx, {"needs_input_grad": flags, **_marks()})
     forward = _method(tx, cls_vt, "forward")
     if has_setup_context(cls):
         if kwargs:
@@ -140,12 +220,16 @@ def _check_traceable(tx, cls_vt, args, kwargs):
         call(tx, _method(tx, cls_vt, "setup_context"), [ctx, inputs, out], {})
     else:
         out = call(tx, forward, [ctx, *args], kwargs)
-    if ctx.attrs.get("_ember_dirty") is not None:
-        raise Unsupported(f"custom autograd.Function {name} marks an input dirty (in-place)")
     outs = unpack(tx, out) if isinstance(out, V.ListVT) else [out]
     for o in outs:
         if not isinstance(o, (V.TensorVT, V.ConstVT)):
             raise Unsupported(f"{name}.forward returns a {type(o).__name__}")
+    if ctx.attrs["_ember_dirty"].items and not private:
+        raise Unsupported(f"{name} marks an input dirty from a function its forward calls: "
+                          "call ctx.mark_dirty in forward or setup_context itself")  # fmt: skip
+    dirty = _dirty_outputs(name, ctx.attrs["_ember_dirty"].items, args, outs)
+    non_differentiable = {k for m in ctx.attrs["_ember_non_differentiable"].items
+                          for k in _positions(m, outs)}  # fmt: skip
     syms = [o.sym if isinstance(o, V.TensorVT) else None for o in outs]
     grads = [tx.output.call("call_function", torch.ones_like, (o,), {})
              if isinstance(o, V.TensorVT) else V.ConstVT(None) for o in outs]  # fmt: skip
@@ -154,7 +238,164 @@ def _check_traceable(tx, cls_vt, args, kwargs):
     for r in results:
         if not (isinstance(r, V.TensorVT) or (isinstance(r, V.ConstVT) and r.value is None)):
             raise Unsupported(f"{name}.backward returns a {type(r).__name__}, not a tensor or None")
-    return syms if isinstance(out, V.ListVT) else syms[0]
+    return _Checked(syms if isinstance(out, V.ListVT) else syms[0], dirty, non_differentiable)
+
+
+def _may_mark_dirty(cls) -> bool:
+    """Whether cls's forward or setup_context code names `mark_dirty` (copying every argument's
+    value for every call would double the examples' memory while tracing)."""
+
+    def names(fn) -> set:
+        fn = inspect.unwrap(fn)
+        found, codes = set(), [getattr(fn, "__code__", None)]
+        while codes:
+            code = codes.pop()
+            if code is not None:
+                found.update(code.co_names)
+                codes += [c for c in code.co_consts if isinstance(c, type(code))]
+        return found
+
+    fns = [cls.forward] + ([cls.setup_context] if has_setup_context(cls) else [])
+    return any("mark_dirty" in names(fn) for fn in fns)
+
+
+def _private(vt):
+    """`vt` with a private copy of its example value (same node, same sizes)."""
+    from .output import _example_clone
+
+    if not isinstance(vt, V.TensorVT):
+        return vt
+    mine = copy.copy(vt)
+    mine.example = _example_clone(vt.example)
+    return mine
+
+
+def _positions(vt, items) -> list:
+    """Where the tensor `vt` (by its value's identity) is among `items`."""
+    if not isinstance(vt, V.TensorVT):
+        return []
+    return [k for k, o in enumerate(items)
+            if isinstance(o, V.TensorVT) and o.example is vt.example]  # fmt: skip
+
+
+def _dirty_outputs(name: str, marked, args, outs) -> dict:
+    """{argument position: output position} for the inputs the forward marked dirty, with the
+    checks eager's apply makes on them."""
+    dirty = {}
+    for m in marked:
+        where = _positions(m, args)
+        if not where:
+            raise Unsupported(f"{name}.forward marks dirty a tensor that is not one of its "
+                              "(positional) arguments")  # fmt: skip
+        for i in where:
+            returned = _positions(args[i], outs)
+            if not returned:  # eager's own error
+                raise Unsupported(f"{name}.forward: some elements marked as dirty during the "
+                                  "forward method were not returned as output (the inputs that "
+                                  "are modified inplace must all be outputs of the Function)")
+            if len(returned) > 1:
+                raise Unsupported(f"{name}.forward returns the input it marks dirty twice")
+            dirty[i] = returned[0]
+    for i in dirty:
+        storage = _storage(args[i].example)
+        for k, o in enumerate(outs):
+            if k != dirty[i] and isinstance(o, V.TensorVT) and _storage(o.example) == storage:
+                raise Unsupported(f"{name}.forward returns a view of the input it marks dirty")
+    return dirty
+
+
+def _storage(t: torch.Tensor):
+    return (t.device, t.untyped_storage().data_ptr())
+
+
+# -- inputs marked dirty ----------------------------------------------------------------------
+# The graph node never writes its arguments (functional_apply.py hands the user's forward copies
+# of the dirty ones); the write happens here, one of three ways. A value that carries no
+# gradient (nor did the input) is written into the input with `copy_`: an in-place op like any
+# other, which aot_autograd functionalises (and copies back into a graph input). A value that
+# carries a gradient takes the tensor's place: its TensorVT is pointed at the node's output, so
+# every name and container holding it reads the new value, and `apply(y) is y` holds, as in
+# eager. (torch's `copy` has no derivative formula, so aot_autograd cannot trace a `copy_` of a
+# value that needs a gradient.) That is only sound for a tensor that nothing else views. When
+# that tensor is an input of the frame, the graph reads the new value from then on and, after
+# the graph, `write_dirty_input` copies it into the caller's tensor with autograd recording the
+# copy; the frame gives back the caller's tensor wherever it returns or stores it, and the
+# placeholder is tagged so that aot_autograd saves no reference to the overwritten input. The
+# other cases run eagerly.
+
+
+def _check_dirty(tx, cls, args, checked: _Checked) -> None:
+    name = cls.__qualname__
+    inputs = {id(vt.example) for _, _, vt in tx.output.inputs}
+    for i in checked.dirty:
+        a = args[i]
+        ex = a.example
+        what = f"{name}.forward marks argument {i} dirty (in-place)"
+        if tx.output.graph is not tx.output.root_graph:  # bodies must not write their inputs
+            raise Unsupported(f"{what} inside a control-flow body")
+        if any(j != i and isinstance(b, V.TensorVT) and _storage(b.example) == _storage(ex)
+               for j, b in enumerate(args)):  # fmt: skip
+            raise Unsupported(f"{what} and another argument shares its memory")
+        differentiable = checked.dirty[i] not in checked.non_differentiable and (
+            ex.is_floating_point() or ex.is_complex())
+        if not differentiable and not ex.requires_grad:
+            if any(t.requires_grad for t in _aliases(tx, a)):  # as `y.detach().add_(1)`
+                raise Unsupported(f"{what}, a tensor sharing memory with one that requires grad: "
+                                  "the write would change a value autograd tracks")  # fmt: skip
+            continue  # written with copy_
+        if not differentiable:
+            raise Unsupported(f"{what} and non-differentiable while it requires grad: eager "
+                              "keeps its autograd history with new data, which a functional "
+                              "graph cannot express")  # fmt: skip
+        if ex._base is not None and id(ex._base) in inputs:
+            raise Unsupported(f"{what}, a view of an input of the compiled frame: the write "
+                              "would have to reach the caller's tensor through the view")
+        frame_input = a.written_back or id(ex) in inputs
+        leaf = a.real if frame_input else ex  # (an input's example is a leaf of the trace's own)
+        if leaf.is_leaf and leaf.requires_grad:  # eager's error, which it then raises
+            raise Unsupported(f"{what}: a leaf Variable that requires grad has been used in an "
+                              "in-place operation")  # fmt: skip
+        if ex._base is not None or _aliases(tx, a):
+            raise Unsupported(f"{what}, a tensor that is a view or that other tensors view: "
+                              "the write would have to reach them too")  # fmt: skip
+        if frame_input and tx.output.exporting:
+            raise Unsupported(f"{what}, an input of the exported program")
+        checked.rebound.add(i)
+        if frame_input:
+            checked.written_back.add(i)
+
+
+def _aliases(tx, vt: V.TensorVT) -> list:
+    """The values of other nodes the program still holds that share `vt`'s memory: views, and
+    the results of in-place ops on it (`z = y.mul_(2)`: z's node has y's very value)."""
+    storage = _storage(vt.example)
+    return [v for node, v in list(tx.output._values.items())
+            if node is not vt.node and isinstance(v, torch.Tensor) and _storage(v) == storage]
+
+
+def _write_dirty_inputs(tx, args, result, checked: _Checked):
+    """The dirty inputs written with the node's results; apply's result with each dirty output
+    replaced by its input (eager returns the input itself)."""
+    items = list(result.items) if isinstance(result, V.ListVT) else [result]
+    for i, k in checked.dirty.items():
+        a, new = args[i], items[k]
+        if i in checked.written_back:
+            caller = copy.copy(a)  # the caller's tensor, rebuilt from its source
+            if a.node.op == "placeholder":  # written the first time
+                a.node.meta[WRITTEN_AFTER_CALL_META_KEY] = True  # aot_autograd saves it for none
+                # the backend's example input stays the input's value (`a` will hold the new one)
+                tx.output.inputs = [(s, t, caller if vt is a else vt)
+                                    for s, t, vt in tx.output.inputs]  # fmt: skip
+            write = tx.builder.wrap(write_dirty_input, None)
+            where = V.ConstVT(tx.output.where())
+            tx.output.record_side_effect("call", write, [caller, new, where], {})
+            a.written_back = True  # rebuilt as the caller's tensor, which the call writes
+        if i in checked.rebound:
+            a.node, a.example, a.sym = new.node, new.example, new.sym
+        else:
+            tx.output.call("call_method", "copy_", (a, new), {})
+        items[k] = a
+    return _same_structure(result, items)
 
 
 def _with_defaults(forward, args) -> list:

@@ -84,7 +84,7 @@ class CodeGen:
                 return
             seen.add(id(vt))
             if isinstance(vt, V.TensorVT):
-                if not (vt.node.op == "placeholder" and vt.source is not None):
+                if vt.source is None or not (vt.node.op == "placeholder" or vt.written_back):
                     found.setdefault(vt.node, vt)
             elif isinstance(vt, V.ListVT):
                 for i in vt.items:
@@ -121,6 +121,8 @@ class CodeGen:
         if id(vt) in self.temps:
             return self.temps[id(vt)]
         if isinstance(vt, V.TensorVT):
+            if vt.written_back:  # the caller's tensor, holding the new value after the graph
+                return self.source(vt.source)
             if vt.node in self.out_index:
                 return f"___o[{self.out_index[vt.node]}]"
             if vt.source is not None:

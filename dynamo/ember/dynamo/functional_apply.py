@@ -23,22 +23,34 @@ _BASE_SETUP_CONTEXT = torch.autograd.Function.setup_context
 
 
 class AutogradFunctionCall:
-    """Graph target standing for `cls.apply(*args, **kwargs)`."""
+    """Graph target standing for `cls.apply(*args, **kwargs)`. `dirty`: the positions of the
+    arguments the forward writes in place (`ctx.mark_dirty`); the node hands the forward copies
+    of them, so it never writes its arguments: its outputs are their new values (dynamo writes
+    them back, autograd_function.py)."""
 
     __module__ = __name__
 
-    def __init__(self, cls: type):
+    def __init__(self, cls: type, dirty: tuple = ()):
         self.cls = cls
-        self.__name__ = self.__qualname__ = f"autograd_function_{cls.__name__}"
+        self.dirty = tuple(dirty)
+        written = "".join(f"_{i}" for i in self.dirty)
+        self.__name__ = self.__qualname__ = f"autograd_function_{cls.__name__}" + (
+            f"_dirty{written}" if self.dirty else "")
 
     def __call__(self, *args, **kwargs):
         if not _under_functionalize():
-            return self.cls.apply(*args, **kwargs)
+            if not self.dirty:
+                return self.cls.apply(*args, **kwargs)
+            args = list(_bound_args(self.cls, args, kwargs))
+            for i in self.dirty:  # recorded by autograd: the copy's gradient reaches the input
+                args[i] = args[i].clone()
+            return self.cls.apply(*args)
         args = _bound_args(self.cls, args, kwargs)
-        return _one_level_down(_functionalized(self.cls).apply, *args)
+        return _one_level_down(_functionalized(self.cls, self.dirty).apply, *args)
 
     def __repr__(self):
-        return f"AutogradFunctionCall({self.cls.__module__}.{self.cls.__qualname__})"
+        dirty = f", dirty={self.dirty}" if self.dirty else ""
+        return f"AutogradFunctionCall({self.cls.__module__}.{self.cls.__qualname__}{dirty})"
 
 
 def _under_functionalize() -> bool:
@@ -115,7 +127,7 @@ class _Ctx:
         self._ember_record["non_differentiable"].extend(tensors)
 
     def mark_dirty(self, *tensors):
-        raise RuntimeError("ember: ctx.mark_dirty inside a compiled graph (dynamo breaks first)")
+        pass  # the dirty inputs are copies the forward got (dynamo found which when tracing)
 
     def set_materialize_grads(self, value):
         self._ember_record["materialize"] = bool(value)
@@ -125,17 +137,19 @@ class _Ctx:
                 if k not in ("_ember_record", "needs_input_grad", "saved_tensors")}  # fmt: skip
 
 
-_GENERATED: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()
+_GENERATED: "weakref.WeakKeyDictionary[type, dict]" = weakref.WeakKeyDictionary()
 
 
-def _functionalized(cls: type) -> type:
-    """A Function computing what `cls` computes, its forward and backward each functionalized."""
-    if cls not in _GENERATED:
-        _GENERATED[cls] = _generate(cls)
-    return _GENERATED[cls]
+def _functionalized(cls: type, dirty: tuple) -> type:
+    """A Function computing what `cls` computes, its forward and backward each functionalized;
+    the forward writes copies of the `dirty` arguments, never the arguments."""
+    by_dirty = _GENERATED.setdefault(cls, {})
+    if dirty not in by_dirty:
+        by_dirty[dirty] = _generate(cls, dirty)
+    return by_dirty[dirty]
 
 
-def _generate(user_cls: type) -> type:
+def _generate(user_cls: type, dirty: tuple) -> type:
     setup = has_setup_context(user_cls)
     # Weakly: the generated class is the value of a weak-keyed cache entry for user_cls.
     user_ref = weakref.ref(user_cls)
@@ -147,6 +161,9 @@ def _generate(user_cls: type) -> type:
         marked = []
 
         def body(*inputs):
+            # copies inside the functionalize: the writes become functional ops on them, and
+            # nothing is written back into the arguments when it ends
+            inputs = tuple(t.clone() if i in dirty else t for i, t in enumerate(inputs))
             if setup:
                 out = cls.forward(*inputs)
                 cls.setup_context(user_ctx, inputs, out)
@@ -186,3 +203,15 @@ def _generate(user_cls: type) -> type:
         "forward": staticmethod(forward), "backward": staticmethod(backward),
         "__module__": __name__, "__qualname__": f"Functionalized{qualname}",
     })  # fmt: skip
+
+
+def write_dirty_input(target: torch.Tensor, value: torch.Tensor, where: str) -> None:
+    """After a graph: write the new value of a frame input that a custom Function at `where`
+    marked dirty into the caller's tensor, autograd recording the write (eager's apply rebases
+    the input's history there). Leafness is not guarded: a leaf that requires grad, where the
+    trace saw none, gets eager's error."""
+    if target.is_leaf and target.requires_grad:
+        raise RuntimeError("a leaf Variable that requires grad has been used in an in-place "
+                           f"operation (ctx.mark_dirty of the custom autograd.Function at {where})")
+    with torch.enable_grad():
+        target.copy_(value)

@@ -64,6 +64,9 @@ class TensorVT(VT):
         self.real = None  # the user's tensor, for graph inputs
         # Sizes as sympy expressions when they depend on symbols (shapes.py); None: static.
         self.sym = None
+        # A frame input the graph computes a new value for (`node`), written into the caller's
+        # tensor after the graph (autograd_function.py): rebuilt from `source`, not the graph.
+        self.written_back = False
 
     def python_type(self):
         return self.ptype

@@ -224,6 +224,55 @@ class MixedOutputs(torch.autograd.Function):
         return grad * 2
 
 
+class DoubleInPlace(torch.autograd.Function):
+    """Writes its input in place and marks it dirty (the in-place op of an extension)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class ScaleAndTrackMax(torch.autograd.Function):
+    """A differentiable output and a running statistic written in place into a buffer that is
+    marked dirty and non-differentiable (a BatchNorm-like update)."""
+
+    @staticmethod
+    def forward(ctx, x, running):
+        running.copy_(torch.maximum(running, x.amax(0)))
+        ctx.mark_dirty(running)
+        ctx.mark_non_differentiable(running)
+        return x * 3, running
+
+    @staticmethod
+    def backward(ctx, grad, grad_running):
+        return grad * 3, None
+
+
+class ReluInPlaceSetup(torch.autograd.Function):
+    """The setup_context form of an in-place ReLU: the output is the input, saved after the
+    write."""
+
+    @staticmethod
+    def forward(x):
+        return x.relu_()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_dirty(inputs[0])
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return grad * (out > 0)
+
+
 class SizeOnCtx(torch.autograd.Function):
     """Keeps a size on ctx; two outputs, one reduced."""
 
@@ -237,6 +286,26 @@ class SizeOnCtx(torch.autograd.Function):
     def backward(ctx, g, g_sum):
         (x,) = ctx.saved_tensors
         return 2 * x * g + g_sum * ctx.rows
+
+
+@case(one)
+def mark_dirty_non_leaf_input(x):
+    y = x * 1.5  # needs grad, not a leaf: eager writes it and rebases its history
+    out = DoubleInPlace.apply(y)
+    return out * x, y
+
+
+@case(lambda: (leaf(4, 5), torch.zeros(5)))
+def mark_dirty_non_differentiable_buffer(x, running):
+    out, r = ScaleAndTrackMax.apply(x.sin(), running)
+    return out + r, running * 1
+
+
+@case(one)
+def mark_dirty_setup_context_form(x):
+    h = x - 0.25
+    out = ReluInPlaceSetup.apply(h)
+    return (out * x).sum(), h
 
 
 @case(lambda: (leaf(4, 5), 3.0))

@@ -31,7 +31,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ember.ir import RECOMPUTE_META_KEY
+from ember.ir import RECOMPUTE_META_KEY, WRITTEN_AFTER_CALL_META_KEY
 
 from . import cache, metrics
 from .config import config, fingerprint
@@ -140,7 +140,9 @@ def fx_graph_text(gm: fx.GraphModule) -> str:
                          [f"{k}={_arg_text(v)}" for k, v in n.kwargs.items()])  # fmt: skip
         # a checkpointed op is partitioned differently (recomputed, not saved)
         recompute = " recompute" if n.meta.get(RECOMPUTE_META_KEY) else ""
-        lines.append(f"%{n.name} = {n.op}[{target}]({args}){recompute}")
+        # an input the caller writes after the call is never saved for the backward
+        written = " written_after_call" if n.meta.get(WRITTEN_AFTER_CALL_META_KEY) else ""
+        lines.append(f"%{n.name} = {n.op}[{target}]({args}){recompute}{written}")
     return "\n".join(lines)
 
 

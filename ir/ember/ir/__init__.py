@@ -4,8 +4,8 @@ from . import control_flow  # noqa: F401  (defines control.cond, control.while_l
 from .artifact import BufferIR, CompiledArtifact, KernelIR, StepIR, new_artifact
 from .codec import dumps, from_json, loads, to_json
 from .graph import GraphIR, NodeIR, graph_from_ir, graph_to_ir
-from .meta import (NODE_META_KEY, RECOMPUTE_META_KEY, TensorMeta, contiguous_strides,
-                   dtype_from_name, dtype_name, meta_of)
+from .meta import (NODE_META_KEY, RECOMPUTE_META_KEY, WRITTEN_AFTER_CALL_META_KEY, TensorMeta,
+                   contiguous_strides, dtype_from_name, dtype_name, meta_of)
 from .ops import ArgSpec, OpSchema, define, lookup, resolve, target_name, vocabulary
 from .schema import check_golden, current_schema
 from .symbols import CeilDiv, FloorDiv, ModularIndexing, SymbolSpec, as_expr, sym
@@ -21,4 +21,5 @@ __all__ = [
     "component_version", "contiguous_strides", "current_schema", "define", "dtype_from_name", "dtype_name", "dumps",
     "from_json", "graph_from_ir", "graph_to_ir", "loads", "lookup", "meta_of", "new_artifact",
     "require", "resolve", "sym", "target_name", "to_json", "vocabulary",
+    "WRITTEN_AFTER_CALL_META_KEY",
 ]  # fmt: skip

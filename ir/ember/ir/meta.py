@@ -17,6 +17,10 @@ NODE_META_KEY = "ember_meta"
 # again rather than keep from the forward (ops inside torch.utils.checkpoint); partitioners of
 # the joint graph carry it to the nodes the op decomposes into.
 RECOMPUTE_META_KEY = "ember_recompute"
+# The `node.meta` key (value True) of a placeholder whose caller's tensor is written after the
+# graph returns (a frame input a custom autograd.Function marked dirty, dynamo writes it back):
+# partitioners must not save it for the backward, as they save no input the graph mutates.
+WRITTEN_AFTER_CALL_META_KEY = "ember_written_after_call"
 
 _DTYPES = {
     str(d).removeprefix("torch."): d
