@@ -88,9 +88,18 @@ def array_device(output):
     if not st.device_known:
         current = _DEFAULT_DEVICE_SOURCE.base.obj.current
         output.guards.add("EQ", _DEFAULT_DEVICE_SOURCE, current)
-        st.device = None if current is None or current.type in IN_PLACE_DEVICE_TYPES else current
+        st.device = (None if current is None or current.type in IN_PLACE_DEVICE_TYPES
+                     else _with_index(current))  # fmt: skip
         st.device_known = True
     return st.device
+
+
+def _with_index(device: torch.device) -> torch.device:
+    """`device` as the tensors made on it name it ("cuda" is "cuda:0" on device 0): the arrays
+    copied in and the arrays created in the graph must name one device."""
+    if device.index is not None or device.type == "meta":
+        return device
+    return torch.empty(0, device=device).device
 
 
 def device_kwargs(tx) -> dict:
