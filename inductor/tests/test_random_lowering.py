@@ -80,3 +80,29 @@ def test_cuda_draws_are_the_references_bit_for_bit(dtype):
     expected = prims.philox_rand(shape, SEED, offset, dtype, "cpu")
     assert got.is_cuda and metrics.fallbacks == []
     torch.testing.assert_close(got.cpu(), expected, atol=0, rtol=0)
+
+
+def test_a_chain_of_dropouts_is_split_so_no_kernel_draws_more_than_the_cap(renderer):
+    # a backward's recomputed residual stream: h_i = h_(i-1) + dropout(a_i), every h_i kept
+    from ember.inductor.lowering import lower_graph
+    from ember.inductor.scheduler import MAX_RANDOM_DRAWS, Kernel, random_draws, schedule
+
+    xs = [torch.randn(16, 24) for _ in range(9)]
+    g = PrimGraph()
+    seed = g.input(SEED)
+    h, outs, expected = g.input(xs[0]), [], [xs[0]]
+    for i, x in enumerate(xs[1:]):
+        offset = 1000 * i
+        u = g(prims.philox_rand, tuple(x.shape), seed, offset, torch.float32, "cpu")
+        h = g(prims.add, h, g(prims.where, g(prims.lt, u, 0.9), g(prims.div, g.input(x), 0.9), 0.0))
+        outs.append(h)
+        mask = prims.philox_rand(tuple(x.shape), SEED, offset, torch.float32, "cpu") < 0.9
+        expected.append(expected[-1] + torch.where(mask, x / 0.9, 0.0))
+    g.output(*outs)
+    low = lower_graph(g.module(), list(g.inputs))
+    names = [o.name for o in low.outputs if hasattr(o, "name")]
+    kernels = [s for s in schedule(low.buffers, names) if isinstance(s, Kernel)]
+    draws = [sum(random_draws(m.node) for m in k.members) for k in kernels]
+    assert sum(draws) >= 8 and max(draws) <= MAX_RANDOM_DRAWS, draws
+    for got, want in zip(_run(g), expected[1:]):
+        torch.testing.assert_close(got, want)

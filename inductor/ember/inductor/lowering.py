@@ -57,8 +57,7 @@ from .loop_ir import (
 log = logging.getLogger("ember.inductor")
 _LOADED = re.compile(r"= load\((\w+),")  # a buffer read, in a body's sketch
 # Recomputing these in every reader costs more than storing and re-reading a (cached) row.
-TRANSCENDENTAL = ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sin", "cos", "expm1", "log1p",
-                  "philox")  # fmt: skip
+TRANSCENDENTAL = ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sin", "cos", "expm1", "log1p")
 LOWERINGS: dict[str, Callable] = {}
 _warned: set = set()
 

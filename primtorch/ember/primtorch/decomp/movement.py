@@ -396,6 +396,8 @@ def _embed(src, dim, size, start, step, value):
 
 def _scatter_slice(self, src, dim, start, step):
     src = convert(src, self.dtype)
+    if str(src.device) != str(self.device):  # a CPU scalar written into a CUDA tensor, as copy_
+        src = prims.device_put(src, self.device)
     size = self.shape[dim]
     zero = False if self.dtype is torch.bool else 0
     placed = _embed(src, dim, size, start, step, zero)
