@@ -103,6 +103,21 @@ def test_looped_any_and_safe_softmax_compile(triton_kernels, monkeypatch):
 
 
 
+def test_a_column_written_through_a_select_compiles(triton_kernels):
+    """x[:, 0] = v: select_scatter's mask is a padded constant True, a masked bool whose value
+    Triton would take as an int32 (a where's condition must be int1: an error on sm_90)."""
+    from ember.primtorch import trace_to_prims
+
+    def f(x):
+        return torch.select_scatter(x, torch.full((4,), -1.0), 1, 0) * 2
+
+    x = torch.randn(4, 6)
+    out = pipeline.compile_prims(trace_to_prims(f, x), [x])(x)
+    torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, f(x))
+    failures = triton_aot.check_kernels(triton_kernels.values())
+    assert not failures, "\n\n".join(failures[:2])
+
+
 @pytest.mark.parametrize("persistent_max", [4096, 8], ids=["persistent", "looped"])
 def test_products_signbits_and_constant_stores(triton_kernels, monkeypatch, persistent_max):
     """Found by op_db through the interpreter: a product reduction (Triton has none: tl.reduce

@@ -245,6 +245,8 @@ class TritonRenderer(Renderer):
             self.mask_stack.pop()
             self.cse = saved
         text = f"tl.where({mask}, {result}, {tl_constant(other, result.dtype)})"
+        if result.dtype == torch.bool:  # a bool constant is a Python int: keep an int1 value
+            text = f"({text} != 0)"
         key = self.masked_key(first_local, "\n".join(self.lines[first_line:] + [text]))
         if key in self.cse:  # the same masked read rendered before: drop this copy's lines
             del self.lines[first_line:]
