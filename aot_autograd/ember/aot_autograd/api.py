@@ -143,6 +143,8 @@ class AOTFunction:
             self.last_graphs = {"joint": traced.gm, "forward": fw_gm, "backward": bw_gm}
             for part, gm in (("forward", fw_gm), ("backward", bw_gm)):
                 gm.meta["ember_training"] = part  # a compiler may lay training graphs out apart
+            # the forward's outputs past these are what it saves for the backward
+            fw_gm.meta["ember_num_fw_outputs"] = traced.plan.num_fw_outputs
             with progress.stage("forward graph compile"):
                 forward = self.fw_compiler(fw_gm, example)
             env = self.symbolic[1] if self.symbolic is not None else None

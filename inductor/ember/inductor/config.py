@@ -11,6 +11,7 @@ Overrides (read once at import):
   EMBER_LOGS=output_code          print each generated wrapper and its kernels
   EMBER_CONV_CHANNELS_LAST=0|1|auto  `conv_channels_last`
   EMBER_CUDAGRAPHS=0|1|auto       `cudagraphs`: replay CUDA inference graphs from CUDA graphs
+  EMBER_CUDAGRAPHS_TRAINING=0|1|auto  `cudagraphs_training`: ... and training graphs
   EMBER_PAD_MM=0|1|auto           `pad_mm`
   EMBER_CONV_BIAS_EPILOGUE=0|1|auto  `conv_bias_epilogue`
   EMBER_SPLIT_REDUCTIONS=0|1|auto  `split_reductions`
@@ -62,6 +63,9 @@ class Config:
     conv_channels_last: Union[bool, str] = "auto"
     # CUDA graphs for inference graphs with static sizes on CUDA (cudagraphs.py): "auto" = on
     cudagraphs: Union[bool, str] = "auto"
+    # ... and for training graphs (forward and backward; their saved activations and gradients
+    # are not copied, see cudagraphs.py): "auto" = on CUDA (when `cudagraphs` is not off)
+    cudagraphs_training: Union[bool, str] = "auto"
     # fp16/bf16/fp32 mm and addmm whose output rows are not 16-byte aligned (a vocabulary of
     # 50257 columns) multiply a zero-padded operand into aligned rows and read the first columns
     # back through a view: cuBLAS has only slow kernels for unaligned rows. "auto": on CUDA;
@@ -123,6 +127,7 @@ class Config:
 
 # The "auto" / True / False switches and the variables that set them.
 _SWITCHES = (("EMBER_CONV_CHANNELS_LAST", "conv_channels_last"), ("EMBER_CUDAGRAPHS", "cudagraphs"),
+             ("EMBER_CUDAGRAPHS_TRAINING", "cudagraphs_training"),
              ("EMBER_PAD_MM", "pad_mm"), ("EMBER_CONV_BIAS_EPILOGUE", "conv_bias_epilogue"),
              ("EMBER_SPLIT_REDUCTIONS", "split_reductions"),
              ("EMBER_CPU_FLASH_ATTENTION", "cpu_flash_attention"),
@@ -188,6 +193,7 @@ def fingerprint() -> str:
     fields = dataclasses.asdict(config)
     fields.pop("output_code")
     fields.pop("cudagraphs")  # how a program is run, not what it is
+    fields.pop("cudagraphs_training")
     fields.pop("fx_cache")  # which cache levels are on does not change what a compile makes
     fields.pop("triton_binaries")
     return repr(sorted(fields.items()))

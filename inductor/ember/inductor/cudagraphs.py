@@ -19,6 +19,18 @@ graph records the launches of one call and replays them with one driver call.
 - Calls take turns (a lock), and each replay's stream waits for the previous replay's output
   copies: threads or streams sharing a compiled model share the graph's tensors.
 
+Training graphs (`alias_from`): a forward's outputs past its first `alias_from` (the activations
+it saves for the backward) and all of a backward's (the gradients) are not copied: each call
+returns new tensors over the graph's own memory, which the next replay overwrites. So a replay
+first checks that no tensor over that memory is left (the backward has consumed the saved
+activations, the optimizer has dropped the gradients): a graph's storages are used by nothing
+but the graph. If one is still held (gradients accumulated over several backwards, a second
+forward before the first's backward), the call runs the wrapper plainly: fresh memory, as
+without graphs. Forward and backward share one memory pool; a graph captured later may hold
+its outputs where an earlier one keeps temporaries, so before a replay the outputs of every
+graph captured after it must be free too. A saved activation that is a graph's output is an
+input the backward's graph reads in place, never a copy.
+
 `GraphsBySize` does the same for a program with symbolic sizes: one `GraphedCall` per set of
 sizes and strides of the arguments with symbolic sizes (and of the integer arguments), up to
 `MAX_SIZES` of them; calls with other sizes run the wrapper. The graphs share one memory pool, one lock and one ordering
@@ -63,10 +75,17 @@ class _Shared:
         self.lock = threading.RLock()  # a replay may capture again
         self.done = None
         self.pool = None  # None: a pool of the graph's own
+        self.graphs: list = []  # training graphs with aliased outputs, in capture order
+        self.static: set = set()  # addresses of those outputs (inputs read in place)
 
 
 def _storage(t) -> int:
     return t.untyped_storage().data_ptr()
+
+
+def _use_count(storage) -> int:
+    """How many tensors (and storage objects) hold `storage`."""
+    return torch._C._storage_Use_Count(storage._cdata)
 
 
 _SIDE_STREAMS: dict = {}  # device index -> the one stream captures warm up on
@@ -86,9 +105,12 @@ def _side_stream(device) -> "torch.cuda.Stream":
 class GraphedCall:
     """`call(args: list) -> outputs` of one compiled wrapper, replayed from a CUDA graph."""
 
-    def __init__(self, run, shared=None):
+    def __init__(self, run, shared=None, alias_from=None):
         self.run = run
         self.shared = shared or _Shared()
+        self.alias_from = alias_from  # training: outputs from here on are not copied (module doc)
+        self.kept: list = []  # (position, storage, use count when nothing else holds it)
+        self.through: dict = {}  # output position -> (input position, sizes, strides, offset)
         self.calls = 0
         self.seen = None  # the address of each argument at the last plain call
         self.moving: set = set()  # arguments seen at another address than at capture
@@ -125,7 +147,9 @@ class GraphedCall:
 
     def _capture(self, args: list, ptrs: list):
         self.captures += 1
-        fixed = [p == q and i not in self.moving for i, (p, q) in enumerate(zip(ptrs, self.seen))]
+        static = self.shared.static
+        fixed = [(p == q or p in static) and i not in self.moving
+                 for i, (p, q) in enumerate(zip(ptrs, self.seen))]  # fmt: skip
         inputs = [a if f else torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
                   for a, f in zip(args, fixed)]  # fmt: skip
         for a, s, f in zip(args, inputs, fixed):
@@ -144,17 +168,52 @@ class GraphedCall:
             self._give_up(f"capture failed: {type(e).__name__}: {e}")
             torch.cuda.synchronize()
             return self.run(args)
-        held = {_storage(s) for s in inputs if isinstance(s, torch.Tensor)}
-        storages = [_storage(o) for o in outs if isinstance(o, torch.Tensor)]
-        if set(storages) & held or len(set(storages)) < len(storages):
-            # an output is (a view of) an input or of another output: copies would break that
-            self._give_up("an output aliases an input or another output")
+        if self.alias_from is None:
+            held = {_storage(s) for s in inputs if isinstance(s, torch.Tensor)}
+            storages = [_storage(o) for o in outs if isinstance(o, torch.Tensor)]
+            if set(storages) & held or len(set(storages)) < len(storages):
+                # an output is (a view of) an input or of another output: copies would break it
+                self._give_up("an output aliases an input or another output")
+                return self.run(args)
+        elif not self._plan_aliases(inputs, fixed, outs):
             return self.run(args)
         self.graph, self.outs = graph, outs
-        self.inputs = inputs
+        # the graph reads the fixed inputs where they are: holding them here would also hold a
+        # forward's saved activations (a backward's inputs), which its replays wait to be free
+        self.inputs = [None if f else s for s, f in zip(inputs, fixed)]
         self.copied = [i for i, f in enumerate(fixed) if not f]
         self.fixed = [(i, ptrs[i]) for i, f in enumerate(fixed) if f]
         return self._replay(args)
+
+    def _plan_aliases(self, inputs, fixed, outs) -> bool:
+        """A training graph's outputs: a fixed input (or a view of one) a forward returns to save
+        it is returned as the caller's tensor, anything else from `alias_from` on over the
+        graph's memory, kept free before each replay. False (graph given up): too much to copy
+        in, or an output of the forward's own that is an input."""
+        sizes = [a.numel() * a.element_size() for a in inputs if isinstance(a, torch.Tensor)]
+        copied = sum(n for n, f in zip(sizes, fixed) if not f)
+        if copied > sum(sizes) // 2:
+            # a backward whose forward ran plainly would copy every saved activation in
+            self._give_up("a training graph whose inputs are mostly copies")
+            return False
+        by_storage = {_storage(a): j for j, a in enumerate(inputs)
+                      if isinstance(a, torch.Tensor) and fixed[j]}  # fmt: skip
+        self.through, kept = {}, []
+        for i, o in enumerate(outs):
+            if not isinstance(o, torch.Tensor):
+                continue
+            j = by_storage.get(_storage(o))
+            if j is not None:
+                if i < self.alias_from:
+                    self._give_up("a training graph's output that is its input")
+                    return False
+                self.through[i] = (j, tuple(o.shape), o.stride(), o.storage_offset())
+            elif i >= self.alias_from:
+                kept.append((i, o.untyped_storage()))
+        self.kept = [(i, st, _use_count(st)) for i, st in kept]
+        self.shared.graphs.append(self)
+        self.shared.static.update(outs[i].data_ptr() for i, _, _ in self.kept)
+        return True
 
     def _replay(self, args: list):
         # In order on the GPU too: a replay on another stream must not copy its inputs in
@@ -168,7 +227,16 @@ class GraphedCall:
 
     def _replay_in_order(self, args: list):
         moved = [i for i, p in self.fixed if _ptr(args[i]) != p]
+        if self.alias_from is not None and (
+            not self._free() or any(p in self.shared.static for i, p in self.fixed if i in moved)
+        ):
+            # memory still held, or a saved activation from a forward that ran plainly: fresh
+            # memory this once (module doc)
+            metrics.cudagraph_plain_calls += 1
+            return self.run(args)
         if moved:  # the graph reads these at their old addresses
+            if self in self.shared.graphs:  # captured again below, with new outputs
+                self.shared.graphs.remove(self)
             self.graph = self.outs = self.inputs = None
             self.moving.update(moved)
             if self.captures > RECAPTURES:
@@ -178,10 +246,23 @@ class GraphedCall:
         inputs = self.inputs
         for i in self.copied:
             inputs[i].copy_(args[i])
+        through = {i: args[j].as_strided(*how) for i, (j, *how) in self.through.items()}
         args.clear()  # as the wrapper does: the caller's references are the only ones left
         self.graph.replay()
         metrics.cudagraph_replays += 1
-        return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outs]
+        copied = self.outs[: self.alias_from]
+        outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in copied]
+        if self.alias_from is not None:  # the rest as new tensors over the graph's memory
+            outs += [through[i] if i in through else o.detach() if isinstance(o, torch.Tensor)
+                     else o for i, o in enumerate(self.outs) if i >= self.alias_from]  # fmt: skip
+        return outs
+
+    def _free(self) -> bool:
+        """Whether this graph's aliased outputs, and those of every graph captured after it in
+        the same pool, are held by nothing but the graphs (module doc)."""
+        graphs = self.shared.graphs
+        later = graphs[graphs.index(self):] if self in graphs else [self]
+        return all(_use_count(st) == base for g in later for _, st, base in g.kept)
 
 
 def varying_inputs(art) -> tuple:

@@ -186,6 +186,8 @@ class FxGraphCache:
         self.context = "\n".join([options, fingerprint(), repr(partition_config),
                                   source_fingerprint()])  # fmt: skip
         self.rebuild = rebuild
+        # what a hit does with the programs it rebuilt (compile_fx: their CUDA graphs)
+        self.on_load: Callable = lambda plan, compiled: None
         # Of the compile under way: its key (None: not cacheable) and the (compiled callable,
         # CompiledGraph) pairs made so far.
         self._key: Optional[str] = None
@@ -242,8 +244,7 @@ class FxGraphCache:
             metrics.fx_cache_misses += 1
             return None
         metrics.fx_cache_hits += 1
-        if len(compiled) == 1 and hasattr(compiled[0], "use_cudagraphs"):
-            compiled[0].use_cudagraphs()  # one program: an inference graph
+        self.on_load(plan, compiled)
         return plan, compiled
 
     def store(self, flat: list, in_spec, plan, compiled: list) -> None:

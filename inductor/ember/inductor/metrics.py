@@ -7,6 +7,7 @@ fx_cache_hits = 0  # the torch-level cache (fx_cache.py): a hit skips tracing an
 fx_cache_misses = 0
 fallbacks: list = []
 cudagraph_replays = 0  # calls of compiled graphs replayed from a CUDA graph (cudagraphs.py)
+cudagraph_plain_calls = 0  # training calls run plainly while a graph's memory was still held
 triton_binaries_loaded = 0  # Triton kernels launched from a stored binary (triton_binaries.py)
 gemm_templates = 0  # matmuls compiled as generated templates (max-autotune: gemm_template.py)
 gemm_autotune_runs = 0  # matmul choices timed in a subprocess (autotune.py)
@@ -17,10 +18,10 @@ cudagraph_skips: list = []  # why a program's CUDA graph was given up, one line 
 def reset() -> None:
     """Zero every counter."""
     global generated_kernel_count, cache_hits, cache_misses, fx_cache_hits, fx_cache_misses
-    global cudagraph_replays, triton_binaries_loaded
+    global cudagraph_replays, cudagraph_plain_calls, triton_binaries_loaded
     global gemm_templates, gemm_autotune_runs, gemm_autotune_hits
     gemm_templates = gemm_autotune_runs = gemm_autotune_hits = 0
     generated_kernel_count = cache_hits = cache_misses = fx_cache_hits = fx_cache_misses = 0
-    cudagraph_replays = triton_binaries_loaded = 0
+    cudagraph_replays = cudagraph_plain_calls = triton_binaries_loaded = 0
     cudagraph_skips.clear()
     fallbacks.clear()

@@ -33,8 +33,9 @@ from . import (
 )
 from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs
-from .config import config
-from .cudagraphs import MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize, host_work, varying_inputs
+from .config import config, on_for
+from .cudagraphs import (MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize, _Shared, host_work,
+                         varying_inputs)  # fmt: skip
 from .device_constants import fold_device_constants
 from .loop_ir import TemplateBuffer, verify
 from .lowering import lower_graph
@@ -51,8 +52,8 @@ log = logging.getLogger("ember.inductor")
 CPP_WRAPPER_LOADER = "ember.cpp_wrapper:load_artifact"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MODES_TEXT = """What each mode does in Ember (the names torch's compiler uses):
-- None / "default": static-size inference graphs on CUDA replay from CUDA graphs (config.cudagraphs
-  "auto"; training graphs are not graphed); Triton block sizes are autotuned among a few
+- None / "default": static-size inference and training graphs on CUDA replay from CUDA graphs
+  (config.cudagraphs and config.cudagraphs_training "auto"); Triton block sizes are autotuned among a few
   candidates on the first call and remembered on disk.
 - "reduce-overhead": the same as the default: Ember's default already replays CUDA graphs, which
   is what this mode turns on in torch.
@@ -97,12 +98,32 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
 
     graphs = mode != "max-autotune-no-cudagraphs"  # see MODES_TEXT
 
+    shared = _Shared()  # the memory pool and lock of this graph's forward and backward
+
+    def replay(compiled, part=None, num_fw_outputs=0):
+        use_cudagraphs = getattr(compiled, "use_cudagraphs", None)
+        if not graphs or use_cudagraphs is None:
+            return
+        if not part:
+            use_cudagraphs()  # an inference graph
+        elif on_for(config.cudagraphs_training, "cuda"):  # use_cudagraphs checks the device
+            # the forward's own outputs are copied; what it saves and every gradient is not
+            use_cudagraphs(shared=shared, alias_from=num_fw_outputs if part == "forward" else 0)
+
     def compiler(gm, inputs):
         compiled = compile_graph(gm, inputs)
-        use_cudagraphs = getattr(compiled, "use_cudagraphs", None)
-        if graphs and use_cudagraphs is not None and not gm.meta.get("ember_training"):
-            use_cudagraphs()  # an inference graph
+        replay(compiled, gm.meta.get("ember_training"), gm.meta.get("ember_num_fw_outputs", 0))
         return compiled
+
+    def cached(plan, compiled):  # the same programs, read from the torch-level cache
+        if len(compiled) == 1:
+            replay(compiled[0])
+        else:
+            replay(compiled[0], "forward", plan.num_fw_outputs)
+            replay(compiled[1], "backward")
+
+    if runtime_cache is not None:
+        runtime_cache.on_load = cached
 
     return aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler,
                                  bw_compiler=compiler, runtime_cache=runtime_cache)  # fmt: skip
@@ -413,11 +434,11 @@ class CompiledGraph:
         self._call = self._graphed or self._run
         return self._call(args)
 
-    def use_cudagraphs(self) -> None:
+    def use_cudagraphs(self, shared=None, alias_from=None) -> None:
         """Replay this program from a CUDA graph (cudagraphs.py) when config.cudagraphs allows
-        and it runs on CUDA (with symbolic sizes: a graph per set of sizes). For inference graphs
-        only: a training forward's outputs (the saved activations) would be copied on every
-        call."""
+        and it runs on CUDA (with symbolic sizes: a graph per set of sizes). A training graph
+        (`alias_from`: outputs from there on are returned over the graph's memory, `shared`:
+        the pool its forward and backward share) has static sizes only."""
         mode = config.cudagraphs
         if mode is False or mode in ("0", "off", "false") or self._graphed is not None:
             return
@@ -429,7 +450,13 @@ class CompiledGraph:
         if sum(s.kind in ("kernel", "extern") for s in art.steps) < MIN_GRAPHED_STEPS:
             return  # a replay, the input copies and the output copies cost more than they save
         if art.symbols:
+            if alias_from is not None:
+                return  # a graph per size would keep each size's activations and gradients
             self._graphed = GraphsBySize(self._run, varying_inputs(art))
+        elif alias_from is not None:
+            if shared.pool is None:
+                shared.pool = torch.cuda.graph_pool_handle()
+            self._graphed = GraphedCall(self._run, shared, alias_from)
         else:
             self._graphed = GraphedCall(self._run)
         if self._call is self._run:

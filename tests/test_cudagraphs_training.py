@@ -1,0 +1,115 @@
+"""Training graphs replay from CUDA graphs (inductor cudagraphs.py, `alias_from`): the forward's
+saved activations and the backward's gradients come back over the graphs' own memory, so every
+training loop shape must still give eager's parameters: a plain loop, gradients accumulated over
+several backwards, two forwards before one backward, a caller that keeps last step's outputs, and
+dropout's mask agreeing between forward and backward. Skipped without CUDA."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import ember
+from ember.inductor import metrics
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _mlp():
+    torch.manual_seed(0)
+    layers = [nn.Linear(64, 128)]
+    for _ in range(4):
+        layers += [nn.GELU(), nn.LayerNorm(128), nn.Linear(128, 128)]
+    return nn.Sequential(*layers, nn.Linear(128, 8)).cuda()
+
+
+def _batches(n):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    return [torch.randn(32, 64, device="cuda", generator=g) for _ in range(n)]
+
+
+def _train(model, batches, *, accumulate=1, keep_outputs=False):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    kept = []
+    for i, x in enumerate(batches):
+        out = model(x)
+        if keep_outputs:
+            kept.append(out)  # the caller's: later replays must not change them
+        (out.square().mean() / accumulate).backward()
+        if (i + 1) % accumulate == 0:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return kept
+
+
+def _same_parameters(a, b):
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, atol=2e-5, rtol=2e-4)
+
+
+def test_a_training_loop_replays_and_matches_eager():
+    eager = _mlp()
+    compiled_model = copy.deepcopy(eager)
+    metrics.reset()
+    _train(ember.compile(compiled_model), _batches(8))
+    _train(eager, _batches(8))
+    _same_parameters(compiled_model, eager)
+    assert metrics.cudagraph_replays >= 8, metrics.cudagraph_skips  # forward and backward
+
+
+def test_gradients_accumulated_over_backwards_are_not_overwritten():
+    # .grad holds the first backward's gradients while the second runs: that call runs plainly
+    eager = _mlp()
+    compiled_model = copy.deepcopy(eager)
+    metrics.reset()
+    _train(ember.compile(compiled_model), _batches(12), accumulate=3)
+    _train(eager, _batches(12), accumulate=3)
+    _same_parameters(compiled_model, eager)
+    assert metrics.cudagraph_plain_calls > 0
+
+
+def test_outputs_the_caller_keeps_stay_its_own():
+    eager = _mlp()
+    compiled_model = copy.deepcopy(eager)
+    got = _train(ember.compile(compiled_model), _batches(6), keep_outputs=True)
+    want = _train(eager, _batches(6), keep_outputs=True)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=2e-5, rtol=2e-4)
+
+
+def test_two_forwards_before_one_backward():
+    # the first forward's saved activations are still held when the second forward runs
+    eager = _mlp()
+    compiled_model = copy.deepcopy(eager)
+    compiled = ember.compile(compiled_model)
+    for model in (compiled, eager):
+        opt = torch.optim.SGD((compiled_model if model is compiled else eager).parameters(), 0.05)
+        batches = _batches(10)
+        for a, b in zip(batches[::2], batches[1::2]):
+            (model(a).square().mean() - model(b).mean()).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    _same_parameters(compiled_model, eager)
+
+
+def test_dropout_masks_agree_between_replayed_forward_and_backward(monkeypatch):
+    from ember.inductor import pipeline
+
+    monkeypatch.setattr(pipeline, "MIN_GRAPHED_STEPS", 1)  # graph even this one-kernel program
+    drop = ember.compile(lambda t: nn.functional.dropout(t, 0.5, training=True) * 1.0)
+    metrics.reset()
+    masks = []
+    for _ in range(6):
+        x = torch.randn(4096, device="cuda", requires_grad=True)
+        out = drop(x)
+        out.sum().backward()
+        kept = (out != 0).float()
+        assert 0.45 < kept.mean().item() < 0.55
+        torch.testing.assert_close(x.grad, kept * 2)
+        masks.append(kept)
+    assert not torch.equal(masks[-1], masks[-2])  # each call draws anew
+    assert metrics.cudagraph_replays > 0, metrics.cudagraph_skips
