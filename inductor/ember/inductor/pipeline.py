@@ -53,8 +53,8 @@ CPP_WRAPPER_LOADER = "ember.cpp_wrapper:load_artifact"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MODES_TEXT = """What each mode does in Ember (the names torch's compiler uses):
 - None / "default": static-size inference and training graphs on CUDA replay from CUDA graphs
-  (config.cudagraphs and config.cudagraphs_training "auto"); Triton block sizes are autotuned among a few
-  candidates on the first call and remembered on disk.
+  (config.cudagraphs and config.cudagraphs_training "auto"); Triton block sizes are autotuned
+  among a few candidates on the first call and remembered on disk.
 - "reduce-overhead": the same as the default: Ember's default already replays CUDA graphs, which
   is what this mode turns on in torch.
 - "max-autotune": as the default, and on CUDA each matmul with static sizes (mm, addmm, bmm,
