@@ -2,6 +2,7 @@
 
 import operator
 
+import pytest
 import torch
 from ember.inductor.cudagraphs import host_work
 from ember.inductor.lowering import lower_graph
@@ -116,20 +117,22 @@ def test_cpu_work_in_a_gpu_graph_runs_eagerly_and_is_not_graphed():
     assert host_work(art)
 
 
-def test_flash_attentions_host_seed_keeps_a_program_graphed():
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_flash_attentions_host_seed_keeps_a_program_graphed_without_dropout(dropout):
     # The memory-efficient kernel returns its philox seed and offset on the host, but it runs on
-    # the GPU: its program is still replayed from a CUDA graph.
+    # the GPU: without dropout (the seed unused) its program is still replayed from a CUDA
+    # graph; with dropout every replay would return the capture's seed, which the backward reads.
     g = PrimGraph()
     q, k, v = (g.input(_blhe(2, 3, 16, 8)) for _ in range(3))
     for node, t in zip((q, k, v), g.inputs):
         node.meta[NODE_META_KEY] = _on("cuda:0", t)
-    res = g(prims.extern.sdpa_efficient, q, k, v, None, False, 0.0, False, scale=0.125)
+    res = g(prims.extern.sdpa_efficient, q, k, v, None, True, dropout, False, scale=0.125)
     out, seed = (g.graph.call_function(operator.getitem, (res, i)) for i in (0, 2))
     out.meta[NODE_META_KEY], seed.meta[NODE_META_KEY] = res.meta[NODE_META_KEY][0::2]
     g.output(g(prims.mul, out, 2.0), seed)  # (a training graph saves the seed for its backward)
     low, art = _artifact(g)
     assert any(str(b.meta.device) == "cpu" for b in art.buffers)  # the seed and offset
-    assert not host_work(art)
+    assert host_work(art) == (dropout > 0)
 
 
 def test_a_cpu_index_read_by_a_gpu_kernel_is_copied_to_the_gpu_first():

@@ -190,11 +190,12 @@ class GraphedCall:
         it is returned as the caller's tensor, anything else from `alias_from` on over the
         graph's memory, kept free before each replay. False (graph given up): too much to copy
         in, or an output of the forward's own that is an input."""
-        sizes = [a.numel() * a.element_size() for a in inputs if isinstance(a, torch.Tensor)]
+        sizes = [a.numel() * a.element_size() if isinstance(a, torch.Tensor) else 0
+                 for a in inputs]  # fmt: skip
         copied = sum(n for n, f in zip(sizes, fixed) if not f)
-        if copied > sum(sizes) // 2:
-            # a backward whose forward ran plainly would copy every saved activation in
-            self._give_up("a training graph whose inputs are mostly copies")
+        if self.alias_from == 0 and copied > sum(sizes) // 2:
+            # a backward whose forward is not replayed would copy every saved activation in
+            self._give_up("a backward whose inputs are mostly copies")
             return False
         by_storage = {_storage(a): j for j, a in enumerate(inputs)
                       if isinstance(a, torch.Tensor) and fixed[j]}  # fmt: skip
@@ -280,9 +281,10 @@ def host_work(art) -> bool:
     skip: an op whose results are all on the host (a scalar a model draws with torch.rand([])), a
     copy between devices (a CPU scalar a kernel reads), or a user operator or Triton kernel
     (extern.custom_op: Python code that may do host work, or launch on another stream). A GPU
-    op with a host result besides (flash attention's philox seed and offset) runs on the GPU
-    and is replayed; one that reads a host tensor (a CPU scalar an ATen kernel takes as eager
-    passes it) does not."""
+    op with a host result besides is one too: the result would be the one of the capture at
+    every replay (the memory-efficient attention's philox seed and offset, which its backward
+    reads), unless it is random-number state of a call without dropout (`_RNG_STATE`). So is
+    one that reads a host tensor (a CPU scalar an ATen kernel takes as eager passes it)."""
     devices = {b.name: str(b.meta.device) for b in art.buffers}
     for step in art.steps:
         if step.kind != "extern":
@@ -292,6 +294,8 @@ def host_work(art) -> bool:
         outs = {devices[o] for o in step.outputs if o in devices}
         if outs and str(art.device) not in outs:
             return True
+        if outs - {str(art.device)} and not _unused_rng_state(step):
+            return True
         # a host tensor an ATen kernel reads where it is (a CPU scalar): read at each call in
         # eager, it would be read once, when the graph was captured
         read = []
@@ -299,6 +303,20 @@ def host_work(art) -> bool:
         if any(devices.get(name, str(art.device)) != str(art.device) for name in read):
             return True
     return False
+
+
+# GPU ops whose host results are random-number state, unused without dropout: where their
+# dropout probability is among the positional arguments
+_RNG_STATE = {"extern.sdpa_efficient": 5}
+
+
+def _unused_rng_state(step) -> bool:
+    where = _RNG_STATE.get(step.target)
+    if where is None:
+        return False
+    args = list(step.args)
+    p = args[where] if len(args) > where else (step.kwargs or {}).get("dropout_p", 0.0)
+    return isinstance(p, (int, float)) and float(p) == 0.0
 
 
 class GraphsBySize:
