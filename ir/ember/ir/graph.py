@@ -1,7 +1,9 @@
 """The graph format: an fx.GraphModule of vocabulary ops, serialised losslessly.
 
 In process a graph is an `fx.GraphModule` whose call targets are vocabulary ops (or `getitem`) and
-whose values carry `TensorMeta` under `NODE_META_KEY`. Across processes it is a `GraphIR`.
+whose values carry `TensorMeta` under `NODE_META_KEY`. Across processes it is a `GraphIR`; the
+subgraphs of control-flow ops (`get_attr` nodes naming `fx.GraphModule` attributes) travel as
+named `SubgraphIR`s of the graph that references them, nested as deep as the control flow is.
 """
 
 from __future__ import annotations
@@ -33,13 +35,25 @@ class NodeIR:
 
 @schema_class
 @dataclasses.dataclass(frozen=True)
+class SubgraphIR:
+    """A graph that a `get_attr` node of the enclosing graph names (a control-flow op's body)."""
+
+    name: str
+    graph: GraphIR
+
+
+@schema_class
+@dataclasses.dataclass(frozen=True)
 class GraphIR:
-    """A whole graph: versions, the dynamic symbols it uses, and its nodes in order."""
+    """A whole graph: versions, the dynamic symbols it uses, its nodes in order, and the
+    subgraphs its `get_attr` nodes name (added to v1 before its release, with a default: a
+    document without them reads as a graph without subgraphs)."""
 
     ir_version: int
     opset_version: int
     symbols: tuple[SymbolSpec, ...]
     nodes: tuple[NodeIR, ...]
+    subgraphs: tuple[SubgraphIR, ...] = ()
 
 
 def _metas(node: fx.Node) -> tuple:
@@ -61,10 +75,19 @@ def _encode_arg(a):
 
 
 def graph_to_ir(gm: fx.GraphModule, symbols: tuple[SymbolSpec, ...] = ()) -> GraphIR:
-    """Serialise a graph of vocabulary ops (get_attr and call_module are not allowed)."""
-    nodes = []
+    """Serialise a graph of vocabulary ops. A `get_attr` node may name only a subgraph (an
+    `fx.GraphModule` attribute, serialised with it); call_module is not allowed."""
+    nodes, subgraphs = [], {}
     for n in gm.graph.nodes:
-        if n.op not in ("placeholder", "call_function", "output"):
+        if n.op == "get_attr":
+            sub = _attr(gm, n.target)
+            if not isinstance(sub, fx.GraphModule):
+                raise TypeError(f"node {n.name}: get_attr {n.target} names a "
+                                f"{type(sub).__name__}, not a subgraph; only subgraphs can cross "
+                                "a component boundary")  # fmt: skip
+            if n.target not in subgraphs:
+                subgraphs[n.target] = SubgraphIR(n.target, graph_to_ir(sub, symbols))
+        elif n.op not in ("placeholder", "call_function", "output"):
             raise TypeError(f"node {n.name}: opcode {n.op} cannot cross a component boundary")
         target = target_name(n.target) if n.op == "call_function" else str(n.target)
         nodes.append(
@@ -77,7 +100,15 @@ def graph_to_ir(gm: fx.GraphModule, symbols: tuple[SymbolSpec, ...] = ()) -> Gra
                 metas=_metas(n),
             )
         )
-    return GraphIR(IR_VERSION, OPSET_VERSION, tuple(symbols), tuple(nodes))
+    return GraphIR(IR_VERSION, OPSET_VERSION, tuple(symbols), tuple(nodes),
+                   tuple(subgraphs.values()))
+
+
+def _attr(gm: fx.GraphModule, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def graph_from_ir(g: GraphIR) -> fx.GraphModule:
@@ -86,6 +117,7 @@ def graph_from_ir(g: GraphIR) -> fx.GraphModule:
         raise ValueError(f"IR version {g.ir_version} is not readable (readable: {READABLE_VERSIONS})")
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
+    subgraphs = {s.name: graph_from_ir(s.graph) for s in g.subgraphs}
     for n in g.nodes:
         args = value_from_json(n.args, env.__getitem__)
         kwargs = dict(value_from_json(n.kwargs, env.__getitem__))
@@ -93,10 +125,15 @@ def graph_from_ir(g: GraphIR) -> fx.GraphModule:
             node = graph.placeholder(n.target)
         elif n.op == "output":
             node = graph.output(args[0])
+        elif n.op == "get_attr":
+            if n.target not in subgraphs:
+                raise ValueError(f"node {n.name}: get_attr {n.target} names no subgraph of the "
+                                 "serialised graph")  # fmt: skip
+            node = graph.get_attr(n.target)
         else:
             node = graph.call_function(resolve(n.target), tuple(args), kwargs)
         node.name = n.name
         if n.metas:
             node.meta[NODE_META_KEY] = n.metas[0] if len(n.metas) == 1 else n.metas
         env[n.name] = node
-    return fx.GraphModule({}, graph)
+    return fx.GraphModule(subgraphs, graph)
