@@ -67,8 +67,7 @@ def _program():
         c = g.call_function(control_flow.cond, (ps[2], g.get_attr("t"), g.get_attr("f"),
                                                 [ps[0], ps[1], ps[2], ps[3]]))  # fmt: skip
         m = g.call_function(control_flow.map, (g.get_attr("row"), [ps[0]], []))
-        return (g.call_function(operator.getitem, (c, 0)), g.call_function(operator.getitem, (c, 1)),
-                g.call_function(operator.getitem, (m, 0)))  # fmt: skip
+        return tuple(g.call_function(operator.getitem, (v, i)) for v, i in ((c, 0), (c, 1), (m, 0)))
 
     return _graph(4, main)
 
@@ -132,4 +131,11 @@ def test_get_attr_of_a_missing_subgraph_is_refused():
     data = ir.to_json(example_graph_ir())
     data["subgraphs"] = []
     with pytest.raises(ValueError, match="get_attr branch names no subgraph"):
+        ir.graph_from_ir(ir.from_json(ir.GraphIR, data))
+
+
+def test_a_subgraph_named_twice_in_the_document_is_refused():
+    data = ir.to_json(example_graph_ir())
+    data["subgraphs"] = data["subgraphs"] * 2
+    with pytest.raises(ValueError, match="subgraph branch appears twice"):
         ir.graph_from_ir(ir.from_json(ir.GraphIR, data))

@@ -117,7 +117,11 @@ def graph_from_ir(g: GraphIR) -> fx.GraphModule:
         raise ValueError(f"IR version {g.ir_version} is not readable (readable: {READABLE_VERSIONS})")
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
-    subgraphs = {s.name: graph_from_ir(s.graph) for s in g.subgraphs}
+    subgraphs = {}
+    for s in g.subgraphs:
+        if s.name in subgraphs:
+            raise ValueError(f"subgraph {s.name} appears twice in the serialised graph")
+        subgraphs[s.name] = graph_from_ir(s.graph)
     for n in g.nodes:
         args = value_from_json(n.args, env.__getitem__)
         kwargs = dict(value_from_json(n.kwargs, env.__getitem__))
