@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch.fx as fx
 
-from .codec import schema_class, value_from_json, value_to_json
+from .codec import OMIT_DEFAULT, schema_class, value_from_json, value_to_json
 from .meta import NODE_META_KEY, TensorMeta
 from .ops import OPSET_VERSION, resolve, target_name
 from .symbols import SymbolSpec
@@ -47,13 +47,14 @@ class SubgraphIR:
 class GraphIR:
     """A whole graph: versions, the dynamic symbols it uses, its nodes in order, and the
     subgraphs its `get_attr` nodes name (added to v1 before its release, with a default: a
-    document without them reads as a graph without subgraphs)."""
+    document without them reads as a graph without subgraphs, and a graph without them is
+    written as before, so readers older than the field read it)."""
 
     ir_version: int
     opset_version: int
     symbols: tuple[SymbolSpec, ...]
     nodes: tuple[NodeIR, ...]
-    subgraphs: tuple[SubgraphIR, ...] = ()
+    subgraphs: tuple[SubgraphIR, ...] = dataclasses.field(default=(), metadata=OMIT_DEFAULT)
 
 
 def _metas(node: fx.Node) -> tuple:
