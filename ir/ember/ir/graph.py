@@ -83,9 +83,9 @@ def graph_to_ir(gm: fx.GraphModule, symbols: tuple[SymbolSpec, ...] = ()) -> Gra
         if n.op == "get_attr":
             sub = _attr(gm, n.target)
             if not isinstance(sub, fx.GraphModule):
-                raise TypeError(f"node {n.name}: get_attr {n.target} names a "
-                                f"{type(sub).__name__}, not a subgraph; only subgraphs can cross "
-                                "a component boundary")  # fmt: skip
+                what = "nothing" if sub is None else f"a {type(sub).__name__}"
+                raise TypeError(f"node {n.name}: get_attr {n.target} names {what}, not a "
+                                "subgraph; only subgraphs can cross a component boundary")
             if n.target not in subgraphs:
                 subgraphs[n.target] = SubgraphIR(n.target, graph_to_ir(sub, symbols))
         elif n.op not in ("placeholder", "call_function", "output"):
