@@ -126,10 +126,15 @@ class PiecewiseProgram:
     @property
     def artifact(self):
         # What ember.cpp_wrapper reads to run or package a compiled graph: there is none to give.
+        # The artifact format has no control-flow step (the host reading a predicate, then
+        # launching one subgraph's kernels, or a loop's until its condition fails).
         raise NotImplementedError(
             "a program with control flow (torch.cond, torch.while_loop, map) runs in pieces from "
             "Python and has no single CompiledArtifact yet: the C++ wrapper cannot run or "
-            "package it; run it in process (ExportedProgram, ember.compile)"
+            "package it, because the CompiledArtifact has no control-flow steps (a predicate read "
+            "on the host choosing which subgraph's kernels run). Run it in process instead "
+            "(ExportedProgram, ember.compile); ExportedProgram.save and "
+            "ember.dynamo.load_exported keep it, subgraphs included"
         )
 
 

@@ -5,7 +5,8 @@ then the constants: parameters and buffers), the constant tensors, and how the u
 and results map onto the graph's flat inputs and outputs. It serialises in the IR schema:
 
     PATH/
-      program.json    format and versions, the graph as `ember.ir.GraphIR`, input/output and
+      program.json    format and versions, the graph as `ember.ir.GraphIR` (control-flow
+                      subgraphs included, as GraphIR.subgraphs), input/output and
                       constant names with their `TensorMeta` (sizes may be expressions over the
                       dynamic-size symbols, listed as `SymbolSpec`s under "symbols"), the
                       argument/result structures (pytree specs), and where each constant lies

@@ -165,10 +165,16 @@ def _type_hints(cls) -> dict:
     return typing.get_type_hints(cls)
 
 
+# Field metadata of an additive field: left out of the JSON while it holds its default, so a
+# document that does not use the addition reads in the readers that predate it.
+OMIT_DEFAULT = {"omit_default": True}
+
+
 def to_json(obj) -> dict:
     """A schema dataclass instance as a JSON-ready dict."""
     hints = _type_hints(type(obj))
-    return {f.name: _encode(hints[f.name], getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return {f.name: _encode(hints[f.name], getattr(obj, f.name)) for f in dataclasses.fields(obj)
+            if not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)}
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import torch
 
 from .artifact import BufferIR, CompiledArtifact, KernelIR, StepIR, new_artifact
 from .codec import to_json
-from .graph import GraphIR, NodeIR
+from .graph import GraphIR, NodeIR, SubgraphIR
 from .meta import TensorMeta
 from .schema import GOLDEN_DIR
 from .symbols import FloorDiv, SymbolSpec, sym
@@ -45,16 +45,34 @@ def example_artifact() -> CompiledArtifact:
 
 
 def example_graph_ir() -> GraphIR:
+    """A graph whose control.cond names a subgraph (both branches the same one)."""
     meta = TensorMeta(torch.float32, (4,), (1,))
+    pred = TensorMeta(torch.bool, (), ())
+    none = {"tuple": []}
+    branch = GraphIR(
+        ir_version=IR_VERSION,
+        opset_version=1,
+        symbols=(),
+        nodes=(
+            NodeIR("a", "placeholder", "a", none, none, (meta,)),
+            NodeIR("output", "output", "output", {"tuple": [{"tuple": [{"node": "a"}]}]}, none, ()),
+        ),
+    )
     return GraphIR(
         ir_version=IR_VERSION,
         opset_version=1,
         symbols=(),
         nodes=(
-            NodeIR("x", "placeholder", "x", {"tuple": []}, {"tuple": []}, (meta,)),
-            NodeIR("y", "call_function", "getitem", {"tuple": [{"node": "x"}, 0]}, {"tuple": []}, ()),
-            NodeIR("output", "output", "output", {"tuple": [{"node": "y"}]}, {"tuple": []}, ()),
+            NodeIR("x", "placeholder", "x", none, none, (meta,)),
+            NodeIR("p", "placeholder", "p", none, none, (pred,)),
+            NodeIR("branch", "get_attr", "branch", none, none, ()),
+            NodeIR("c", "call_function", "control.cond",
+                   {"tuple": [{"node": "p"}, {"node": "branch"}, {"node": "branch"},
+                              [{"node": "x"}]]}, none, (meta,)),  # fmt: skip
+            NodeIR("y", "call_function", "getitem", {"tuple": [{"node": "c"}, 0]}, none, (meta,)),
+            NodeIR("output", "output", "output", {"tuple": [{"tuple": [{"node": "y"}]}]}, none, ()),
         ),
+        subgraphs=(SubgraphIR("branch", branch),),
     )
 
 

@@ -1,7 +1,9 @@
 """The graph format: an fx.GraphModule of vocabulary ops, serialised losslessly.
 
 In process a graph is an `fx.GraphModule` whose call targets are vocabulary ops (or `getitem`) and
-whose values carry `TensorMeta` under `NODE_META_KEY`. Across processes it is a `GraphIR`.
+whose values carry `TensorMeta` under `NODE_META_KEY`. Across processes it is a `GraphIR`; the
+subgraphs of control-flow ops (`get_attr` nodes naming `fx.GraphModule` attributes) travel as
+named `SubgraphIR`s of the graph that references them, nested as deep as the control flow is.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any, Optional
 
 import torch.fx as fx
 
-from .codec import schema_class, value_from_json, value_to_json
+from .codec import OMIT_DEFAULT, schema_class, value_from_json, value_to_json
 from .meta import NODE_META_KEY, TensorMeta
 from .ops import OPSET_VERSION, resolve, target_name
 from .symbols import SymbolSpec
@@ -33,13 +35,26 @@ class NodeIR:
 
 @schema_class
 @dataclasses.dataclass(frozen=True)
+class SubgraphIR:
+    """A graph that a `get_attr` node of the enclosing graph names (a control-flow op's body)."""
+
+    name: str
+    graph: GraphIR
+
+
+@schema_class
+@dataclasses.dataclass(frozen=True)
 class GraphIR:
-    """A whole graph: versions, the dynamic symbols it uses, and its nodes in order."""
+    """A whole graph: versions, the dynamic symbols it uses, its nodes in order, and the
+    subgraphs its `get_attr` nodes name (added to v1 before its release, with a default: a
+    document without them reads as a graph without subgraphs, and a graph without them is
+    written as before, so readers older than the field read it)."""
 
     ir_version: int
     opset_version: int
     symbols: tuple[SymbolSpec, ...]
     nodes: tuple[NodeIR, ...]
+    subgraphs: tuple[SubgraphIR, ...] = dataclasses.field(default=(), metadata=OMIT_DEFAULT)
 
 
 def _metas(node: fx.Node) -> tuple:
@@ -61,10 +76,19 @@ def _encode_arg(a):
 
 
 def graph_to_ir(gm: fx.GraphModule, symbols: tuple[SymbolSpec, ...] = ()) -> GraphIR:
-    """Serialise a graph of vocabulary ops (get_attr and call_module are not allowed)."""
-    nodes = []
+    """Serialise a graph of vocabulary ops. A `get_attr` node may name only a subgraph (an
+    `fx.GraphModule` attribute, serialised with it); call_module is not allowed."""
+    nodes, subgraphs = [], {}
     for n in gm.graph.nodes:
-        if n.op not in ("placeholder", "call_function", "output"):
+        if n.op == "get_attr":
+            sub = _attr(gm, n.target)
+            if not isinstance(sub, fx.GraphModule):
+                what = "nothing" if sub is None else f"a {type(sub).__name__}"
+                raise TypeError(f"node {n.name}: get_attr {n.target} names {what}, not a "
+                                "subgraph; only subgraphs can cross a component boundary")
+            if n.target not in subgraphs:
+                subgraphs[n.target] = SubgraphIR(n.target, graph_to_ir(sub, symbols))
+        elif n.op not in ("placeholder", "call_function", "output"):
             raise TypeError(f"node {n.name}: opcode {n.op} cannot cross a component boundary")
         target = target_name(n.target) if n.op == "call_function" else str(n.target)
         nodes.append(
@@ -77,7 +101,15 @@ def graph_to_ir(gm: fx.GraphModule, symbols: tuple[SymbolSpec, ...] = ()) -> Gra
                 metas=_metas(n),
             )
         )
-    return GraphIR(IR_VERSION, OPSET_VERSION, tuple(symbols), tuple(nodes))
+    return GraphIR(IR_VERSION, OPSET_VERSION, tuple(symbols), tuple(nodes),
+                   tuple(subgraphs.values()))
+
+
+def _attr(gm: fx.GraphModule, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def graph_from_ir(g: GraphIR) -> fx.GraphModule:
@@ -86,6 +118,11 @@ def graph_from_ir(g: GraphIR) -> fx.GraphModule:
         raise ValueError(f"IR version {g.ir_version} is not readable (readable: {READABLE_VERSIONS})")
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
+    subgraphs = {}
+    for s in g.subgraphs:
+        if s.name in subgraphs:
+            raise ValueError(f"subgraph {s.name} appears twice in the serialised graph")
+        subgraphs[s.name] = graph_from_ir(s.graph)
     for n in g.nodes:
         args = value_from_json(n.args, env.__getitem__)
         kwargs = dict(value_from_json(n.kwargs, env.__getitem__))
@@ -93,10 +130,15 @@ def graph_from_ir(g: GraphIR) -> fx.GraphModule:
             node = graph.placeholder(n.target)
         elif n.op == "output":
             node = graph.output(args[0])
+        elif n.op == "get_attr":
+            if n.target not in subgraphs:
+                raise ValueError(f"node {n.name}: get_attr {n.target} names no subgraph of the "
+                                 "serialised graph")  # fmt: skip
+            node = graph.get_attr(n.target)
         else:
             node = graph.call_function(resolve(n.target), tuple(args), kwargs)
         node.name = n.name
         if n.metas:
             node.meta[NODE_META_KEY] = n.metas[0] if len(n.metas) == 1 else n.metas
         env[n.name] = node
-    return fx.GraphModule({}, graph)
+    return fx.GraphModule(subgraphs, graph)
