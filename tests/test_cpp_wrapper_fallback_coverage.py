@@ -26,8 +26,6 @@ NO_LOWERING = {
     **{f"prims.{n}": _SCATTER for n in ("index_put", "scatter", "scatter_add", "scatter_reduce")},
     **{f"prims.{n}": _POINTWISE for n in (
         "copysign", "fmax", "fmin", "gcd", "lcm", "nextafter", "xor_sum")},  # fmt: skip
-    "prims.philox_bits": "random bits: the Python wrapper draws them with torch's generator",
-    "prims.philox_rand": "random numbers (as philox_bits)",
     "prims.device_put": "a copy between devices: a CPU artifact has one device",
     "control.cond": "control flow compiles as subgraphs (compile_with_control_flow); the C++ "
     "wrapper has no control-flow steps",

@@ -61,3 +61,19 @@ def test_profiler_ranges_are_traced_through():
     assert explained.ops_per_graph == [["sin", "mul", "add"]]
     ember.reset()
     torch.testing.assert_close(ember.compile(ranged, backend="eager")(x), ranged(x))
+
+
+def test_library_code_is_skipped_wherever_the_library_lives(monkeypatch):
+    # Bazel runs a //tests target from runfiles under bin/tests/: ember's own modules there are
+    # still library code; a test file inside a library's folder is still user code
+    from ember.dynamo import convert
+
+    root = "/x/bin/tests/t.runfiles/ember/dynamo/ember/dynamo/"
+    monkeypatch.setattr(convert, "_SKIP_DIRS", (root,))
+
+    def code_at(path):
+        return compile("def f():\n    return 1\n", path, "exec").co_consts[0]
+
+    assert convert.should_skip(code_at(root + "functional_apply.py"))
+    assert not convert.should_skip(code_at(root + "tests/test_x.py"))
+    assert not convert.should_skip(code_at("/home/user/project/tests/model.py"))
