@@ -6,7 +6,8 @@ needed (`ops.philox(seed, counter)`: Triton's `tl.randint`, the C++ header's `em
 and nothing is drawn on the host or stored between ops: dropout's mask, its scaling and the
 multiply are one kernel, and the backward recomputes the mask from the same 8-byte seed. Without
 these lowerings every draw ran the prims' reference on whole tensors (ten Philox rounds of int64
-torch ops), which made a GPT-2 training step with dropout take 313 ms instead of ~40.
+torch ops): a GPT-2 training step with dropout took 313 ms on one H100 host, 27.7 ms with
+them on another.
 """
 
 from __future__ import annotations
