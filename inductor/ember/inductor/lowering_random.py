@@ -18,18 +18,8 @@ import torch
 from ember.primtorch.prims.random import UNIFORM_BITS
 from ember.primtorch.utils import make_contiguous_strides_for
 
-from .lowering import Lazy, is_tensor, out_meta, register
+from .lowering import Lazy, load_as, out_meta, register
 from .loop_ir import ops
-
-
-def _value(x, dtype=torch.int64):
-    """A key part (seed or offset): a 0-dim tensor read at its one element, or a number."""
-    if is_tensor(x):
-        v = x.load([])
-        return v if x.dtype == dtype else ops.to_dtype(v, dtype)
-    if isinstance(x, sympy.Basic) and x.free_symbols:
-        return ops.index_expr(x, dtype)
-    return ops.constant(int(x), dtype)
 
 
 def _bits_fn(sizes, seed, offset):
@@ -40,8 +30,8 @@ def _bits_fn(sizes, seed, offset):
         linear = sympy.Add(*(i * s for i, s in zip(idx, strides)))
         # the offset added as an int64 value: folded into the index, an offset past 2**31 would
         # be added in the kernel's int32 index arithmetic
-        counter = ops.add(ops.index_expr(linear, torch.int64), _value(offset))
-        return ops.philox(_value(seed), counter)
+        counter = ops.add(ops.index_expr(linear, torch.int64), load_as(offset, [], torch.int64))
+        return ops.philox(load_as(seed, [], torch.int64), counter)
 
     return bits
 
