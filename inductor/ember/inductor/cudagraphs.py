@@ -67,7 +67,7 @@ def _graphable(a) -> bool:
     return a.is_cuda if isinstance(a, torch.Tensor) else type(a) in (int, bool)
 
 
-class _Shared:
+class SharedPool:
     """What graphs that share one memory pool share: the lock their calls take turns on and the
     event recorded after the last replay's output copies."""
 
@@ -107,7 +107,7 @@ class GraphedCall:
 
     def __init__(self, run, shared=None, alias_from=None):
         self.run = run
-        self.shared = shared or _Shared()
+        self.shared = shared or SharedPool()
         self.alias_from = alias_from  # training: outputs from here on are not copied (module doc)
         self.kept: list = []  # (position, storage, use count when nothing else holds it)
         self.through: dict = {}  # output position -> (input position, sizes, strides, offset)
@@ -329,7 +329,7 @@ class GraphsBySize:
         # others' sizes are fixed by the program: GPT-2's 150 parameters made each call's key
         # cost ~0.2 ms). A call with another number of arguments (integer ones) keys on all.
         self.varying = varying
-        self.shared = _Shared()
+        self.shared = SharedPool()
         self.graphs: dict = {}
         self.full = False
         self.off = False  # a size's graph was given up: the reason holds for every size

@@ -34,8 +34,8 @@ from . import (
 from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs
 from .config import config, on_for
-from .cudagraphs import (MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize, _Shared, host_work,
-                         varying_inputs)  # fmt: skip
+from .cudagraphs import (MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize, SharedPool,
+                         host_work, varying_inputs)  # fmt: skip
 from .device_constants import fold_device_constants
 from .loop_ir import TemplateBuffer, verify
 from .lowering import lower_graph
@@ -98,7 +98,7 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
 
     graphs = mode != "max-autotune-no-cudagraphs"  # see MODES_TEXT
 
-    shared = _Shared()  # the memory pool and lock of this graph's forward and backward
+    shared = SharedPool()  # the memory pool and lock of this graph's forward and backward
 
     def replay(compiled, part=None, num_fw_outputs=0):
         use_cudagraphs = getattr(compiled, "use_cudagraphs", None)
