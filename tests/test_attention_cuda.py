@@ -198,3 +198,67 @@ def test_inference_attention_runs_on_cudnn_where_torch_would(monkeypatch, capsys
     on_cudnn = "extern.sdpa_cudnn'" in code
     assert on_cudnn == (picks == SDPBackend.CUDNN_ATTENTION), code[-3000:]
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def causal_from_sizes_training(q, k, v):
+    """The same attention in a frame of its own, trained."""
+    return causal_from_sizes(q, k, v).float()
+
+
+def test_constant_causal_mask_in_training_runs_flash_forward_and_backward(monkeypatch, capsys):
+    """A causal mask built from the sizes (transformers' GPT-2 passes one) is dropped in training
+    too: torch would run the memory-efficient kernel with the mask, flash attention without."""
+    q, k, v, _ = _inputs(128, torch.bfloat16, "bool")
+    args = [t.requires_grad_() for t in (q, k, v)]
+    monkeypatch.setattr(config, "output_code", True)
+    compiled = ember.compile(causal_from_sizes_training, fullgraph=True)
+    got = compiled(*args)
+    grads = torch.autograd.grad(got.square().sum(), args)
+    code = capsys.readouterr().out
+    assert "extern.sdpa_flash'" in code and "extern.sdpa_flash_backward'" in code, code[-3000:]
+    assert "extern.sdpa_efficient" not in code
+    want = causal_from_sizes_training(*args)
+    ref = torch.autograd.grad(want.square().sum(), args)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, atol=5e-2, rtol=5e-2)
+
+
+class _MaskedBlock(torch.nn.Module):
+    """Attention over projections, with a mask the caller passes (so it stays a mask)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 3 * 64, device="cuda")
+
+    def forward(self, x, mask):
+        q, k, v = self.qkv(x).view(2, 128, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).float()
+
+
+def test_efficient_backward_without_dropout_replays_from_a_cuda_graph(monkeypatch):
+    """The memory-efficient kernel's seed and offset are CPU tensors; a backward without dropout
+    never reads them and gets empty ones on the GPU (attention.without_unread_rng_state), so no
+    host tensor keeps the backward from a CUDA graph, and the gradients stay eager's."""
+    from ember.inductor import metrics, pipeline
+
+    monkeypatch.setattr(pipeline, "MIN_GRAPHED_STEPS", 1)
+    torch.manual_seed(0)
+    block = _MaskedBlock()
+    compiled = ember.compile(block)
+    _, _, _, mask = _inputs(128, torch.bfloat16, "bool")
+    metrics.reset()
+    for step in range(6):
+        x = torch.randn(2, 128, 64, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = compiled(x, mask)
+        grads = torch.autograd.grad(out.square().sum(), list(block.parameters()))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            want = block(x, mask)
+        ref = torch.autograd.grad(want.square().sum(), list(block.parameters()))
+        for g, r in zip(grads, ref):
+            torch.testing.assert_close(g, r, atol=5e-2, rtol=5e-2)
+        del grads, ref  # as a training loop lets go of them: the next replay reuses their memory
+    skips = [s for s in metrics.cudagraph_skips if "not a CUDA tensor" in s]
+    assert not skips, skips
+    assert metrics.cudagraph_replays >= 6, metrics.cudagraph_skips

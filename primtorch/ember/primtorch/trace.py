@@ -37,11 +37,13 @@ from ember.ir.symbols import as_expr
 
 from . import utils
 from .attention import (
+    RNG_STATE_ARGS,
     AttentionChoice,
     constant_cpu_mask_kind,
     constant_mask_kind,
     cpu_flash_arguments,
     cudnn_inference_arguments,
+    without_unread_rng_state,
 )
 from .errors import DataDependentError, NotDecomposableError, TraceError
 from .prims import core
@@ -278,6 +280,8 @@ class Tracer(TorchDispatchMode):
             return self._functionalize(func, args, kwargs)
         if not self.decompose or func in self.keep:
             return self._record_aten(func, args, kwargs)
+        if func in RNG_STATE_ARGS:
+            args = without_unread_rng_state(func, args, self._empty_rng_state)
         if func is aten._scaled_dot_product_efficient_attention.default and self.allow_extern:
             flash = self._flash_for_constant_mask(args, kwargs)
             if flash is not None:
@@ -314,6 +318,11 @@ class Tracer(TorchDispatchMode):
                 "ember.primtorch.decomp.register_decomposition, or pass it in keep="
             )
         return self._decompose(func, decomposition, args, kwargs)
+
+    def _empty_rng_state(self, device):
+        """A recorded empty int64 scalar on `device` (attention.without_unread_rng_state)."""
+        with self._reentered():
+            return torch.empty((), dtype=torch.int64, device=device)
 
     def _flash_for_constant_mask(self, args, kwargs):
         """The flash kernel for a memory-efficient attention whose bias is a constant of the
