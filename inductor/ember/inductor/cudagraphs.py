@@ -277,32 +277,38 @@ def varying_inputs(art) -> tuple:
 
 
 def host_work(art) -> bool:
-    """Whether a GPU program has steps that run on the CPU, which a CUDA graph's replay would
-    skip: an op whose results are all on the host (a scalar a model draws with torch.rand([])), a
-    copy between devices (a CPU scalar a kernel reads), or a user operator or Triton kernel
-    (extern.custom_op: Python code that may do host work, or launch on another stream). A GPU
-    op with a host result besides is one too: the result would be the one of the capture at
-    every replay (the memory-efficient attention's philox seed and offset, which its backward
-    reads), unless it is random-number state of a call without dropout (`_RNG_STATE`). So is
-    one that reads a host tensor (a CPU scalar an ATen kernel takes as eager passes it)."""
+    """Whether a GPU program has steps that run on the CPU (host_work_reason)."""
+    return host_work_reason(art) is not None
+
+
+def host_work_reason(art):
+    """Which step of a GPU program runs on the CPU, and why (None: none does); a CUDA graph's
+    replay would skip it. Such steps are an op whose results are all on the host (a scalar a
+    model draws with torch.rand([])), a copy between devices (a CPU scalar a kernel reads), or a
+    user operator or Triton kernel (extern.custom_op: Python code that may do host work, or
+    launch on another stream). A GPU op with a host result besides is one too: the result would
+    be the one of the capture at every replay (the memory-efficient attention's philox seed and
+    offset, which its backward reads), unless it is random-number state of a call without
+    dropout (`_RNG_STATE`). So is one that reads a host tensor (a CPU scalar an ATen kernel
+    takes as eager passes it)."""
     devices = {b.name: str(b.meta.device) for b in art.buffers}
     for step in art.steps:
         if step.kind != "extern":
             continue
         if step.target in ("prims.device_put", "extern.custom_op"):
-            return True
+            return f"{step.target} runs on the host"
         outs = {devices[o] for o in step.outputs if o in devices}
         if outs and str(art.device) not in outs:
-            return True
+            return f"{step.target}'s results are on the host"
         if outs - {str(art.device)} and not _unused_rng_state(step):
-            return True
+            return f"{step.target} has a result on the host"
         # a host tensor an ATen kernel reads where it is (a CPU scalar): read at each call in
         # eager, it would be read once, when the graph was captured
         read = []
         value_from_json([list(step.args), list((step.kwargs or {}).values())], read.append)
         if any(devices.get(name, str(art.device)) != str(art.device) for name in read):
-            return True
-    return False
+            return f"{step.target} reads a host tensor"
+    return None
 
 
 # GPU ops whose host results are random-number state, unused without dropout: where their

@@ -35,7 +35,7 @@ from .codegen_cpp import CppRenderer
 from .codegen_triton import TritonRenderer, grid_of, launch_configs
 from .config import config, on_for
 from .cudagraphs import (MIN_GRAPHED_STEPS, GraphedCall, GraphsBySize, SharedPool,
-                         host_work, varying_inputs)  # fmt: skip
+                         host_work_reason, varying_inputs)  # fmt: skip
 from .device_constants import fold_device_constants
 from .loop_ir import TemplateBuffer, verify
 from .lowering import lower_graph
@@ -445,8 +445,10 @@ class CompiledGraph:
         art = self.artifact
         if not str(art.device).startswith("cuda"):
             return
-        if host_work(art):
-            return  # a replay would not run it
+        reason = host_work_reason(art)
+        if reason is not None:  # a replay would not run it
+            metrics.cudagraph_skips.append(f"host work: {reason}"[:300])
+            return
         if sum(s.kind in ("kernel", "extern") for s in art.steps) < MIN_GRAPHED_STEPS:
             return  # a replay, the input copies and the output copies cost more than they save
         if art.symbols:
