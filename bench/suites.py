@@ -94,7 +94,7 @@ SUITES = {
         Suite(
             "gpu-broad",
             GPU_BROAD,
-            ("infer-bf16", "infer-fp32"),
+            ("infer-bf16", "infer-fp32", "train-amp"),
             ("eager", "torch_compile_cg", "torch_compile", "ember"),
             Timing(warmup=3, iters=20, max_seconds=2.0),
             "gpu-core plus 45 timm and transformers models Ember was never tuned on, "
@@ -103,7 +103,9 @@ SUITES = {
             model_timeout=150.0,
             # On a 4-GPU host with --gpus 4 --jobs 3 (compiles overlap on its 64 cores): two
             # parts of ~32 models, ~8 per GPU, each part under 9 minutes (README, "Parts").
-            parts={"infer-bf16": 2, "infer-fp32": 2},
+            # train-amp's opponent is torch.compile's default mode (--backends
+            # torch_compile,ember); Ember's default replays training graphs as CUDA graphs.
+            parts={"infer-bf16": 2, "infer-fp32": 2, "train-amp": 4},
             subsets={"core": GPU_CORE},
             # The race is latency: the warm recompiles (timed with the GPU's other workers
             # stopped, ~20-30 s a model over four backends) would not fit two parts.
