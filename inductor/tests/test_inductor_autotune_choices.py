@@ -5,6 +5,7 @@ import json
 import types
 
 import pytest
+import torch
 from ember.inductor import config, runtime
 from ember.ir import toolchain
 
@@ -80,3 +81,22 @@ def test_recording_a_choice_keeps_the_others_and_the_shared_copy(choices, monkey
     on_disk = json.loads(runtime._autotune_path().read_text())
     assert on_disk == {"k1:(1024,)": CFGS[0], "k2:(1024,)": CFGS[1]}
     assert runtime._remembered_config(_launcher("k2")) == CFGS[1]
+
+
+@pytest.mark.parametrize("view", [
+    lambda base: base[:, :49],  # a row-padded buffer viewed back to its length (a gap per row)
+    lambda base: base[:1, :5].expand(3, 5),  # broadcast: stride 0
+    lambda base: base[1:, 3:][:, ::2],  # an offset and a step
+    lambda base: base[:0],  # empty
+])  # fmt: skip
+def test_trial_launches_get_copies_laid_out_as_the_arguments(view):
+    """Autotuning launches each config on copies; the kernel indexes them with the strides it was
+    generated for, so a copy has the argument's strides, values, and memory of its own."""
+    from ember.inductor.runtime import scratch_copy
+
+    arg = view(torch.randn(4, 64))
+    copy = scratch_copy(arg)
+    assert copy.shape == arg.shape and copy.stride() == arg.stride()
+    assert torch.equal(copy, arg)
+    if arg.numel():
+        assert copy.untyped_storage().data_ptr() != arg.untyped_storage().data_ptr()

@@ -489,6 +489,20 @@ def _remembered_config(launcher: TritonLauncher):
     return known if isinstance(known, dict) and known in launcher.configs else None
 
 
+def scratch_copy(a):
+    """A copy of a kernel argument for trial launches, laid out as `a` is: the kernel indexes it
+    with `a`'s strides, baked in when it was generated. (`clone` lays out a view with gaps, such
+    as a row-padded buffer viewed back to its length, contiguously: a trial launch then wrote
+    past its end, an illegal memory access in a Swin transformer's training step.)"""
+    if not isinstance(a, torch.Tensor):
+        return a
+    # the memory the view spans, copied whole: a broadcast view (stride 0) cannot be copied into
+    extent = 0 if a.numel() == 0 else 1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride()))
+    span = torch.empty(extent, dtype=a.dtype, device=a.device)
+    span.copy_(a.as_strided((extent,), (1,), a.storage_offset()))
+    return span.as_strided(a.shape, a.stride())
+
+
 def autotune(launcher: TritonLauncher, args) -> dict:
     """The fastest config (on copies of the arguments), remembered on disk by kernel and sizes."""
     if not _autotunes(launcher):
@@ -498,7 +512,7 @@ def autotune(launcher: TritonLauncher, args) -> dict:
         return remembered
     from triton.testing import do_bench
 
-    copies = [a.clone() for a in args]
+    copies = [scratch_copy(a) for a in args]
     times = [
         do_bench(lambda c=c: launcher._launch(c, copies), warmup=5, rep=20)
         for c in launcher.configs
