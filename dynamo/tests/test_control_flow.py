@@ -9,6 +9,7 @@ import torch.nn as nn
 
 import ember
 from ember.dynamo import CompileCounter, GraphBreakError
+from ember.ir import NODE_META_KEY
 from ember.ir import control_flow as cf_ops
 
 
@@ -245,15 +246,78 @@ def test_export_captures_one_graph_with_subgraphs(monkeypatch):
         torch.testing.assert_close(gm(x)[0], x.sin() if s > 0 else x.cos())
 
 
-def test_dynamic_sizes_fall_back_to_static_subgraphs():
+def test_dynamic_sizes_cross_into_the_subgraphs():
     cnt = CompileCounter(dynamic=True)
     g = ember.compile(sin_or_cos, backend=cnt, dynamic=True)
-    with pytest.warns(UserWarning, match="static shapes.*torch.cond"):
-        g(torch.randn(5))
-    for n in (3, 7):
+    for n in (5, 3, 7, 12):
+        for s in (1, -1):
+            x = s * (torch.rand(n) + 0.1)
+            torch.testing.assert_close(g(x), x.sin() if s > 0 else x.cos())
+    assert cnt.frame_count == 1  # one graph, both branches, every size
+    gm = cnt.graphs[0]
+    (s0,) = gm.meta["ember_symbols"]
+    (node,) = _cf_nodes(gm, cf_ops.cond)
+    for branch in node.args[1:3]:
+        (ph,) = [n for n in getattr(gm, branch.target).graph.nodes if n.op == "placeholder"]
+        assert [str(e) for e in ph.meta[NODE_META_KEY].sizes] == [s0.name]
+
+
+def sizes_inside_and_outside(x, y):
+    n = x.shape[0]  # a size of the enclosing code: lifted into the branch that reads it
+
+    def true_fn(x, y):
+        return (x.reshape(n, -1) + y[:n]).sum(0)
+
+    def false_fn(x, y):
+        return x.reshape(x.shape[0], -1).mean(0) * y.shape[0]  # sizes read in the body
+
+    return torch.cond(x.sum() > 0, true_fn, false_fn, (x, y))
+
+
+def test_sizes_read_in_a_branch_or_lifted_into_it_stay_symbolic():
+    cnt = CompileCounter(dynamic=True)
+    g = ember.compile(sizes_inside_and_outside, backend=cnt)
+    for n in (3, 4, 6, 9):  # static, then dynamic (automatic)
+        for s in (1, -1):
+            x, y = s * (torch.rand(n, 3) + 0.1), torch.randn(n + 2, 3)
+            torch.testing.assert_close(g(x, y), sizes_inside_and_outside(x, y))
+    assert cnt.frame_count == 2 and len(cnt.graphs[1].meta["ember_symbols"]) == 2
+    (node,) = _cf_nodes(cnt.graphs[1], cf_ops.cond)
+    lifted = node.args[3][2:]
+    assert [(n.op, n.target) for n in lifted] == [("call_method", "size")]
+
+
+def test_while_loop_and_map_take_dynamic_sizes():
+    def loop(x):
+        i = torch.zeros((), dtype=torch.int64)
+        return torch.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2 + x.shape[0]),
+                                (i, x))  # fmt: skip
+
+    def rows(xs, b):
+        return control_flow.map(lambda r, b: (r * b).sum() + r.shape[0], xs, b)
+
+    for fn, make in ((loop, lambda n: (torch.randn(n, 2),)),
+                     (rows, lambda n: (torch.randn(n, 3), torch.randn(3)))):  # fmt: skip
+        ember.reset()
+        cnt = CompileCounter(dynamic=True)
+        g = ember.compile(fn, backend=cnt, dynamic=True)
+        for n in (3, 5, 8):
+            args = make(n)
+            torch.testing.assert_close(g(*args), fn(*args))
+        assert cnt.frame_count == 1 and cnt.graphs[0].meta["ember_symbols"]
+
+
+def test_a_size_predicate_is_decided_and_guarded_under_dynamic_sizes():
+    def f(x):
+        return torch.cond(x.shape[0] > 4, lambda x: x.sin(), lambda x: x.cos(), (x,))
+
+    cnt = CompileCounter(dynamic=True)
+    g = ember.compile(f, backend=cnt, dynamic=True)
+    for n in (3, 4, 5, 6, 9, 2):
         x = torch.randn(n)
-        torch.testing.assert_close(g(x), x.sin() if x.sum() > 0 else x.cos())
-    assert all(not gm.meta.get("ember_symbols") for gm in cnt.graphs)
+        torch.testing.assert_close(g(x), x.sin() if n > 4 else x.cos())
+    assert cnt.frame_count == 2  # one graph per side of the guard, each for every size there
+    assert all(gm.meta["ember_symbols"] for gm in cnt.graphs)
 
 
 def test_changing_a_local_list_in_a_branch_is_refused():
