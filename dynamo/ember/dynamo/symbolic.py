@@ -308,6 +308,8 @@ def _solve_pinned(diff):
         return None
     poly = sympy.expand(factors[0])
     syms = sorted(poly.free_symbols, key=_symbol_order)
+    if not poly.is_polynomial(*syms):  # CeilDiv(s0, CeilDiv(s0, 2)) == 2 (chunk): no pin, and
+        return None  # evaluating it at s0 = 0 below would divide by zero
     if len(syms) == 1:
         (s,) = syms
         a, b = poly.coeff(s), poly.subs(s, 0)
