@@ -1,6 +1,8 @@
 """torch.cond, torch.while_loop and map captured as one graph: subgraphs, lifted closures, guards,
 side effects and mismatched branches (eager references are written as plain Python)."""
 
+import operator
+
 import functorch.experimental.control_flow as control_flow
 import pytest
 import torch
@@ -8,7 +10,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 import ember
-from ember.dynamo import CompileCounter, GraphBreakError
+from ember.dynamo import CompileCounter, GraphBreakError, convert
 from ember.ir import NODE_META_KEY
 from ember.ir import control_flow as cf_ops
 
@@ -307,17 +309,52 @@ def test_while_loop_and_map_take_dynamic_sizes():
         assert cnt.frame_count == 1 and cnt.graphs[0].meta["ember_symbols"]
 
 
-def test_a_size_predicate_is_decided_and_guarded_under_dynamic_sizes():
+def test_a_size_predicate_keeps_both_branches_under_dynamic_sizes():
     def f(x):
-        return torch.cond(x.shape[0] > 4, lambda x: x.sin(), lambda x: x.cos(), (x,))
+        return torch.cond(x.shape[0] > 4, lambda x: x.sin(), lambda x: x.cos() * 2, (x,))
 
     cnt = CompileCounter(dynamic=True)
     g = ember.compile(f, backend=cnt, dynamic=True)
     for n in (3, 4, 5, 6, 9, 2):
         x = torch.randn(n)
-        torch.testing.assert_close(g(x), x.sin() if n > 4 else x.cos())
-    assert cnt.frame_count == 2  # one graph per side of the guard, each for every size there
-    assert all(gm.meta["ember_symbols"] for gm in cnt.graphs)
+        torch.testing.assert_close(g(x), x.sin() if n > 4 else x.cos() * 2)
+    assert cnt.frame_count == 1  # the predicate is a graph value: one graph for every size
+    gm = cnt.graphs[0]
+    (node,) = _cf_nodes(gm, cf_ops.cond)
+    assert node.args[0].target is operator.gt
+    assert node.args[0].args[0].target == "size" and node.args[0].args[1] == 4
+
+
+def test_a_size_predicate_read_again_is_guarded():
+    def f(x):
+        p = x.shape[0] > 4
+        y = torch.cond(p, lambda x: x.sin(), lambda x: x.cos(), (x,))
+        return y * 3 if p else y  # a Python decision on p: the graph holds for one side only
+
+    cnt = CompileCounter(dynamic=True)
+    g = ember.compile(f, backend=cnt, dynamic=True)
+    for n in (3, 6, 2, 9, 4, 5):
+        x = torch.randn(n)
+        torch.testing.assert_close(g(x), f(x))
+    assert cnt.frame_count == 2
+
+
+def test_a_size_predicate_whose_branch_cannot_be_traced_at_this_size_is_decided():
+    def f(x):
+        # the true branch reads x[4]: at a size of 3 it cannot be traced, so that compile decides
+        # the predicate (guarded); a compile at a size above 4 captures both branches
+        return torch.cond(x.shape[0] > 4, lambda x: x * x[4], lambda x: x.cos(), (x,))
+
+    cnt = CompileCounter(dynamic=True)
+    g = ember.compile(f, backend=cnt, dynamic=True)
+    g0 = len(convert.stats.graphs)
+    for n in (3, 6, 2, 9, 4):
+        x = torch.randn(n)
+        torch.testing.assert_close(g(x), x * x[4] if n > 4 else x.cos())
+    assert cnt.frame_count == 2
+    decided, both = convert.stats.graphs[g0:]
+    assert "sizes: _slot0 <= 4" in decided.guards and not _cf_nodes(decided.gm, cf_ops.cond)
+    assert len(_cf_nodes(both.gm, cf_ops.cond)) == 1
 
 
 def test_changing_a_local_list_in_a_branch_is_refused():

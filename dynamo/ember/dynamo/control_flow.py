@@ -7,7 +7,8 @@ extra placeholders (so are sizes of dynamic shapes it reads from the enclosing c
 placeholders keep the operands' symbolic sizes), and it returns a tuple of tensors. The subgraphs are `fx.GraphModule`s held
 as attributes of the enclosing graph's module, and the call becomes one `ember.ir` control-flow
 node (`control.cond`, `control.while_loop`, `control.map`). A predicate that is a Python value (a
-constant or a decision on sizes) is decided now, guarded, and only the chosen branch is traced.
+constant or a decision on sizes) is decided now, guarded, and only the chosen branch is traced;
+a comparison of dynamic sizes nothing else read is instead computed in the graph.
 A body may not have Python side effects (they would happen once at trace time, or never): the
 frame breaks at the call with the body's file:line.
 """
@@ -28,6 +29,7 @@ from ember.ir import control_flow as cf_ops
 
 from . import variables as V
 from .exc import Unsupported
+from .symbolic import SizeDecisionVT, graph_arg
 
 
 # -- which user functions are control flow -------------------------------------------------------
@@ -415,10 +417,28 @@ def trace_cond(tx, args: list, kwargs: dict) -> V.VT:
         "torch.cond", ("pred", "true_fn", "false_fn", "operands"), args, kwargs,
         {"operands": V.TupleVT([])})  # fmt: skip
     items = operands.items if isinstance(operands, V.ListVT) else [operands]
+    if isinstance(pred, SizeDecisionVT) and pred.retract():
+        # A comparison of dynamic sizes nothing else read: computed in the graph, both branches
+        # captured (one graph for every size); where a branch cannot be, decided as before.
+        try:
+            return _trace_cond(tx, _size_predicate(tx, pred), true_fn, false_fn, items)
+        except Unsupported:
+            pred.restore()
     if not isinstance(pred, V.TensorVT):  # a Python bool or a decision on sizes: guarded
         return calls.call(tx, true_fn if calls.truth(tx, pred) else false_fn, list(items), {})
     if pred.example.numel() != 1:
         raise Unsupported(f"torch.cond: the predicate has {pred.example.numel()} elements, not 1")
+    return _trace_cond(tx, (pred.node, pred.example), true_fn, false_fn, items)
+
+
+def _size_predicate(tx, pred: SizeDecisionVT) -> tuple:
+    """(node, value): the comparison as a graph node over the size nodes, and its value now."""
+    node = tx.output.graph.call_function(pred.op, (graph_arg(pred.a), graph_arg(pred.b)))
+    return node, pred._value
+
+
+def _trace_cond(tx, pred: tuple, true_fn, false_fn, items: list) -> V.VT:
+    pred_node, pred_example = pred
     ops, rebuild = _flat_operands(items)  # operands may be pytrees: bodies see them rebuilt
     t = trace_body(tx, true_fn, ops, "the true branch of torch.cond", rebuild)
     f = trace_body(tx, false_fn, ops, "the false branch of torch.cond", rebuild)
@@ -431,8 +451,8 @@ def trace_cond(tx, args: list, kwargs: dict) -> V.VT:
     nodes = tuple([o.node for o in tensor_ops] + lifted)
     examples = tuple([o.example for o in tensor_ops] + _lifted_values(tx, lifted))
     t_node, f_node = _add_subgraph(tx, "cond_true", gm_t), _add_subgraph(tx, "cond_false", gm_f)
-    result = _emit(tx, cf_ops.cond, (pred.node, t_node, f_node, nodes),
-                   (pred.example, gm_t, gm_f, examples), [o.sym for o in t.outputs])  # fmt: skip
+    result = _emit(tx, cf_ops.cond, (pred_node, t_node, f_node, nodes),
+                   (pred_example, gm_t, gm_f, examples), [o.sym for o in t.outputs])  # fmt: skip
     _drop_examples(gm_t, gm_f)
     return _unflatten(list(result.items), t.spec)
 
