@@ -90,6 +90,8 @@ class SizeDecisionVT(V.ConstVT):
         rel = self.relation
         if self.read or not self.fresh or isinstance(rel, (sympy.Eq, sympy.Ne)):
             return False  # (an equality may have pinned a symbol: not undone here)
+        if self.env.exporting:  # export checked it against the Dims' ranges: it holds there
+            return False
         if self.env.relations.get(rel) is None:
             return False
         del self.env.relations[rel]
