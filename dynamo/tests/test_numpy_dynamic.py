@@ -126,3 +126,26 @@ def test_the_guard_names_the_array_and_its_symbolic_size():
     assert "L['a'].shape == (3, 5)" in first.guards
     assert "L['a']: ndarray shape=(slot0, 5) C order" in second.guards
     assert not any(".shape ==" in g or ".strides" in g for g in second.guards)
+
+
+def test_the_guard_vm_reads_an_arrays_dynamic_sizes():
+    import sympy
+
+    from ember.dynamo import source as S
+    from ember.dynamo.guards import GuardSet
+
+    gs = GuardSet()
+    gs.add("SYM_ARRAY", S.LocalSource("a", 0), (4, (-1, 5)))  # float32: 4-byte items
+    slot = sympy.Symbol("_slot0", integer=True, positive=True)
+    gs.add_relations([slot >= 2, slot <= 10], 1)
+    prog = gs.compile()
+
+    def check(a):
+        return prog.check((None, a), {}, {})
+
+    assert check(rand(3, 5)) == -1 and check(rand(10, 5)) == -1
+    assert check(rand(11, 5)) >= 0 and check(rand(1, 5)) >= 0  # the slot's range
+    assert check(rand(3, 6)) >= 0 and check(rand(3, 5, 1)) >= 0  # static size, rank
+    assert check(rand(5, 3).T) >= 0  # C order
+    assert check(rand(3, 10)[:, ::2]) >= 0  # a strided view: bytes between rows differ
+    assert check(rand(3, 5).astype(np.float64)) >= 0  # 8-byte items: strides differ
