@@ -149,3 +149,17 @@ def test_the_guard_vm_reads_an_arrays_dynamic_sizes():
     assert check(rand(5, 3).T) >= 0  # C order
     assert check(rand(3, 10)[:, ::2]) >= 0  # a strided view: bytes between rows differ
     assert check(rand(3, 5).astype(np.float64)) >= 0  # 8-byte items: strides differ
+
+
+def test_sizes_in_array_arithmetic_stay_symbolic_where_numpy_cannot_overflow():
+    def f(a):
+        i = a.astype(np.int64)
+        return (a.shape[0] * np.mean(a, axis=0) + len(a), a / len(a), i // a.shape[0],
+                i % len(a), a ** len(a), a > a.shape[0])  # fmt: skip
+
+    assert run(f, [rand(n, 4) * 5 for n in (3, 5, 6, 9)]).frame_count == 2
+
+    def narrow(a):  # int8 + a size: NumPy raises past int8's range, so the value is guarded
+        return a.astype(np.int8) + len(a)
+
+    assert run(narrow, [rand(n, 4) * 5 for n in (3, 5, 6)]).frame_count == 3

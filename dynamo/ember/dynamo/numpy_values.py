@@ -215,14 +215,17 @@ class Operand:
     scalar: bool  # a NumPy scalar or Python number (0-d results stay scalars)
 
 
-def operand(tx, vt) -> Operand:
-    """What NumPy makes of `vt` as an array argument."""
+def operand(tx, vt, sym_ok=False) -> Operand:
+    """What NumPy makes of `vt` as an array argument. `sym_ok`: a symbolic size stays one, a weak
+    Python int (as_tensor decides whether it can stay symbolic), else its value is guarded."""
     from .calls import try_const
     from .symbolic import SymIntVT
 
     if isinstance(vt, V.NdarrayVT):
         return Operand(vt.tensor, None, np_dtype(vt), vt.scalar)
     if isinstance(vt, SymIntVT):
+        if sym_ok:
+            return Operand(None, vt, int, True)
         vt = V.ConstVT(vt.env.specialize(vt))
     if isinstance(vt, V.TensorVT):
         raise Unsupported("a torch.Tensor mixed with NumPy arrays (convert it with .numpy())")
@@ -255,9 +258,18 @@ def key_for_result_type(op: Operand):
 
 def as_tensor(tx, op: Operand, dt: np.dtype, keep_scalar=False):
     """The operand as a tensor of dtype `dt` (a Python scalar stays one when `keep_scalar`)."""
+    from .symbolic import SymIntVT
+
     if op.tensor is not None:
         return cast(tx, op.tensor, dt)
     value = op.value
+    if isinstance(value, SymIntVT):
+        # A size (>= 2) is exact in a float loop and fits int64: the op takes it symbolic, as
+        # NumPy takes the weak int. Narrower ints (NumPy raises past their range) and a
+        # scalar that must become a tensor use its value, guarded.
+        if keep_scalar and (dt.kind in "fc" or dt == np.dtype(np.int64)):
+            return value
+        value = value.env.specialize(value)
     if dt.kind in "iu" and isinstance(value, (bool, int)):
         info = np.iinfo(dt)
         if not info.min <= value <= info.max:  # NumPy raises OverflowError here
@@ -303,8 +315,9 @@ def apply_ufunc(tx, uf, torch_fn, args, kwargs) -> V.VT:
                               "compiled code")  # fmt: skip
     if len(args) != uf.nin or uf.nout != 1:
         raise Unsupported(f"{ufunc_name(uf)} with {len(args)} arguments")
-    ops = [operand(tx, a) for a in args]
+    ops = [operand(tx, a, sym_ok=True) for a in args]
     if all(op.tensor is None for op in ops):  # all scalars: NumPy computes it now
+        ops = [operand(tx, a) for a in args]
         value = uf(*[_const_value(op) for op in ops], **({"dtype": dtype} if dtype else {}))
         return V.ConstVT(value)
     try:
