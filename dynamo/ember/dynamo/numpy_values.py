@@ -315,7 +315,8 @@ def apply_ufunc(tx, uf, torch_fn, args, kwargs) -> V.VT:
                               "compiled code")  # fmt: skip
     if len(args) != uf.nin or uf.nout != 1:
         raise Unsupported(f"{ufunc_name(uf)} with {len(args)} arguments")
-    ops = [operand(tx, a, sym_ok=True) for a in args]
+    # torch's Tensor.__pow__ refuses a SymInt exponent: a size there is guarded
+    ops = [operand(tx, a, sym_ok=torch_fn is not operator.pow) for a in args]
     if all(op.tensor is None for op in ops):  # all scalars: NumPy computes it now
         ops = [operand(tx, a) for a in args]
         value = uf(*[_const_value(op) for op in ops], **({"dtype": dtype} if dtype else {}))
