@@ -222,3 +222,57 @@ def test_packaging_a_program_with_control_flow_is_refused_clearly(tmp_path):
                       (torch.randn(4),))  # fmt: skip
     with pytest.raises(NotImplementedError, match="control flow.*C\\+\\+ wrapper cannot"):
         cpp_wrapper.package(ep, tmp_path / "pkg")
+
+
+def sized_branches(x, w):
+    n = x.shape[0]  # lifted into the true branch as a size
+    return torch.cond(x.sum() > 0, lambda x, w: (x * w).sin().reshape(n, 1),
+                      lambda x, w: (x.cos() * w.sum()).reshape(x.shape[0], 1), (x, w))  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dynamic_sizes_compile_one_symbolic_graph_with_gradients(backend):
+    """A stream of sizes: static, then one symbolic graph (both branches) for every later size,
+    forward and gradients as eager."""
+    from ember.dynamo import convert
+
+    g0 = len(convert.stats.graphs)
+    f = ember.compile(sized_branches, backend=backend, fullgraph=True)
+    for n in (3, 4, 6, 9):
+        for s in (1.0, -1.0):
+            x = (s * (torch.rand(n) + 0.1)).requires_grad_()
+            w = torch.randn(n, requires_grad=True)
+            xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+            got, expected = f(x, w), sized_branches(xe, we)
+            torch.testing.assert_close(got, expected)
+            got.sum().backward()
+            expected.sum().backward()
+            torch.testing.assert_close(x.grad, xe.grad)
+            torch.testing.assert_close(w.grad, we.grad)
+    graphs = convert.stats.graphs[g0:]
+    assert len(graphs) == 2 and graphs[1].gm.meta["ember_symbols"]
+
+
+def size_predicate(x, w):
+    return torch.cond(x.shape[0] > 4, lambda x, w: (x * w).sin(), lambda x, w: x.cos() * w,
+                      (x, w))  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_size_predicate_is_one_graph_for_every_size(backend):
+    """x.shape[0] > 4 under dynamic sizes: the comparison is a node of the graph, both branches
+    compiled, one graph for sizes on either side; gradients as eager."""
+    from ember.dynamo import convert
+
+    g0 = len(convert.stats.graphs)
+    f = ember.compile(size_predicate, backend=backend, dynamic=True, fullgraph=True)
+    for n in (3, 6, 2, 9, 4, 5):
+        x, w = torch.randn(n, requires_grad=True), torch.randn(n, requires_grad=True)
+        xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        got, expected = f(x, w), size_predicate(xe, we)
+        torch.testing.assert_close(got, expected)
+        got.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(x.grad, xe.grad)
+        torch.testing.assert_close(w.grad, we.grad)
+    assert len(convert.stats.graphs) - g0 == 1

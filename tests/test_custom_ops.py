@@ -288,3 +288,56 @@ def test_packaging_a_user_triton_kernel_names_it(tmp_path):
     torch.testing.assert_close(ep(x), 1 - x)
     with pytest.raises(NotImplementedError, match=r"user Triton kernel \S*negate_kernel"):
         ember.cpp_wrapper.package(ep, str(tmp_path / "pkg"))
+
+
+@torch.library.custom_op("ember_e2e::doubled_rows", mutates_args=())
+def doubled_rows(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x, x * 2])
+
+
+@doubled_rows.register_fake
+def _(x):
+    return x.new_empty((x.shape[0] * 2, *x.shape[1:]))  # a size the fake kernel computes
+
+
+def _doubled_rows_setup(ctx, inputs, output):
+    ctx.rows = inputs[0].shape[0]  # symbolic while traced with dynamic sizes
+
+
+def _doubled_rows_backward(ctx, grad):
+    return grad[: ctx.rows] + 2 * grad[ctx.rows :]
+
+
+doubled_rows.register_autograd(_doubled_rows_backward, setup_context=_doubled_rows_setup)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_user_operators_take_dynamic_sizes(backend):
+    """A stream of row counts: static, then one symbolic graph; each fake kernel runs on the
+    trace's symbolic sizes (doubled_rows' output has 2 * s0 rows), gradients through
+    register_autograd, a Library op and a mutating op included."""
+    from ember.dynamo import convert
+
+    def f(x, w, acc):
+        h = doubled_rows(mysin(x * w))
+        accumulate(acc, x.detach())
+        return torch.ops.ember_e2e_lib.axpy(h, h, 2.0).sum(0) + acc.sum(0)
+
+    ember.reset()  # forget the sizes another backend's run saw (automatic dynamic)
+    g0, f0 = len(convert.stats.graphs), len(convert.stats.failures)
+    compiled = ember.compile(f, backend=backend, fullgraph=True)
+    for n in (3, 5, 8, 12):
+        x, w = torch.randn(n, 4, requires_grad=True), torch.randn(4, requires_grad=True)
+        acc = torch.randn(n, 4)
+        xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        acc_e = acc.clone()
+        got, expected = compiled(x, w, acc), f(xe, we, acc_e)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(acc, acc_e)
+        got.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(x.grad, xe.grad)
+        torch.testing.assert_close(w.grad, we.grad)
+    assert not convert.stats.failures[f0:]
+    graphs = convert.stats.graphs[g0:]
+    assert len(graphs) == 2 and graphs[1].gm.meta["ember_symbols"]

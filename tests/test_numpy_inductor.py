@@ -93,3 +93,22 @@ def test_copying_path_through_inductor(monkeypatch):
         (out,) = [n for n in convert.stats.graphs[-1].gm.graph.nodes if n.op == "output"]
         assert [n.op for n in out.args[0]][-1] == "placeholder"  # x, to be copied back
         _run_inductor(softmax_stats, x)
+
+
+def test_changing_sizes_compile_once_more_as_one_dynamic_kernel_program():
+    """The issue's program over a stream of row counts: static, then one symbolic graph that
+    inductor compiles once and runs for every later size; an in-place update of a dynamic input
+    still reaches the caller."""
+    g0 = len(convert.stats.graphs)
+    compiled = ember.compile(inplace_scale, backend="inductor")
+    for n in (3, 5, 8, 13, 21):
+        x = np.random.default_rng(n).standard_normal((n, 6)).astype(np.float32)
+        x_e = x.copy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = compiled(x)
+        _same(got, inplace_scale(x_e))
+        _same(x, x_e)
+    graphs = convert.stats.graphs[g0:]
+    assert len(graphs) == 2
+    assert graphs[1].gm.meta.get("ember_symbols")

@@ -1,6 +1,8 @@
 """torch.cond, torch.while_loop and map captured as one graph: subgraphs, lifted closures, guards,
 side effects and mismatched branches (eager references are written as plain Python)."""
 
+import operator
+
 import functorch.experimental.control_flow as control_flow
 import pytest
 import torch
@@ -8,7 +10,8 @@ import torch.fx as fx
 import torch.nn as nn
 
 import ember
-from ember.dynamo import CompileCounter, GraphBreakError
+from ember.dynamo import CompileCounter, GraphBreakError, convert
+from ember.ir import NODE_META_KEY
 from ember.ir import control_flow as cf_ops
 
 
@@ -245,15 +248,113 @@ def test_export_captures_one_graph_with_subgraphs(monkeypatch):
         torch.testing.assert_close(gm(x)[0], x.sin() if s > 0 else x.cos())
 
 
-def test_dynamic_sizes_fall_back_to_static_subgraphs():
+def test_dynamic_sizes_cross_into_the_subgraphs():
     cnt = CompileCounter(dynamic=True)
     g = ember.compile(sin_or_cos, backend=cnt, dynamic=True)
-    with pytest.warns(UserWarning, match="static shapes.*torch.cond"):
-        g(torch.randn(5))
-    for n in (3, 7):
+    for n in (5, 3, 7, 12):
+        for s in (1, -1):
+            x = s * (torch.rand(n) + 0.1)
+            torch.testing.assert_close(g(x), x.sin() if s > 0 else x.cos())
+    assert cnt.frame_count == 1  # one graph, both branches, every size
+    gm = cnt.graphs[0]
+    (s0,) = gm.meta["ember_symbols"]
+    (node,) = _cf_nodes(gm, cf_ops.cond)
+    for branch in node.args[1:3]:
+        (ph,) = [n for n in getattr(gm, branch.target).graph.nodes if n.op == "placeholder"]
+        assert [str(e) for e in ph.meta[NODE_META_KEY].sizes] == [s0.name]
+
+
+def sizes_inside_and_outside(x, y):
+    n = x.shape[0]  # a size of the enclosing code: lifted into the branch that reads it
+
+    def true_fn(x, y):
+        return (x.reshape(n, -1) + y[:n]).sum(0)
+
+    def false_fn(x, y):
+        return x.reshape(x.shape[0], -1).mean(0) * y.shape[0]  # sizes read in the body
+
+    return torch.cond(x.sum() > 0, true_fn, false_fn, (x, y))
+
+
+def test_sizes_read_in_a_branch_or_lifted_into_it_stay_symbolic():
+    cnt = CompileCounter(dynamic=True)
+    g = ember.compile(sizes_inside_and_outside, backend=cnt)
+    for n in (3, 4, 6, 9):  # static, then dynamic (automatic)
+        for s in (1, -1):
+            x, y = s * (torch.rand(n, 3) + 0.1), torch.randn(n + 2, 3)
+            torch.testing.assert_close(g(x, y), sizes_inside_and_outside(x, y))
+    assert cnt.frame_count == 2 and len(cnt.graphs[1].meta["ember_symbols"]) == 2
+    (node,) = _cf_nodes(cnt.graphs[1], cf_ops.cond)
+    lifted = node.args[3][2:]
+    assert [(n.op, n.target) for n in lifted] == [("call_method", "size")]
+
+
+def test_while_loop_and_map_take_dynamic_sizes():
+    def loop(x):
+        i = torch.zeros((), dtype=torch.int64)
+        return torch.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2 + x.shape[0]),
+                                (i, x))  # fmt: skip
+
+    def rows(xs, b):
+        return control_flow.map(lambda r, b: (r * b).sum() + r.shape[0], xs, b)
+
+    for fn, make in ((loop, lambda n: (torch.randn(n, 2),)),
+                     (rows, lambda n: (torch.randn(n, 3), torch.randn(3)))):  # fmt: skip
+        ember.reset()
+        cnt = CompileCounter(dynamic=True)
+        g = ember.compile(fn, backend=cnt, dynamic=True)
+        for n in (3, 5, 8):
+            args = make(n)
+            torch.testing.assert_close(g(*args), fn(*args))
+        assert cnt.frame_count == 1 and cnt.graphs[0].meta["ember_symbols"]
+
+
+def test_a_size_predicate_keeps_both_branches_under_dynamic_sizes():
+    def f(x):
+        return torch.cond(x.shape[0] > 4, lambda x: x.sin(), lambda x: x.cos() * 2, (x,))
+
+    cnt = CompileCounter(dynamic=True)
+    g = ember.compile(f, backend=cnt, dynamic=True)
+    for n in (3, 4, 5, 6, 9, 2):
         x = torch.randn(n)
-        torch.testing.assert_close(g(x), x.sin() if x.sum() > 0 else x.cos())
-    assert all(not gm.meta.get("ember_symbols") for gm in cnt.graphs)
+        torch.testing.assert_close(g(x), x.sin() if n > 4 else x.cos() * 2)
+    assert cnt.frame_count == 1  # the predicate is a graph value: one graph for every size
+    gm = cnt.graphs[0]
+    (node,) = _cf_nodes(gm, cf_ops.cond)
+    assert node.args[0].target is operator.gt
+    assert node.args[0].args[0].target == "size" and node.args[0].args[1] == 4
+
+
+def test_a_size_predicate_read_again_is_guarded():
+    def f(x):
+        p = x.shape[0] > 4
+        y = torch.cond(p, lambda x: x.sin(), lambda x: x.cos(), (x,))
+        return y * 3 if p else y  # a Python decision on p: the graph holds for one side only
+
+    cnt = CompileCounter(dynamic=True)
+    g = ember.compile(f, backend=cnt, dynamic=True)
+    for n in (3, 6, 2, 9, 4, 5):
+        x = torch.randn(n)
+        torch.testing.assert_close(g(x), f(x))
+    assert cnt.frame_count == 2
+
+
+def test_a_size_predicate_whose_branch_cannot_be_traced_at_this_size_is_decided():
+    def f(x):
+        # the true branch reads x[4]: at a size of 3 it cannot be traced, so that compile decides
+        # the predicate (guarded); a compile at a size above 4 captures both branches
+        return torch.cond(x.shape[0] > 4, lambda x: x * x[4], lambda x: x.cos(), (x,))
+
+    cnt = CompileCounter(dynamic=True)
+    g = ember.compile(f, backend=cnt, dynamic=True)
+    g0 = len(convert.stats.graphs)
+    for n in (3, 6, 2, 9, 4):
+        x = torch.randn(n)
+        torch.testing.assert_close(g(x), x * x[4] if n > 4 else x.cos())
+    assert cnt.frame_count == 2
+    decided, both = convert.stats.graphs[g0:]
+    assert "sizes: _slot0 <= 4" in decided.guards and not _cf_nodes(decided.gm, cf_ops.cond)
+    assert len(_cf_nodes(both.gm, cf_ops.cond)) == 1
 
 
 def test_changing_a_local_list_in_a_branch_is_refused():

@@ -85,3 +85,15 @@ def test_case(case):
         assert got == case.graphs, f"graphs {got} != {case.graphs}: {breaks}"
     if case.breaks is not None:
         assert len(breaks) == case.breaks, f"breaks {len(breaks)} != {case.breaks}: {breaks}"
+
+
+def test_the_capture_constructs_have_at_least_40_programs():
+    """Issue #25's bar: NumPy programs, custom operators, autograd.Functions with checkpoint,
+    and control flow together hold at least 40 corpus programs, each one graph without a break
+    unless its case says otherwise (test_case above runs them)."""
+    modules = ("numpy_programs", "custom_ops", "autograd_functions", "control_flow")
+    counts = {m: sum(c.name.startswith(m + ".") for c in corpus.CASES) for m in modules}
+    assert all(counts.values()) and sum(counts.values()) >= 40, counts
+    one_graph = [c for c in corpus.CASES if c.name.split(".")[0] in modules
+                 and c.graphs == 1 and c.breaks == 0 and not c.eager_fallback]  # fmt: skip
+    assert len(one_graph) >= 40

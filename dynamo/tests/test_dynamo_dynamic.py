@@ -366,3 +366,18 @@ def test_export_unshared_dims_that_must_be_equal_fail():
 def test_export_dynamic_size_of_one_is_refused():
     with pytest.raises(SpecializationError, match="0, 1"):
         ember.export(lambda x: x * 2, (torch.randn(1, 3),), dynamic_shapes=({0: Dim("b")},))
+
+
+def test_chunk_of_a_dynamic_size_guards_the_count_without_crashing():
+    # The count of chunks is guarded (CeilDiv(s0, CeilDiv(s0, 2)) == 2); solving that guard for a
+    # pinned symbol evaluated it at s0 = 0 and raised ZeroDivisionError out of the compile.
+    def f(x):
+        a, b = x.chunk(2)
+        return a * 2 + b
+
+    cnt = CompileCounter(dynamic=True)
+    g = ember.compile(f, backend=cnt, dynamic=True)
+    for n in (4, 6, 10, 16):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(g(x), f(x))
+    assert cnt.frame_count == 1 and cnt.graphs[0].meta["ember_symbols"]

@@ -95,3 +95,43 @@ def test_meta_rule_runs_the_fake_kernel_on_metas():
     m = TensorMeta.from_tensor(torch.randn(4, 5))
     (out,) = custom_op.meta("ember_primtorch_test::rowsum_t.default", [m, 1.0])
     assert tuple(out.sizes) == (3, 4) and out.dtype == torch.float32 and str(out.device) == "cpu"
+
+
+@torch.library.custom_op("ember_primtorch_test::pad_rows", mutates_args=())
+def pad_rows(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x, x.new_zeros(8 - x.shape[0] if x.shape[0] < 8 else 1, x.shape[1])])
+
+
+@pad_rows.register_fake
+def _(x):
+    extra = 8 - x.shape[0] if x.shape[0] < 8 else 1  # a decision on a size: a guard
+    return x.new_empty((x.shape[0] + extra, x.shape[1]))
+
+
+def test_fake_kernels_run_on_symbolic_sizes():
+    """With symbolic sizes the fake kernel sees the trace's SymInts: the output sizes it computes
+    are the node's (rowsum_t of an s0 x s1 input is (3, s0)); what it decides on a size is a
+    guard of the trace (pad_rows: s0 < 8, so 8 rows); the value is the operator's at the hints."""
+    import sympy
+
+    from ember.ir import SymbolSpec, TensorMeta, contiguous_strides
+    from ember.ir.symbols import sym
+    from ember.primtorch import Tracer
+    from ember.primtorch.symbolic import ShapeEnv, SymbolicTensor
+
+    s0, s1 = sym("s0"), sym("s1")
+    env = ShapeEnv([SymbolSpec("s0"), SymbolSpec("s1")], {"s0": 5, "s1": 4})
+    value = torch.randn(5, 4)
+    x = SymbolicTensor(value, TensorMeta(torch.float32, (s0, s1), contiguous_strides((s0, s1))),
+                       env)  # fmt: skip
+    tracer = Tracer()
+    tracer.shape_env = env
+    tracer.placeholder(x, "x")
+    with tracer:
+        out = (rowsum_t(x, 2.0), pad_rows(x))
+    gm = tracer.output(out)
+    metas = [n.meta[NODE_META_KEY].sizes for n in gm.graph.output_node().args[0]]
+    assert metas == [(3, s0), (8, s1)]
+    assert sympy.Lt(s0, 8) in env.guards
+    torch.testing.assert_close(out[0].value, rowsum_t(value, 2.0))
+    torch.testing.assert_close(out[1].value, pad_rows(value))

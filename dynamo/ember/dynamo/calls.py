@@ -412,7 +412,7 @@ def sym_binop(tx, op, a, b):
         if base in INT_OPS:
             return env.arith(base, a, b)
         if base in COMPARE:
-            return V.ConstVT(env.decide(COMPARE[base](as_sym(a), as_sym(b))))
+            return env.decide_compare(base, a, b)
     a, b = (V.ConstVT(const_of(x)) if isinstance(x, SymIntVT) else x for x in (a, b))
     return binop(tx, op, a, b)
 

@@ -373,6 +373,9 @@ def graph_module(output, outputs: list) -> fx.GraphModule:
     eliminate_dead_code(output.graph)
     if output.shape_env is not None and output.shape_env.replacements:
         output.shape_env.pin_placeholders(output.graph)
+        for sub in output.root_module.modules():  # control-flow bodies take symbolic sizes too
+            if isinstance(sub, fx.GraphModule):
+                output.shape_env.pin_placeholders(sub.graph)
     gm = fx.GraphModule(output.root_module, output.graph)  # with control-flow subgraphs
     gm.graph.lint()
     return gm

@@ -3,10 +3,12 @@
 Each body (a branch, a loop's condition and body, a map's function) is traced by the same
 interpreter into a fresh fx graph: its tensor arguments become placeholders, tensors it reads
 from outside (closures, globals, module attributes, values of the enclosing graph) are lifted to
-extra placeholders, and it returns a tuple of tensors. The subgraphs are `fx.GraphModule`s held
+extra placeholders (so are sizes of dynamic shapes it reads from the enclosing code; its own
+placeholders keep the operands' symbolic sizes), and it returns a tuple of tensors. The subgraphs are `fx.GraphModule`s held
 as attributes of the enclosing graph's module, and the call becomes one `ember.ir` control-flow
 node (`control.cond`, `control.while_loop`, `control.map`). A predicate that is a Python value (a
-constant or a decision on sizes) is decided now, guarded, and only the chosen branch is traced.
+constant or a decision on sizes) is decided now, guarded, and only the chosen branch is traced;
+a comparison of dynamic sizes nothing else read is instead computed in the graph.
 A body may not have Python side effects (they would happen once at trace time, or never): the
 frame breaks at the call with the body's file:line.
 """
@@ -14,18 +16,20 @@ frame breaks at the call with the body's file:line.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from typing import Callable, Optional
 
+import sympy
 import torch
 import torch.fx as fx
 
-from ember.ir import NODE_META_KEY, TensorMeta
+from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides
 from ember.ir import control_flow as cf_ops
 
 from . import variables as V
 from .exc import Unsupported
-from .symbolic import SymbolicFallback
+from .symbolic import SizeDecisionVT, graph_arg
 
 
 # -- which user functions are control flow -------------------------------------------------------
@@ -169,11 +173,19 @@ def _subtrace(tx, what: str, watched: list):
     out.graph, out.root_module = graph, holder
     out.side_effects = _NoAppend(out.side_effects, what)
     out.mutated, out.pending_attrs = _NoSet(out.mutated, what), _NoSet(out.pending_attrs, what)
+    # Size reads inside the body are nodes of the body's graph (from its own placeholders);
+    # sizes the enclosing code computed are lifted into it like tensors.
+    env = out.shape_env
+    env_saved = (env.graph, env.nodes) if env is not None else None
+    if env is not None:
+        env.graph, env.nodes = graph, {}
     try:
         with _frozen(tx, what, watched):
             yield graph, holder
     finally:  # the originals: the stand-ins refused every change, so nothing is lost
         out.graph, out.root_module, out.side_effects, out.mutated, out.pending_attrs = saved
+        if env is not None:
+            env.graph, env.nodes = env_saved
 
 
 # -- tracing one body ----------------------------------------------------------------------------
@@ -216,8 +228,20 @@ def _placeholder(graph: fx.Graph, name: str, vt: V.TensorVT) -> V.TensorVT:
     if example.is_floating_point() or example.is_complex():
         example.requires_grad_(vt.example.requires_grad)
     node.meta["example_value"] = example
-    node.meta[NODE_META_KEY] = TensorMeta.from_tensor(example)
-    return V.TensorVT(node, example)
+    meta = TensorMeta.from_tensor(example)
+    if vt.sym is not None:  # the operand's symbolic sizes: the body is traced for every size
+        meta = dataclasses.replace(meta, sizes=vt.sym, strides=_sym_strides(vt))
+    node.meta[NODE_META_KEY] = meta
+    ph = V.TensorVT(node, example)
+    ph.sym = vt.sym
+    return ph
+
+
+def _sym_strides(vt: V.TensorVT) -> tuple:
+    meta = vt.node.meta.get(NODE_META_KEY)
+    if isinstance(meta, TensorMeta) and tuple(meta.sizes) == tuple(vt.sym):
+        return tuple(meta.strides)
+    return contiguous_strides(vt.sym)
 
 
 def _flatten(vt, what) -> tuple[list, object]:
@@ -243,12 +267,12 @@ def _unflatten(leaves: list, spec):
 
 
 def trace_body(tx, fn_vt, args: list, what: str, regroup=None) -> Body:
-    """Trace `fn_vt(*args)` into its own graph; tensors in `args` become its placeholders.
-    `regroup(args)`, when given, turns them into the arguments the user's function takes."""
+    """Trace `fn_vt(*args)` into its own graph; tensors in `args` become its placeholders (with
+    their symbolic sizes). `regroup(args)`, when given, turns them into the arguments the user's
+    function takes."""
     from . import calls
     from .codegen import eliminate_dead_code
 
-    _static_only(tx, what)
     with _subtrace(tx, what, [fn_vt, *args]) as (graph, holder):
         params, body_args = [], []
         for i, a in enumerate(args):
@@ -261,18 +285,9 @@ def trace_body(tx, fn_vt, args: list, what: str, regroup=None) -> Body:
         result = calls.call(tx, fn_vt, regroup(body_args) if regroup else body_args, {})
         outputs, spec = _flatten(result, what)
         graph.output(tuple(o.node for o in outputs))
-    _static_only(tx, what)  # the body may have read a new input with dynamic sizes
     lifted = _lift_foreign_inputs(graph)
     eliminate_dead_code(graph)
     return Body(graph, holder, params, outputs, spec, lifted)
-
-
-def _static_only(tx, what: str) -> None:
-    # Subgraphs are traced with static sizes: a frame with symbols is traced again, static (a
-    # symbolic size crossing into a body would need size inputs the subgraphs do not take yet).
-    env = tx.output.shape_env
-    if env is not None and env.symbols:
-        raise SymbolicFallback(f"{what} in a frame with dynamic sizes")
 
 
 def _lift_foreign_inputs(graph: fx.Graph) -> dict:
@@ -282,7 +297,8 @@ def _lift_foreign_inputs(graph: fx.Graph) -> dict:
         for a in list(node.all_input_nodes):
             if a.graph is graph:
                 continue
-            if a.op == "get_attr" or not isinstance(a.meta.get("example_value"), torch.Tensor):
+            is_tensor = isinstance(a.meta.get("example_value"), torch.Tensor)
+            if a.op == "get_attr" or not (is_tensor or _is_size(a)):
                 raise Unsupported(f"a body reads {a.name} of the enclosing graph, not a tensor")
             if a not in lifted:
                 with graph.inserting_before(next(iter(graph.nodes))):
@@ -290,6 +306,18 @@ def _lift_foreign_inputs(graph: fx.Graph) -> dict:
                 _copy_meta(a, lifted[a])
             node.replace_input_with(a, lifted[a])
     return lifted
+
+
+def _is_size(node: fx.Node) -> bool:
+    """A symbolic size the enclosing graph computes (`x.size(0)`, `n * 2`): no tensor value."""
+    return "example_value" not in node.meta and node.op in ("call_method", "call_function")
+
+
+def _lifted_values(tx, nodes: list) -> list:
+    """The values the enclosing trace has for lifted nodes (a size: its current value)."""
+    env = tx.output.shape_env
+    exprs = {n: e for e, n in env.nodes.items()} if env is not None else {}
+    return [env.hint(exprs[n]) if n in exprs else tx.output.value_of(n) for n in nodes]
 
 
 def _union(*bodies) -> list:
@@ -304,7 +332,7 @@ def _check_same_meta(what: str, a: list, b: list, names=("true_fn", "false_fn"))
         raise Unsupported(f"{what}: {names[0]} returns {len(a)} tensors, {names[1]} {len(b)}")
     for i, (x, y) in enumerate(zip(a, b)):
         ex, ey = x.example, y.example
-        if (ex.shape, ex.dtype, ex.device) != (ey.shape, ey.dtype, ey.device):
+        if (ex.shape, ex.dtype, ex.device, x.sym) != (ey.shape, ey.dtype, ey.device, y.sym):
             raise Unsupported(f"{what}: output {i} differs between {names[0]} "
                               f"({ex.dtype}{list(ex.shape)} on {ex.device}) and {names[1]} "
                               f"({ey.dtype}{list(ey.shape)} on {ey.device})")  # fmt: skip
@@ -321,14 +349,15 @@ def _add_subgraph(tx, prefix: str, gm: fx.GraphModule) -> fx.Node:
     return out.graph.get_attr(name)
 
 
-def _emit(tx, op, args: tuple, example_args: tuple) -> V.VT:
-    """The control-flow node, run once on the example values for its result."""
+def _emit(tx, op, args: tuple, example_args: tuple, sym=None) -> V.VT:
+    """The control-flow node, run once on the example values for its result; `sym`: the
+    symbolic sizes of each result (None where static)."""
     out = tx.output
     node = out.graph.create_node("call_function", op, args, {})
     node.meta["ember_where"] = out.where()
     out.op_count += 1
     result = op(*example_args)
-    return out.wrap_result(node, tuple(result))
+    return out.wrap_result(node, tuple(result), sym if sym and any(sym) else None)
 
 
 def _drop_examples(*gms) -> None:
@@ -388,10 +417,28 @@ def trace_cond(tx, args: list, kwargs: dict) -> V.VT:
         "torch.cond", ("pred", "true_fn", "false_fn", "operands"), args, kwargs,
         {"operands": V.TupleVT([])})  # fmt: skip
     items = operands.items if isinstance(operands, V.ListVT) else [operands]
+    if isinstance(pred, SizeDecisionVT) and pred.retract():
+        # A comparison of dynamic sizes nothing else read: computed in the graph, both branches
+        # captured (one graph for every size); where a branch cannot be, decided as before.
+        try:
+            return _trace_cond(tx, _size_predicate(tx, pred), true_fn, false_fn, items)
+        except Unsupported:
+            pred.restore()
     if not isinstance(pred, V.TensorVT):  # a Python bool or a decision on sizes: guarded
         return calls.call(tx, true_fn if calls.truth(tx, pred) else false_fn, list(items), {})
     if pred.example.numel() != 1:
         raise Unsupported(f"torch.cond: the predicate has {pred.example.numel()} elements, not 1")
+    return _trace_cond(tx, (pred.node, pred.example), true_fn, false_fn, items)
+
+
+def _size_predicate(tx, pred: SizeDecisionVT) -> tuple:
+    """(node, value): the comparison as a graph node over the size nodes, and its value now."""
+    node = tx.output.graph.call_function(pred.op, (graph_arg(pred.a), graph_arg(pred.b)))
+    return node, pred._value
+
+
+def _trace_cond(tx, pred: tuple, true_fn, false_fn, items: list) -> V.VT:
+    pred_node, pred_example = pred
     ops, rebuild = _flat_operands(items)  # operands may be pytrees: bodies see them rebuilt
     t = trace_body(tx, true_fn, ops, "the true branch of torch.cond", rebuild)
     f = trace_body(tx, false_fn, ops, "the false branch of torch.cond", rebuild)
@@ -402,10 +449,10 @@ def trace_cond(tx, args: list, kwargs: dict) -> V.VT:
     gm_t, gm_f = t.module(lifted), f.module(lifted)
     tensor_ops = [o for o in ops if isinstance(o, V.TensorVT)]
     nodes = tuple([o.node for o in tensor_ops] + lifted)
-    examples = tuple([o.example for o in tensor_ops] + [tx.output.value_of(n) for n in lifted])
+    examples = tuple([o.example for o in tensor_ops] + _lifted_values(tx, lifted))
     t_node, f_node = _add_subgraph(tx, "cond_true", gm_t), _add_subgraph(tx, "cond_false", gm_f)
-    result = _emit(tx, cf_ops.cond, (pred.node, t_node, f_node, nodes),
-                   (pred.example, gm_t, gm_f, examples))  # fmt: skip
+    result = _emit(tx, cf_ops.cond, (pred_node, t_node, f_node, nodes),
+                   (pred_example, gm_t, gm_f, examples), [o.sym for o in t.outputs])  # fmt: skip
     _drop_examples(gm_t, gm_f)
     return _unflatten(list(result.items), t.spec)
 
@@ -427,8 +474,8 @@ def trace_while_loop(tx, args: list, kwargs: dict) -> V.VT:
     c_node, b_node = _add_subgraph(tx, "while_cond", gm_c), _add_subgraph(tx, "while_body", gm_b)
     result = _emit(tx, cf_ops.while_loop,
                    (c_node, b_node, tuple(x.node for x in items), tuple(lifted)),
-                   (gm_c, gm_b, tuple(x.example for x in items),
-                    tuple(tx.output.value_of(n) for n in lifted)))  # fmt: skip
+                   (gm_c, gm_b, tuple(x.example for x in items), tuple(_lifted_values(tx, lifted))),
+                   [x.sym for x in items])  # fmt: skip
     _drop_examples(gm_c, gm_b)
     return V.ListVT(list(result.items), is_tuple=carried.is_tuple)
 
@@ -442,10 +489,12 @@ def trace_map(tx, args: list, kwargs: dict) -> V.VT:
     extra = _tensors(V.TupleVT(rest), "map")
     if not xs_items or not all(isinstance(x, V.TensorVT) and x.example.dim() > 0 for x in xs_items):
         raise Unsupported("map: xs must be tensors with a leading dimension")
-    n = xs_items[0].example.shape[0]
-    if n == 0 or any(x.example.shape[0] != n for x in xs_items):
+    lead = [x.sym[0] if x.sym is not None else x.example.shape[0] for x in xs_items]
+    if xs_items[0].example.shape[0] == 0 or any(n != lead[0] for n in lead):
         raise Unsupported("map: xs must share a nonzero leading dimension")
     slices = [V.TensorVT(x.node, x.example[0]) for x in xs_items]  # examples of one slice
+    for sl, x in zip(slices, xs_items):
+        sl.sym = tuple(x.sym[1:]) if x.sym is not None else None
     single = isinstance(xs, V.TensorVT)
 
     def regroup(flat: list) -> list:  # the slices as the user passed xs, then the extras
@@ -458,8 +507,11 @@ def trace_map(tx, args: list, kwargs: dict) -> V.VT:
     node = _add_subgraph(tx, "map_body", gm)
     extra_t = [e for e in extra if isinstance(e, V.TensorVT)]
     arg_nodes = tuple([e.node for e in extra_t] + lifted)
-    arg_examples = tuple([e.example for e in extra_t] + [tx.output.value_of(m) for m in lifted])
+    arg_examples = tuple([e.example for e in extra_t] + _lifted_values(tx, lifted))
+    sym = [None if o.sym is None and xs_items[0].sym is None else
+           tuple(sympy.sympify(e) for e in (lead[0], *(o.sym or o.example.shape)))
+           for o in body.outputs]  # fmt: skip
     result = _emit(tx, cf_ops.map, (node, tuple(x.node for x in xs_items), arg_nodes),
-                   (gm, tuple(x.example for x in xs_items), arg_examples))  # fmt: skip
+                   (gm, tuple(x.example for x in xs_items), arg_examples), sym)  # fmt: skip
     _drop_examples(gm)
     return _unflatten(list(result.items), body.spec)

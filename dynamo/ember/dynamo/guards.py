@@ -40,6 +40,9 @@ class Guard:
             sizes = [f"slot{-1 - n}" if n < 0 else str(n) for n in spec]
             return (f"{where}: {t.__name__} {dtype} {dev} sizes=[{', '.join(sizes)}] "
                     f"row-major requires_grad={rg}")  # fmt: skip
+        if self.kind == "SYM_ARRAY":
+            sizes = [f"slot{-1 - n}" if n < 0 else str(n) for n in self.value[1]]
+            return f"{where}: ndarray shape=({', '.join(sizes)}) C order"
         if self.kind == "EXPR":
             return f"sizes: {self.value[1]}"
         if self.kind == "PARAM":
@@ -123,7 +126,8 @@ class GuardSet:
         instrs: list = []
         loads = S.LoadCompiler(instrs)
         order = {"ID": 0, "NOT_ID": 0, "TYPE": 1, "EQ": 2, "LEN": 2, "DICT_KEYS": 3, "SAME": 4,
-                 "PARAM": 5, "NO_HOOKS": 5, "TENSOR": 6, "SYM_TENSOR": 6, "EXPR": 8}  # fmt: skip
+                 "PARAM": 5, "NO_HOOKS": 5, "TENSOR": 6, "SYM_TENSOR": 6, "SYM_ARRAY": 6,
+                 "EXPR": 8}  # fmt: skip
         for g in sorted(self.items(), key=lambda g: order.get(g.kind, 9)):
             _emit(g, instrs, loads)
         if config.guard_grad_mode:
@@ -207,6 +211,8 @@ def _emit(g: Guard, instrs: list, loads: S.LoadCompiler) -> None:
         instrs.append((S.G_TENSOR, 0, r, 0, g.value))
     elif g.kind == "SYM_TENSOR":
         instrs.append((S.G_SYM_TENSOR, 0, r, 0, g.value))
+    elif g.kind == "SYM_ARRAY":  # value: (itemsize, size spec)
+        instrs.append((S.G_SYM_ARRAY, 0, r, g.value[0], g.value[1]))
     elif g.kind == "SAME":
         instrs.append((S.G_SAME, 0, r, loads.reg(g.value), None))
     elif g.kind == "DICT_KEYS":

@@ -18,7 +18,8 @@ from .numpy_map import (NO, asarray, axes_arg, const, given, graph_call, graph_m
                         method, refuse, register, shape_arg)  # fmt: skip
 from .numpy_device import copied_view
 from .numpy_values import (apply_ufunc, as_tensor, cast, dtype_arg, getitem, key_for_result_type,
-                           np_dtype, operand, result, setitem, write_back)  # fmt: skip
+                           np_dtype, operand, result, setitem, shape_of, static_shape,
+                           write_back)  # fmt: skip
 
 
 # -- reductions -----------------------------------------------------------------------------------
@@ -219,7 +220,7 @@ def np_reshape(tx, a, shape, order=NO, *, copy=NO):
 
 @method("reshape")
 def ndarray_reshape(tx, a, *shape, order=NO, copy=NO):
-    dims = shape_arg(shape[0]) if len(shape) == 1 else tuple(const(s, "shape") for s in shape)
+    dims = shape_arg(shape[0]) if len(shape) == 1 else shape_arg(V.ListVT(list(shape)))
     return _reshape(tx, a, dims, order, copy)
 
 
@@ -262,25 +263,27 @@ def np_moveaxis(tx, a, source, destination):
 @register("expand_dims")
 def np_expand_dims(tx, a, axis):
     a = asarray(tx, a)
-    shape = list(a.tensor.example.shape)
-    axes = axes_arg(axis, len(shape) + len(shape_arg(axis, "axis")))
-    for d in sorted(axes):
-        shape.insert(d, 1)
-    return result(graph_method(tx, "reshape", a.tensor, tuple(shape)), False)
+    t = a.tensor
+    axes = axes_arg(axis, t.example.dim() + len(shape_arg(axis, "axis")))
+    for d in sorted(axes):  # unsqueeze, not reshape: no size is read (they may be dynamic)
+        t = graph_method(tx, "unsqueeze", t, d)
+    return result(t, False)
 
 
 @register("squeeze")
 @method("squeeze")
 def np_squeeze(tx, a, axis=NO):
     a = asarray(tx, a)
+    # Which sizes are 1 holds for every size a graph runs with: dynamic sizes are at least 2.
     shape = a.tensor.example.shape
     axes = axes_arg(axis, len(shape))
     if axes is None:
         axes = tuple(d for d, n in enumerate(shape) if n == 1)
     if any(shape[d] != 1 for d in axes):  # NumPy raises; torch would leave the axis
         raise Unsupported("np.squeeze of an axis whose size is not 1")
-    kept = tuple(n for d, n in enumerate(shape) if d not in axes)
-    return result(graph_method(tx, "reshape", a.tensor, kept), False)
+    if not axes:
+        return result(graph_method(tx, "view", a.tensor, shape_of(tx, a)), False)
+    return result(graph_method(tx, "squeeze", a.tensor, tuple(axes)), False)
 
 
 @register("ravel")
@@ -308,11 +311,12 @@ def _atleast(n):
         if len(arys) != 1:
             raise Unsupported(f"np.atleast_{n}d of several arrays")
         a = asarray(tx, arys[0])
-        shape = tuple(a.tensor.example.shape)
-        if len(shape) >= n:
-            return V.NdarrayVT(a.tensor)
-        new = (1,) * (n - len(shape)) + shape  # (N,) -> (1, N), () -> (1,) or (1, 1)
-        return result(graph_method(tx, "reshape", a.tensor, new), False)
+        t = a.tensor
+        if t.example.dim() >= n:
+            return V.NdarrayVT(t)
+        for _ in range(n - t.example.dim()):  # (N,) -> (1, N), () -> (1,) or (1, 1)
+            t = graph_method(tx, "unsqueeze", t, 0)
+        return result(t, False)
 
     return impl
 
@@ -358,8 +362,9 @@ def np_vstack(tx, tup, *, dtype=NO, casting=NO):
 
 
 def _at_least_2d(tx, t):
-    shape = tuple(t.example.shape)
-    return t if len(shape) >= 2 else graph_method(tx, "reshape", t, (1,) * (2 - len(shape)) + shape)
+    for _ in range(2 - t.example.dim()):  # unsqueeze: no size is read (they may be dynamic)
+        t = graph_method(tx, "unsqueeze", t, 0)
+    return t
 
 
 @register("hstack")
@@ -474,7 +479,7 @@ def ndarray_setitem(tx, a, key, value):
 # -- metadata -------------------------------------------------------------------------------------
 @register("shape")
 def np_shape(tx, a):
-    return V.ConstVT(tuple(asarray(tx, a).tensor.example.shape))
+    return shape_of(tx, asarray(tx, a))
 
 
 @register("ndim")
@@ -484,7 +489,7 @@ def np_ndim(tx, a):
 
 @register("size")
 def np_size(tx, a, axis=NO):
-    shape = asarray(tx, a).tensor.example.shape
+    shape = static_shape(asarray(tx, a).tensor, "np.size")
     axes = axes_arg(axis, len(shape))
     return V.ConstVT(int(np.prod([shape[d] for d in axes])) if axes else shape.numel())
 

@@ -169,16 +169,24 @@ def axes_arg(vt, ndim, what="axis"):
         raise Unsupported(f"NumPy {what} {value!r}: {e}") from None
 
 
+def _wrap(a) -> V.VT:
+    """A node argument: a plain Python value becomes a constant; a tuple holding symbolic sizes
+    a tuple of them."""
+    if isinstance(a, tuple) and any(isinstance(i, V.VT) for i in a):
+        return V.ListVT([_wrap(i) for i in a], is_tuple=True)
+    return a if isinstance(a, V.VT) else V.ConstVT(a)
+
+
 def graph_call(tx, fn, *args, **kwargs) -> V.TensorVT:
     """A call_function node (plain Python arguments become constants)."""
-    wrap = lambda a: a if isinstance(a, V.VT) else V.ConstVT(a)  # noqa: E731
+    wrap = _wrap
     return tx.output.call("call_function", fn, tuple(wrap(a) for a in args),
                           {k: wrap(v) for k, v in kwargs.items()})  # fmt: skip
 
 
 def graph_method(tx, name, t, *args, **kwargs) -> V.TensorVT:
     """A call_method node on tensor `t`."""
-    wrap = lambda a: a if isinstance(a, V.VT) else V.ConstVT(a)  # noqa: E731
+    wrap = _wrap
     return tx.output.call("call_method", name, (t, *(wrap(a) for a in args)),
                           {k: wrap(v) for k, v in kwargs.items()})  # fmt: skip
 
@@ -189,6 +197,12 @@ def keep(vt) -> bool:
 
 
 def shape_arg(vt, what="shape"):
-    """A shape argument (an int or a sequence) as a tuple."""
+    """A shape argument (an int or a sequence) as a tuple; sizes read from arrays with dynamic
+    sizes stay symbolic (SymIntVTs), so the graph takes them as inputs."""
+    from .symbolic import SymIntVT
+
+    items = vt.items if isinstance(vt, V.ListVT) else [vt]
+    if any(isinstance(i, SymIntVT) for i in items):
+        return tuple(i if isinstance(i, SymIntVT) else const(i, what) for i in items)
     value = const(vt, what)
     return (value,) if isinstance(value, int) else tuple(value)

@@ -131,14 +131,23 @@ def wrap_input(builder, array: np.ndarray, source) -> V.NdarrayVT:
         return prev[1]
     builder.guard("TYPE", source, np.ndarray)
     builder.guard("EQ", AttrSource(source, "dtype"), array.dtype)
-    builder.guard("EQ", AttrSource(source, "shape"), array.shape)
-    builder.guard("EQ", AttrSource(source, "strides"), array.strides)
     builder.guard("EQ", AttrSource(AttrSource(source, "flags"), "writeable"), True)
     device = array_device(output)
     if device is not None:
         check_no_written_overlap(output, array)
     value = torch.from_numpy(array) if device is None else to_device(array, device)
-    tensor = output.add_input(value, NumpyTensorSource(source, device), guarded=False)
+    # Dynamic sizes as for tensors (marked, dynamic=True, or changed since the last compile),
+    # on the CPU, where the graph reads the array's own memory; one guard checks the sizes it
+    # keeps, C order, and reads the dynamic ones.
+    dims = {}
+    if device is None and output.policy is not None:
+        dims = output.policy.dims(value, source)
+    tensor = output.add_input(value, NumpyTensorSource(source, device), guarded=False, dims=dims)
+    if dims:
+        builder.guard("SYM_ARRAY", source, (array.itemsize, tensor.size_spec))
+    else:
+        builder.guard("EQ", AttrSource(source, "shape"), array.shape)
+        builder.guard("EQ", AttrSource(source, "strides"), array.strides)
     vt = V.NdarrayVT(tensor, source=source)
     seen[id(array)] = (array, vt)
     return vt
@@ -206,14 +215,17 @@ class Operand:
     scalar: bool  # a NumPy scalar or Python number (0-d results stay scalars)
 
 
-def operand(tx, vt) -> Operand:
-    """What NumPy makes of `vt` as an array argument."""
+def operand(tx, vt, sym_ok=False) -> Operand:
+    """What NumPy makes of `vt` as an array argument. `sym_ok`: a symbolic size stays one, a weak
+    Python int (as_tensor decides whether it can stay symbolic), else its value is guarded."""
     from .calls import try_const
     from .symbolic import SymIntVT
 
     if isinstance(vt, V.NdarrayVT):
         return Operand(vt.tensor, None, np_dtype(vt), vt.scalar)
     if isinstance(vt, SymIntVT):
+        if sym_ok:
+            return Operand(None, vt, int, True)
         vt = V.ConstVT(vt.env.specialize(vt))
     if isinstance(vt, V.TensorVT):
         raise Unsupported("a torch.Tensor mixed with NumPy arrays (convert it with .numpy())")
@@ -246,9 +258,18 @@ def key_for_result_type(op: Operand):
 
 def as_tensor(tx, op: Operand, dt: np.dtype, keep_scalar=False):
     """The operand as a tensor of dtype `dt` (a Python scalar stays one when `keep_scalar`)."""
+    from .symbolic import SymIntVT
+
     if op.tensor is not None:
         return cast(tx, op.tensor, dt)
     value = op.value
+    if isinstance(value, SymIntVT):
+        # A size (>= 2) is exact in a float loop and fits int64: the op takes it symbolic, as
+        # NumPy takes the weak int. Narrower ints (NumPy raises past their range) and a
+        # scalar that must become a tensor use its value, guarded.
+        if keep_scalar and (dt.kind in "fc" or dt == np.dtype(np.int64)):
+            return value
+        value = value.env.specialize(value)
     if dt.kind in "iu" and isinstance(value, (bool, int)):
         info = np.iinfo(dt)
         if not info.min <= value <= info.max:  # NumPy raises OverflowError here
@@ -294,8 +315,10 @@ def apply_ufunc(tx, uf, torch_fn, args, kwargs) -> V.VT:
                               "compiled code")  # fmt: skip
     if len(args) != uf.nin or uf.nout != 1:
         raise Unsupported(f"{ufunc_name(uf)} with {len(args)} arguments")
-    ops = [operand(tx, a) for a in args]
+    # torch's Tensor.__pow__ refuses a SymInt exponent: a size there is guarded
+    ops = [operand(tx, a, sym_ok=torch_fn is not operator.pow) for a in args]
     if all(op.tensor is None for op in ops):  # all scalars: NumPy computes it now
+        ops = [operand(tx, a) for a in args]
         value = uf(*[_const_value(op) for op in ops], **({"dtype": dtype} if dtype else {}))
         return V.ConstVT(value)
     try:
@@ -389,6 +412,9 @@ def write_back(tx, a: V.NdarrayVT, out: V.VT, what: str) -> V.NdarrayVT:
     src_dt = numpy_dtype_of(src.example.dtype)
     if not np.can_cast(src_dt, dt, "same_kind"):
         raise Unsupported(f"in-place {what}: NumPy cannot cast {src_dt} to {dt} (same_kind)")
+    if a.tensor.sym != src.sym:  # the check below reads sizes: equal symbols need none
+        static_shape(a.tensor, f"in-place {what}")
+        static_shape(src, f"in-place {what}")
     shape = a.tensor.example.shape
     if src.example.shape != shape and torch.broadcast_shapes(src.example.shape, shape) != shape:
         raise Unsupported(f"in-place {what}: shapes do not broadcast to the array's")
@@ -520,16 +546,38 @@ def _example_key(index):
     return index.value if isinstance(index, V.ConstVT) else index
 
 
+def static_shape(t: V.TensorVT, what: str) -> torch.Size:
+    """The sizes of an array's tensor where NumPy code reads them as Python ints; one with a
+    dynamic size traces the frame again with static sizes (reading the example's would bake
+    one size into a graph run for every size)."""
+    if t.sym is not None and not all(e.is_Integer for e in t.sym):
+        from .symbolic import SymbolicFallback
+
+        raise SymbolicFallback(f"{what} of a NumPy array with dynamic sizes")
+    return t.example.shape
+
+
 def iterate(tx, a: V.NdarrayVT) -> list:
     if a.tensor.example.dim() == 0:
         raise Unsupported("iteration over a 0-d NumPy array")
-    return [getitem(tx, a, V.ConstVT(i)) for i in range(a.tensor.example.shape[0])]
+    return [getitem(tx, a, V.ConstVT(i))
+            for i in range(static_shape(a.tensor, "iteration")[0])]  # fmt: skip
 
 
-def length(a: V.NdarrayVT) -> V.ConstVT:
+def length(tx, a: V.NdarrayVT) -> V.VT:
     if a.tensor.example.dim() == 0:
         raise Unsupported("len() of a 0-d NumPy array")
-    return V.ConstVT(a.tensor.example.shape[0])
+    shape = shape_of(tx, a)
+    return V.ConstVT(shape.value[0]) if isinstance(shape, V.ConstVT) else shape.items[0]
+
+
+def shape_of(tx, a: V.NdarrayVT) -> V.VT:
+    """`a.shape`: a tuple of ints, symbolic where the size is dynamic."""
+    if a.tensor.sym is None:
+        return V.ConstVT(tuple(a.tensor.example.shape))
+    from .tensor_ops import size_read
+
+    return V.ListVT(size_read(tx, a.tensor, "size", []).items, is_tuple=True)
 
 
 # -- attributes -----------------------------------------------------------------------------------
@@ -540,17 +588,17 @@ def getattr_ndarray(tx, a: V.NdarrayVT, name: str) -> V.VT:
 
     ex = a.tensor.example
     if name == "shape":
-        return V.ConstVT(tuple(ex.shape))
+        return shape_of(tx, a)
     if name == "ndim":
         return V.ConstVT(ex.dim())
     if name == "size":
-        return V.ConstVT(ex.numel())
+        return V.ConstVT(static_shape(a.tensor, "ndarray.size").numel())
     if name == "dtype":
         return V.ConstVT(np_dtype(a))
     if name == "itemsize":
         return V.ConstVT(ex.element_size())
     if name == "nbytes":
-        return V.ConstVT(ex.numel() * ex.element_size())
+        return V.ConstVT(static_shape(a.tensor, "ndarray.nbytes").numel() * ex.element_size())
     if name == "T":
         return lookup_method("transpose")(tx, a)
     if name == "mT":

@@ -100,9 +100,11 @@ class OutputGraph:
             self.shape_env = ShapeEnv(self.graph, lambda: self.where(), exporting)
 
     # -- inputs -------------------------------------------------------------------------------
-    def add_input(self, value: torch.Tensor, source: Source, guarded=True) -> V.TensorVT:
+    def add_input(self, value: torch.Tensor, source: Source, guarded=True,
+                  dims=None) -> V.TensorVT:  # fmt: skip
         """The TensorVT for a real tensor read from `source` (one placeholder per tensor object).
-        `guarded=False`: the caller guards what the tensor is made from (a NumPy array)."""
+        `guarded=False`: the caller guards what the tensor is made from (a NumPy array), and
+        `dims` ({dim: DimRange}) are its dynamic sizes (their slots: `vt.size_spec`)."""
         if source in self._input_by_source:
             return self._input_by_source[source]
         if is_dtensor(value):  # its __torch_function__ is torch's disabled one: not "plain"
@@ -113,7 +115,7 @@ class OutputGraph:
         if not _plain_tensor_type(type(value)):
             raise Unsupported(f"tensor subclass {type(value).__name__} as a graph input")
         if not guarded:
-            dims = {}
+            dims = dims or {}
         elif isinstance(value, torch.nn.Parameter) and source.is_module_param():
             # A module's parameter: identity, requires_grad and dtype are checked (replacing a
             # parameter recompiles); in-place shape changes through .data are not detected.
@@ -140,15 +142,16 @@ class OutputGraph:
         vt = V.TensorVT(node, example, source, type(value))
         vt.real = value  # identity only (set membership, `is`), never read for values
         if dims:
-            self._symbolic_input(vt, value, source, dims)
+            self._symbolic_input(vt, value, source, dims, guarded)
         self.inputs.append((source, value, vt))
         self._input_by_id[id(value)] = vt
         self._input_by_source[source] = vt
         return vt
 
-    def _symbolic_input(self, vt, value, source, dims) -> None:
+    def _symbolic_input(self, vt, value, source, dims, guarded=True) -> None:
         """Give a graph input symbolic sizes; its guard checks the static sizes, reads the
-        dynamic ones into the guard VM's int slots, and checks row-major strides."""
+        dynamic ones into the guard VM's int slots, and checks row-major strides (unguarded:
+        the caller's guard does, from `vt.size_spec`)."""
         env = self.shape_env
         sizes, spec = [], []
         for d, n in enumerate(value.shape):
@@ -158,8 +161,10 @@ class OutputGraph:
             else:
                 spec.append(n)
                 sizes.append(n)
-        self.guards.add("SYM_TENSOR", source, (type(value), value.dtype, value.device,
-                                               value.requires_grad, tuple(spec)))  # fmt: skip
+        vt.size_spec = tuple(spec)
+        if guarded:
+            self.guards.add("SYM_TENSOR", source, (type(value), value.dtype, value.device,
+                                                   value.requires_grad, tuple(spec)))  # fmt: skip
         vt.sym = tuple(sympy.sympify(s) for s in sizes)
         vt.node.meta[NODE_META_KEY] = TensorMeta(value.dtype, vt.sym, contiguous_strides(vt.sym),
                                                  0, str(value.device), value.requires_grad)

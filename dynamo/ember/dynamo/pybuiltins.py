@@ -90,7 +90,7 @@ def _len(tx, x):
     if isinstance(x, V.NdarrayVT):
         from .numpy_values import length
 
-        return length(x)
+        return length(tx, x)
     if isinstance(x, (V.ListVT, V.DictVT, V.SetVT)):
         return V.ConstVT(len(x.items))
     if isinstance(x, V.ConstVT):

@@ -62,6 +62,48 @@ class SymIntVT(V.VT):
         return f"SymIntVT({self.expr}={self.hint})"
 
 
+class SizeDecisionVT(V.ConstVT):
+    """A comparison of sizes (`x.shape[0] > 4`): the bool at the hints, guarded, as any decision,
+    except that torch.cond may take it back while nothing has read it (`retract`) and compute it
+    in the graph instead, capturing both branches; a read after that guards it again."""
+
+    def __init__(self, value: bool, env: "ShapeEnv", relation, fresh: bool, op, a, b):
+        self._value, self.source = value, None
+        self.env, self.relation, self.fresh = env, relation, fresh
+        self.op, self.a, self.b = op, a, b
+        self.read = False  # the bool was read: something took this branch of the guard
+        self.retracted = False
+
+    @property
+    def value(self):
+        self.read = True
+        if self.retracted:  # read after torch.cond took the guard back: guard it now
+            self.retracted = False
+            self.env.assume(self.relation)
+        return self._value
+
+    def python_type(self):
+        return bool
+
+    def retract(self) -> bool:
+        """Drop this decision's guard if it alone made it and nothing read it (True: dropped)."""
+        rel = self.relation
+        if self.read or not self.fresh or isinstance(rel, (sympy.Eq, sympy.Ne)):
+            return False  # (an equality may have pinned a symbol: not undone here)
+        if self.env.exporting:  # export checked it against the Dims' ranges: it holds there
+            return False
+        if self.env.relations.get(rel) is None:
+            return False
+        del self.env.relations[rel]
+        self.retracted = True
+        return True
+
+    def restore(self) -> None:
+        if self.retracted:
+            self.retracted = False
+            self.env.assume(self.relation)
+
+
 class SymSliceVT(V.VT):
     """slice(start, stop, step) with a symbolic bound (used to index tensors)."""
 
@@ -204,6 +246,17 @@ class ShapeEnv:
         self.assume(relation if value else sympy.Not(relation))
         return value
 
+    def decide_compare(self, op, a, b) -> V.VT:
+        """`a <op> b` for ints, one symbolic: a guarded bool that torch.cond may take back."""
+        relation = sympy.sympify(COMPARE[op](as_sym(a), as_sym(b)))
+        if relation in (sympy.true, sympy.false):
+            return V.ConstVT(bool(relation))
+        value = bool(relation.xreplace(self.hints))
+        recorded = sympy.sympify(relation if value else sympy.Not(relation))
+        fresh = recorded not in self.relations
+        self.assume(recorded)
+        return SizeDecisionVT(value, self, recorded, fresh, op, a, b)
+
     def assume(self, relation) -> None:
         """Record that the trace is valid only where `relation` holds (it holds for the hints)."""
         relation = sympy.sympify(relation)
@@ -308,6 +361,8 @@ def _solve_pinned(diff):
         return None
     poly = sympy.expand(factors[0])
     syms = sorted(poly.free_symbols, key=_symbol_order)
+    if not poly.is_polynomial(*syms):  # CeilDiv(s0, CeilDiv(s0, 2)) == 2 (chunk): no pin, and
+        return None  # evaluating it at s0 = 0 below would divide by zero
     if len(syms) == 1:
         (s,) = syms
         a, b = poly.coeff(s), poly.subs(s, 0)

@@ -288,6 +288,56 @@ class SizeOnCtx(torch.autograd.Function):
         return 2 * x * g + g_sum * ctx.rows
 
 
+class NeedsInputGradMarked(torch.autograd.Function):
+    """setup_context form; x's gradient is 3x where y needs none, so a needs_input_grad that is
+    wrong (all True, say) shows in x's gradient, not only in a gradient thrown away."""
+
+    @staticmethod
+    def forward(x, y):
+        return x * y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        gx = grad * y * (1.0 if ctx.needs_input_grad[1] else 3.0)
+        return gx, (grad * x if ctx.needs_input_grad[1] else None)
+
+
+class FloatNonDifferentiable(torch.autograd.Function):
+    """A float output marked non-differentiable (an int one never requires grad anyway)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        a, b = x * 2, x.exp()
+        ctx.mark_non_differentiable(b)
+        return a, b
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_a, grad_b):
+        return grad_a * 2
+
+
+@case(lambda: (leaf(4, 5), torch.randn(4, 5)))
+def needs_input_grad_changes_the_gradient(x, y):
+    return NeedsInputGradMarked.apply(x.sin(), y)
+
+
+@case(two)
+def needs_input_grad_both(x, y):
+    return NeedsInputGradMarked.apply(x, y.cos())
+
+
+@case(one)
+def float_output_marked_non_differentiable(x):
+    a, b = FloatNonDifferentiable.apply(x)
+    return a, b, b * 3  # b and what is made from it alone do not require grad
+
+
 @case(one)
 def mark_dirty_non_leaf_input(x):
     y = x * 1.5  # needs grad, not a leaf: eager writes it and rebases its history

@@ -397,8 +397,6 @@ class Tracer(TorchDispatchMode):
     def _record_custom_op(self, func, args, kwargs):
         """A user-defined operator as one extern.custom_op node (see prims/custom.py); the tensors
         it writes take their new values as for an in-place ATen op."""
-        if self.shape_env is not None:
-            raise NotImplementedError(f"custom operator {func} with symbolic sizes")
         outs, written, new_values = record_custom_op(self.record_prim, func, args, kwargs,
                                                      self.node_of)  # fmt: skip
         with self._suspend(), torch.no_grad():

@@ -84,6 +84,8 @@ enum GuardOp {
                       // is row-major contiguous, and its dynamic sizes go to int slots (below)
   G_INT_EXPR = 22,    // the int program in tuple obj evaluates to non-zero over the int slots
   G_CALL_IS = 23,     // obj[0]() is obj[1]: process state (default dtype, autocast dtype)
+  G_SYM_ARRAY = 24,   // r[src] (an ndarray) has the size spec obj, C order with idx-byte items;
+                      // its dynamic sizes go to int slots (its type and dtype: other guards)
 };
 
 // Programs over int slots (dynamic sizes): postfix, int64. symbolic.py emits them.
@@ -96,7 +98,8 @@ struct GuardInstr {
   int op, dst, src;
   Py_ssize_t idx;
   PyObject* obj;               // strong reference
-  std::vector<long long> ints;  // G_SYM_TENSOR: size spec (n >= 0 static, -1-k slot k);
+  std::vector<long long> ints;  // G_SYM_TENSOR/G_SYM_ARRAY: size spec (n >= 0 static, -1-k
+                                // slot k);
                                 // G_INT_EXPR: the program
 };
 
@@ -166,6 +169,7 @@ bool eval_int_program(const std::vector<long long>& prog, const long long* slots
 }
 
 PyObject *s_dtype, *s_device, *s_requires_grad, *s_shape, *s_stride, *s_closure, *s_keys;
+PyObject* s_strides;
 
 // spec: (type, dtype, device, requires_grad, sizes, strides). The checks both tensor guards share:
 // exact type, dtype and requires_grad (interned objects: identity), then the device.
@@ -232,6 +236,34 @@ done:
   return ok;
 }
 
+// An ndarray with dynamic sizes: static sizes equal, dynamic ones stored into their slots, byte
+// strides exactly C order for the actual sizes (`itemsize` bytes an element).
+bool sym_array_matches(PyObject* x, const GuardInstr& in, long long* slots) {
+  bool ok = false;
+  PyObject* strides = nullptr;
+  Py_ssize_t n = (Py_ssize_t)in.ints.size();
+  long long expect = (long long)in.idx;
+  PyObject* shape = PyObject_GetAttr(x, s_shape);
+  if (!shape || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != n) goto done;
+  strides = PyObject_GetAttr(x, s_strides);
+  if (!strides || !PyTuple_Check(strides) || PyTuple_GET_SIZE(strides) != n) goto done;
+  for (Py_ssize_t d = n - 1; d >= 0; d--) {
+    long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+    long long st = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, d));
+    if (PyErr_Occurred() || st != expect) goto done;
+    long long want = in.ints[d];
+    if (want >= 0 && size != want) goto done;
+    if (want < 0) slots[-1 - want] = size;
+    expect *= size;
+  }
+  ok = true;
+done:
+  PyErr_Clear();
+  Py_XDECREF(shape);
+  Py_XDECREF(strides);
+  return ok;
+}
+
 bool run_check(const GuardInstr& in, PyObject** r, long long* slots) {
   PyObject* v = r[in.src];
   switch (in.op) {
@@ -243,6 +275,7 @@ bool run_check(const GuardInstr& in, PyObject** r, long long* slots) {
     case G_LEN: return PyObject_Length(v) == in.idx;
     case G_TENSOR: return tensor_matches(v, in.obj);
     case G_SYM_TENSOR: return sym_tensor_matches(v, in, slots);
+    case G_SYM_ARRAY: return sym_array_matches(v, in, slots);
     case G_INT_EXPR: return eval_int_program(in.ints, slots);
     case G_NO_HOOKS: {
       for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(in.obj); i++) {
@@ -378,8 +411,8 @@ bool parse_ints(GuardInstr& in, int nslots) {
     PyErr_SetString(PyExc_ValueError, "G_CALL_IS takes (callable, expected)");
     return false;
   }
-  if (in.op != G_SYM_TENSOR && in.op != G_INT_EXPR) return true;
-  PyObject* t = in.op == G_INT_EXPR ? in.obj : PyTuple_Check(in.obj) && PyTuple_GET_SIZE(in.obj) == 5
+  if (in.op != G_SYM_TENSOR && in.op != G_INT_EXPR && in.op != G_SYM_ARRAY) return true;
+  PyObject* t = in.op != G_SYM_TENSOR ? in.obj : PyTuple_Check(in.obj) && PyTuple_GET_SIZE(in.obj) == 5
                                                   ? PyTuple_GET_ITEM(in.obj, 4)
                                                   : nullptr;
   if (!t || !PyTuple_Check(t)) {
@@ -392,7 +425,7 @@ bool parse_ints(GuardInstr& in, int nslots) {
     in.ints.push_back(v);
   }
   bool bad = false;
-  if (in.op == G_SYM_TENSOR) {
+  if (in.op != G_INT_EXPR) {
     for (long long v : in.ints) bad |= v < 0 && -1 - v >= nslots;
   } else {
     for (size_t i = 0; i < in.ints.size(); i++) {
@@ -953,6 +986,7 @@ PyMODINIT_FUNC PyInit__C(void) {
   s_requires_grad = PyUnicode_InternFromString("requires_grad");
   s_shape = PyUnicode_InternFromString("shape");
   s_stride = PyUnicode_InternFromString("stride");
+  s_strides = PyUnicode_InternFromString("strides");
   s_closure = PyUnicode_InternFromString("__closure__");
   s_keys = PyUnicode_InternFromString("keys");
 

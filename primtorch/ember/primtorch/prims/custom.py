@@ -19,6 +19,8 @@ import torch
 from ember.ir import TensorMeta
 
 from ..errors import MetaMismatchError
+from ..symbolic import _node_expr
+from ..utils import _active_env
 from .core import prim
 
 # Namespaces of torch's own operators: these are decomposed or refused, never kept opaque.
@@ -91,26 +93,36 @@ def _ref(op, args, mutated=()):
     return tuple(outs) + tuple(args[i] for i in mutated)
 
 
-def _to_meta_tensor(op, m):
+def _to_meta_tensor(op, m, env):
     if not isinstance(m, TensorMeta):
         return m
-    if not m.is_static():
-        raise NotImplementedError(f"custom operator {op} with symbolic sizes (its fake kernel "
-                                  "runs on static sizes only)")  # fmt: skip
-    sizes, strides = tuple(int(s) for s in m.sizes), tuple(int(s) for s in m.strides)
+    if m.is_static():
+        sizes, strides = tuple(int(s) for s in m.sizes), tuple(int(s) for s in m.strides)
+    elif env is None:
+        raise NotImplementedError(f"custom operator {op} with symbolic sizes outside a trace "
+                                  "(its fake kernel needs the trace's symbols)")  # fmt: skip
+    else:  # sizes as SymInts of the trace: what the fake kernel decides on them is guarded
+        sizes, strides = tuple(map(env.symint, m.sizes)), tuple(map(env.symint, m.strides))
     return torch.empty_strided(sizes, strides, dtype=m.dtype, device="meta")
+
+
+def _size_expr(v):
+    return _node_expr(v.node) if isinstance(v, torch.SymInt) else int(v)
 
 
 def _meta(op, args, mutated=()):
     func = resolve_op(op)
     metas = [a for a in _leaves(args) if isinstance(a, TensorMeta)]
     device = metas[0].device if metas else "cpu"
-    meta_args = [_map(lambda m: _to_meta_tensor(op, m), a) for a in args]
+    env = _active_env()
+    meta_args = [_map(lambda m: _to_meta_tensor(op, m, env), a) for a in args]
     pos, kw = _split(func, meta_args)
     # The fake kernel (registered for the Meta key by register_fake / impl_abstract) gives the
-    # sizes, strides and dtype; the device is the inputs' (a fake kernel runs on meta tensors).
+    # sizes, strides and dtype, symbolic where the inputs' are; the device is the inputs' (a fake
+    # kernel runs on meta tensors).
     outs = _outputs(func, func(*pos, **kw))
-    result = [TensorMeta(o.dtype, tuple(o.shape), tuple(o.stride()), 0, device) for o in outs]
+    result = [TensorMeta(o.dtype, tuple(map(_size_expr, o.shape)),
+                         tuple(map(_size_expr, o.stride())), 0, device) for o in outs]  # fmt: skip
     return tuple(result) + tuple(args[i] for i in mutated)
 
 
