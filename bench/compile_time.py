@@ -2,6 +2,7 @@
 
     python bench/compile_time.py --device cuda --mode infer-bf16 resnet50 efficientnet_b0
     python bench/compile_time.py small_resnet small_gpt2 small_vit          # CPU, fp32
+    python bench/compile_time.py --device cuda --mode train-amp --stages gpt2  # where it goes
 
 Per model, with its own empty EMBER_CACHE_DIR: `cold` is the first call of a fresh process on
 the empty cache; `warm` the first call of a second process on the filled cache (imports excluded);
@@ -36,6 +37,7 @@ def _one(name: str, device: str, mode: str) -> dict:
     import ember
     import ember.dynamo
     from ember.inductor import metrics
+    from ember.ir import progress
 
     spec = MODELS[name]
     torch.manual_seed(0)
@@ -72,7 +74,9 @@ def _one(name: str, device: str, mode: str) -> dict:
     for phase in ("first", "reset"):
         metrics.reset()
         ember.dynamo.reset()
+        progress.reset_stage_totals()
         result[phase] = call(ember.compile(model))
+        result[f"{phase}_stages"] = progress.stage_totals()
         result[f"{phase}_hits"] = (f"fx {metrics.fx_cache_hits} graph {metrics.cache_hits} "
                                    f"cubins {metrics.triton_binaries_loaded}")
     return result
@@ -83,6 +87,8 @@ def main() -> None:
     parser.add_argument("models", nargs="+")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--mode", default="infer-fp32", choices=MODES)
+    parser.add_argument("--stages", action="store_true",
+                        help="also the cold call's seconds by compile stage (ember.ir.progress)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -107,6 +113,19 @@ def main() -> None:
                 print(f"{name:24} {cold['first']:8.2f} {warm['first']:8.2f} {warm['reset']:8.2f}"
                       f" {warm['eager_first']:11.2f}  {cold['first_hits']} | "
                       f"{warm['first_hits']}")  # fmt: skip
+                if args.stages:
+                    _print_stages(cold["first"], cold["first_stages"])
+
+
+def _print_stages(first: float, stages: dict) -> None:
+    """The cold first call's seconds by compile stage (inner stages' time included in their
+    outer one's), and what ran outside every stage (dynamo's bytecode work, the calls)."""
+    outer = sum(t for path, t in stages.items() if " > " not in path)
+    for path, seconds in sorted(stages.items()):
+        depth = path.count(" > ")
+        if depth <= 2:
+            print(f"    {'  ' * depth}{path.rsplit(' > ', 1)[-1]:<40} {seconds:8.2f}")
+    print(f"    {'outside every stage':<40} {first - outer:8.2f}")
 
 
 if __name__ == "__main__":

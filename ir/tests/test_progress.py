@@ -79,3 +79,17 @@ def test_the_watcher_thread_reports_a_stage_that_runs_long(monkeypatch, caplog):
         while not caplog.messages and time.monotonic() < deadline:
             time.sleep(0.01)
     assert caplog.messages and caplog.messages[0].endswith("now: kernel compile")
+
+
+def test_stage_totals_sum_each_stage_path_over_compiles(clock):
+    progress.reset_stage_totals()
+    for _ in range(2):
+        with progress.stage("aot"):
+            clock.now += 1.0
+            with progress.stage("lowering"):
+                clock.now += 2.5
+        with progress.stage("kernel compile"):
+            clock.now += 0.5
+    assert progress.stage_totals() == {"aot": 7.0, "aot > lowering": 5.0, "kernel compile": 1.0}
+    progress.reset_stage_totals()
+    assert progress.stage_totals() == {}

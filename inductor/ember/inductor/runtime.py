@@ -512,11 +512,12 @@ def autotune(launcher: TritonLauncher, args) -> dict:
         return remembered
     from triton.testing import do_bench
 
-    copies = [scratch_copy(a) for a in args]
-    times = [
-        do_bench(lambda c=c: launcher._launch(c, copies), warmup=5, rep=20)
-        for c in launcher.configs
-    ]
+    with progress.stage("autotune"):  # at a kernel's first call: part of the first step's cost
+        copies = [scratch_copy(a) for a in args]
+        times = [
+            do_bench(lambda c=c: launcher._launch(c, copies), warmup=5, rep=20)
+            for c in launcher.configs
+        ]
     best = launcher.configs[min(range(len(times)), key=times.__getitem__)]
     known = dict(_known_choices())
     known[_autotune_key(launcher)] = best

@@ -52,6 +52,20 @@ class _Compile:
 
 _lock = threading.RLock()
 _current: Optional[_Compile] = None
+# Seconds spent in each stage, by its path from the outermost ("aot_autograd > backward graph
+# compile > lowering"), inner stages' time included, summed over the process's compiles.
+_totals: dict[str, float] = {}
+
+
+def stage_totals() -> dict[str, float]:
+    """Seconds spent in each stage path so far (see _totals); a copy."""
+    with _lock:
+        return dict(_totals)
+
+
+def reset_stage_totals() -> None:
+    with _lock:
+        _totals.clear()
 _handler: Optional[logging.Handler] = None
 
 
@@ -114,11 +128,13 @@ def stage(name: str):
             _active.set()
         c = _current
         c.stages.append(name)
+        path, began = " > ".join(c.stages), config.clock()
     poll()
     try:
         yield
     finally:
         with _lock:
+            _totals[path] = _totals.get(path, 0.0) + config.clock() - began
             c.stages.pop()
             if outer:
                 _active.clear()
