@@ -38,6 +38,38 @@ Mat bias_mat(const View& b, int out_ndim, int64_t batch = 0) {
   return Mat{base, b.dtype, st[1], st[2]};
 }
 
+// dst[index[j], ...] = values[j, ...] along dim 0, in place (index int64 or int32, negative
+// indices counted from the end as torch does): O(values), whatever dst's size.
+void index_copy(const View& dst, const View& index, const View& values) {
+  need(dst.ndim >= 1 && index.ndim == 1 && values.ndim == dst.ndim, "index_copy takes dst, a 1-D "
+       "index and values of dst's rank");
+  need(index.dtype.code == kDLInt && (index.dtype.bits == 64 || index.dtype.bits == 32),
+       "index_copy's index is int64 or int32");
+  need(values.sizes[0] == index.sizes[0], "index_copy: one row of values per index");
+  for (int d = 1; d < dst.ndim; ++d) need(values.sizes[d] == dst.sizes[d], "index_copy shapes");
+  View drow = dst, vrow = values;
+  drow.ndim = vrow.ndim = dst.ndim - 1;
+  for (int d = 1; d < dst.ndim; ++d) {
+    drow.sizes[d - 1] = dst.sizes[d], drow.strides[d - 1] = dst.strides[d];
+    vrow.sizes[d - 1] = values.sizes[d], vrow.strides[d - 1] = values.strides[d];
+  }
+  int64_t isz = itemsize(dst.dtype);
+  const char* ip = static_cast<const char*>(index.data);
+  for (int64_t j = 0; j < index.sizes[0]; ++j) {
+    const char* at = ip + j * index.strides[0] * (index.dtype.bits / 8);
+    int64_t i = index.dtype.bits == 64 ? *reinterpret_cast<const int64_t*>(at)
+                                       : *reinterpret_cast<const int32_t*>(at);
+    if (i < 0) i += dst.sizes[0];
+    if (i < 0 || i >= dst.sizes[0]) {
+      fail(EMBER_ERR_RUNTIME, "index " + std::to_string(i) + " is out of bounds for a cache "
+                              "dimension of size " + std::to_string(dst.sizes[0]));
+    }
+    drow.data = static_cast<char*>(dst.data) + i * dst.strides[0] * isz;
+    vrow.data = static_cast<char*>(values.data) + j * values.strides[0] * isz;
+    strided_copy(drow, vrow);
+  }
+}
+
 void cpu_extern(int32_t op, const View* t, int32_t nt, const int64_t* ints, int32_t ni,
                 const double* floats, int32_t nf) {
   switch (op) {
@@ -87,6 +119,10 @@ void cpu_extern(int32_t op, const View* t, int32_t nt, const int64_t* ints, int3
     case ember_abi::kCopy:
       need(nt == 2, "copy takes dst, src");
       strided_copy(t[0], t[1]);
+      return;
+    case ember_abi::kIndexCopy:
+      need(nt == 3, "index_copy takes dst, index, values");
+      index_copy(t[0], t[1], t[2]);
       return;
     case ember_abi::kCumsum:
     case ember_abi::kCumprod:
