@@ -54,15 +54,11 @@ class _ClonedCaches(torch.nn.Module):
         return (*outs, *clones)
 
 
-def package_decode_step(model, example_inputs: Sequence[torch.Tensor], path, *, tokens: int,
-                        positions: int, caches: Sequence[int], logits: int = 0,
-                        device: str = "cpu", include_dirs: Sequence[str] = (),
-                        defines: Sequence[str] = ()) -> Path:  # fmt: skip
-    """Package one decoder step whose caches are updated in place; returns the package path.
-
-    `tokens`, `positions` and `caches` are indices into `example_inputs` (every input is one of
-    them), `logits` the index of the logits among the model's outputs. The package runs with
-    `ember_model_run` (the caches are written in place) and with `ember_generate`."""
+def decode_step_artifact(model, example_inputs: Sequence[torch.Tensor], *, tokens: int,
+                         positions: int, caches: Sequence[int], logits: int = 0,
+                         device: str = "cpu") -> tuple[CompiledArtifact, dict, dict]:  # fmt: skip
+    """The compiled step with its caches updated in place, its constants, and the manifest's
+    "decode" entry (what `package_decode_step` packages; see there for the arguments)."""
     example_inputs = list(example_inputs)
     caches = [int(c) for c in caches]
     _check_roles(example_inputs, tokens, positions, caches)
@@ -74,12 +70,28 @@ def package_decode_step(model, example_inputs: Sequence[torch.Tensor], path, *, 
     artifact, consts = compile_exported(exported, device)
     donated = [artifact.inputs[i] for i in caches]
     artifact, lengths = donate_index_puts(artifact, donated, artifact.outputs[n_out:])
+    spec = {"tokens": tokens, "positions": positions, "caches": caches, "logits": logits,
+            "max_positions": min(lengths)}  # fmt: skip
+    return artifact, consts, spec
+
+
+def package_decode_step(model, example_inputs: Sequence[torch.Tensor], path, *, tokens: int,
+                        positions: int, caches: Sequence[int], logits: int = 0,
+                        device: str = "cpu", include_dirs: Sequence[str] = (),
+                        defines: Sequence[str] = ()) -> Path:  # fmt: skip
+    """Package one decoder step whose caches are updated in place; returns the package path.
+
+    `tokens`, `positions` and `caches` are indices into `example_inputs` (every input is one of
+    them), `logits` the index of the logits among the model's outputs. The package runs with
+    `ember_model_run` (the caches are written in place) and with `ember_generate`."""
+    artifact, consts, spec = decode_step_artifact(model, example_inputs, tokens=tokens,
+                                                  positions=positions, caches=caches,
+                                                  logits=logits, device=device)  # fmt: skip
     path = package((artifact, consts), path, device, include_dirs=include_dirs, defines=defines)
     manifest_path = Path(path) / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    manifest[DECODE_KEY] = {"tokens": tokens, "positions": positions, "caches": caches,
-                            "logits": logits, "max_positions": min(lengths)}  # fmt: skip
-    manifest["mutated_inputs"] = caches  # written in place by every run
+    manifest[DECODE_KEY] = spec
+    manifest["mutated_inputs"] = spec["caches"]  # written in place by every run
     tmp = manifest_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(tmp, manifest_path)

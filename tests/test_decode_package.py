@@ -1,0 +1,258 @@
+"""Decode-step packages: a tiny Llama-style decoder whose KV caches are inputs written in place
+(index_copy_ at the positions), packaged once, then `ember_generate` in C++ against an eager
+greedy loop over the same model and caches; top-k sampling by seed; refusals.
+
+Cross-component: dynamo exports the step, inductor compiles it, cpp_wrapper rewrites each cache
+update into an in-place write of the caller's buffer and runs `generate` (standalone, by
+`run_package --generate`, and in process through the binding).
+"""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ember.cpp_wrapper as cw
+from ember.cpp_wrapper import UnsupportedArtifactError
+
+VOCAB, HIDDEN, HEADS, KV_HEADS, LAYERS, MAX_LEN = 128, 64, 4, 2, 2, 48
+HEAD_DIM = HIDDEN // HEADS
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+
+
+def _rotate(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.kv = nn.Linear(HIDDEN, 2 * KV_HEADS * HEAD_DIM, bias=False)
+        self.o = nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.n1, self.n2 = RMSNorm(HIDDEN), RMSNorm(HIDDEN)
+        self.up = nn.Linear(HIDDEN, 2 * HIDDEN, bias=False)
+        self.down = nn.Linear(HIDDEN, HIDDEN, bias=False)
+
+    def forward(self, x, pos, cos, sin, mask, k_cache, v_cache):
+        b, t, _ = x.shape
+        h = self.n1(x)
+        q = self.q(h).view(b, t, HEADS, HEAD_DIM).transpose(1, 2)
+        k, v = self.kv(h).view(b, t, 2, KV_HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4).unbind(0)
+        k_cache.index_copy_(2, pos, _rotate(k, cos, sin))  # the static cache, in place
+        v_cache[:, :, pos] = v  # an indexed assignment works as well
+        a = F.scaled_dot_product_attention(_rotate(q, cos, sin), k_cache, v_cache,
+                                           attn_mask=mask, enable_gqa=True)  # fmt: skip
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, HIDDEN))
+        g, u = self.up(self.n2(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(g) * u)
+
+
+class Decoder(nn.Module):
+    """forward(tokens (B, 1), positions (1,), k0, v0, k1, v1) -> logits (B, 1, VOCAB)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, HIDDEN)
+        self.layers = nn.ModuleList(Layer() for _ in range(LAYERS))
+        self.norm = RMSNorm(HIDDEN)
+        self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
+        inv = 1.0 / (10000 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
+        ang = torch.outer(torch.arange(MAX_LEN).float(), inv)
+        self.register_buffer("cos", torch.cat([ang.cos()] * 2, -1), persistent=False)
+        self.register_buffer("sin", torch.cat([ang.sin()] * 2, -1), persistent=False)
+        self.register_buffer("slots", torch.arange(MAX_LEN), persistent=False)
+
+    def forward(self, tokens, positions, *caches):
+        x = self.embed(tokens)
+        cos, sin = self.cos[positions], self.sin[positions]
+        mask = (self.slots[None, :] <= positions[:, None])[None, None]  # the filled slots
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, cos, sin, mask, caches[2 * i], caches[2 * i + 1])
+        return self.head(self.norm(x))
+
+
+def _caches(batch=1):
+    return [torch.zeros(batch, KV_HEADS, MAX_LEN, HEAD_DIM) for _ in range(2 * LAYERS)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return Decoder().eval()
+
+
+@pytest.fixture(scope="module")
+def pkg(model, tmp_path_factory):
+    """One package for every test (building it compiles C++)."""
+    example = (torch.tensor([[1]]), torch.tensor([0]), *_caches())
+    return cw.package_decode_step(model, example, tmp_path_factory.mktemp("decode") / "pkg",
+                                  tokens=0, positions=1, caches=range(2, 2 + 2 * LAYERS))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run_package(tmp_path_factory):
+    return cw.install_run_package(tmp_path_factory.mktemp("bin"))
+
+
+def _eager(model, prompt, n):
+    """Greedy tokens and each step's logits, token-by-token through the prompt, as generate."""
+    caches, tokens, logits = _caches(prompt.shape[0]), [], []
+    with torch.no_grad():
+        for s in range(prompt.shape[1] + n - 1):
+            tok = prompt[:, s : s + 1] if s < prompt.shape[1] else tokens[-1][:, None]
+            out = model(tok, torch.tensor([s]), *caches)[:, -1]
+            if s >= prompt.shape[1] - 1:
+                logits.append(out)
+                tokens.append(out.argmax(-1))
+    return torch.stack(tokens, 1), torch.stack(logits, 1)
+
+
+def _standalone(run_package, pkg, prompt, n, tmp_path, *flags):
+    np.save(tmp_path / "prompt.npy", prompt.numpy())
+    out = tmp_path / "out.npy"
+    run = subprocess.run([str(run_package), "--generate", str(n), *flags, str(pkg),
+                          str(tmp_path / "prompt.npy"), str(out)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return torch.from_numpy(np.load(out))
+
+
+PROMPT = torch.tensor([[5, 17, 99, 3]])
+
+
+def test_the_package_updates_caches_in_place_and_returns_only_logits(pkg, model):
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    assert manifest["decode"] == {"tokens": 0, "positions": 1, "caches": [2, 3, 4, 5],
+                                  "logits": 0, "max_positions": MAX_LEN}  # fmt: skip
+    assert [o["shape"] for o in manifest["outputs"]] == [[1, 1, VOCAB]]
+    loaded = cw.load_package(pkg)
+    caches, eager_caches = _caches(), _caches()
+    for s, tok in enumerate([7, 8, 9]):
+        args = (torch.tensor([[tok]]), torch.tensor([s]))
+        (got,) = loaded(*args, *caches)
+        with torch.no_grad():
+            want = model(*args, *eager_caches)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+        for c, e in zip(caches, eager_caches):  # the caller's buffers hold the new rows
+            torch.testing.assert_close(c, e, atol=2e-5, rtol=1e-4)
+    assert all(c[:, :, 3:].abs().sum() == 0 for c in caches)  # nothing past the positions
+
+
+def test_the_cache_update_writes_only_the_new_rows(model):
+    """No step copies a cache: the only cache-sized buffers are the inputs themselves (and views
+    of them), each written by one in-place update of the new rows."""
+    example = (torch.tensor([[1]]), torch.tensor([0]), *_caches())
+    artifact, _, spec = cw.decode_step_artifact(model, example, tokens=0, positions=1,
+                                                caches=[2, 3, 4, 5])  # fmt: skip
+    assert spec["max_positions"] == MAX_LEN and len(artifact.outputs) == 1
+    in_place = [s for s in artifact.steps if (s.kwargs or {}).get("in_place")]
+    assert len(in_place) == 2 * LAYERS
+    cache_numel = KV_HEADS * MAX_LEN * HEAD_DIM
+    viewed = {s.outputs[0] for s in artifact.steps if s.kind == "view"}
+    big = [b.name for b in artifact.buffers if b.kind in ("intermediate", "output")
+           and b.meta.numel() >= cache_numel and b.name not in viewed]  # fmt: skip
+    assert not big, f"cache-sized buffers written by the step: {big}"
+    src = cw.generate_wrapper(artifact, artifact_hash="x", isa="generic")
+    assert src.count("h->extern_op(c, 14,") == 2 * LAYERS  # kIndexCopy, O(new rows)
+
+
+def test_standalone_greedy_generate_matches_eager(pkg, model, run_package, tmp_path):
+    want, _ = _eager(model, PROMPT, 16)
+    got = _standalone(run_package, pkg, PROMPT, 16, tmp_path)
+    assert got.dtype == torch.int64 and got.shape == (1, 16)
+    assert got.tolist() == want.tolist()
+    in_process = cw.generate(cw.load_package(pkg), PROMPT, 16)
+    assert in_process.tolist() == want.tolist()
+
+
+def test_top_k_sampling_is_seeded_and_stays_in_the_top_k(pkg, model, run_package, tmp_path):
+    loaded = cw.load_package(pkg)
+    a = cw.generate(loaded, PROMPT, 16, top_k=5, temperature=1.5, seed=1234)
+    assert cw.generate(loaded, PROMPT, 16, top_k=5, temperature=1.5, seed=1234).equal(a)
+    flags = ("--top-k", "5", "--temperature", "1.5", "--seed", "1234")
+    assert _standalone(run_package, pkg, PROMPT, 16, tmp_path, *flags).equal(a)
+    others = [cw.generate(loaded, PROMPT, 16, top_k=5, temperature=1.5, seed=s) for s in (1, 2)]
+    assert any(not o.equal(a) for o in others)  # the seed matters
+    # Teacher-forced on the sampled tokens: each one is among the 5 largest eager logits.
+    prompt = torch.cat([PROMPT, a[:, :-1]], 1)
+    caches = _caches()
+    with torch.no_grad():
+        for s in range(prompt.shape[1]):
+            logits = model(prompt[:, s : s + 1], torch.tensor([s]), *caches)[0, -1]
+            if s >= PROMPT.shape[1] - 1:
+                chosen = a[0, s - PROMPT.shape[1] + 1].item()
+                assert chosen in logits.topk(5).indices.tolist(), (s, chosen)
+    assert len(set(a[0].tolist())) > 1
+
+
+def test_generate_refuses_bad_requests(pkg, run_package, tmp_path):
+    loaded = cw.load_package(pkg)
+    with pytest.raises(cw.EmberRuntimeError, match="positions"):
+        cw.generate(loaded, PROMPT, MAX_LEN)  # 4 + 48 - 1 positions > 48
+    with pytest.raises(cw.EmberRuntimeError, match="vocabulary"):
+        cw.generate(loaded, torch.tensor([[VOCAB]]), 2)
+    with pytest.raises(cw.EmberRuntimeError, match="batch"):
+        cw.generate(loaded, torch.zeros(2, 3, dtype=torch.int64), 2)
+    np.save(tmp_path / "prompt.npy", PROMPT.numpy())
+    run = subprocess.run([str(run_package), "--generate", str(MAX_LEN), str(pkg),
+                          str(tmp_path / "prompt.npy"), str(tmp_path / "out.npy")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 1 and "positions" in run.stderr
+
+
+class NoCacheWrite(nn.Module):
+    """Takes a 'cache' but never writes it: not a decode step."""
+
+    def forward(self, tokens, positions, cache):
+        return cache.sum() + tokens.float().unsqueeze(-1).expand(-1, -1, 8)
+
+
+class ReadsBeforeAndAfter(nn.Module):
+    """Reads the cache's old value after writing it (through a copy made before the write)."""
+
+    def forward(self, tokens, positions, cache):
+        old = cache * 2
+        cache.index_copy_(0, positions, tokens.float().view(-1, 1).expand(-1, 8))
+        return (old + cache).sum(0, keepdim=True)[None]
+
+
+def test_packages_without_the_convention_are_refused(tmp_path, run_package):
+    example = (torch.tensor([[1]]), torch.tensor([0]), torch.zeros(6, 8))
+    with pytest.raises(UnsupportedArtifactError, match="not updated by an index_copy_"):
+        cw.package_decode_step(NoCacheWrite(), example, tmp_path / "a", tokens=0, positions=1,
+                               caches=[2])  # fmt: skip
+    with pytest.raises(ValueError, match="each of the 3 inputs once"):
+        cw.package_decode_step(NoCacheWrite(), example, tmp_path / "b", tokens=0, positions=1,
+                               caches=[])  # fmt: skip
+    with pytest.raises(UnsupportedArtifactError, match="old value"):
+        cw.package_decode_step(ReadsBeforeAndAfter(), example, tmp_path / "c", tokens=0,
+                               positions=1, caches=[2])  # fmt: skip
+
+
+def test_generate_refuses_a_package_that_is_not_a_decode_step(tmp_path, run_package):
+    import ember
+
+    logits = nn.Embedding(16, 16)  # tokens -> logits, with no cache and no positions
+    path = cw.package(ember.export(logits, (torch.tensor([[1]]),)), tmp_path / "plain")
+    with pytest.raises(cw.EmberRuntimeError, match="not a decode-step package") as e:
+        cw.generate(cw.load_package(path), torch.tensor([[1]]), 2)
+    assert e.value.name == "EMBER_ERR_UNSUPPORTED"
+    np.save(tmp_path / "prompt.npy", np.array([[1]], dtype=np.int64))
+    run = subprocess.run([str(run_package), "--generate", "2", str(path),
+                          str(tmp_path / "prompt.npy"), str(tmp_path / "out.npy")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 9 and "package_decode_step" in run.stderr
