@@ -256,3 +256,35 @@ def test_generate_refuses_a_package_that_is_not_a_decode_step(tmp_path, run_pack
                           str(tmp_path / "prompt.npy"), str(tmp_path / "out.npy")],
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 9 and "package_decode_step" in run.stderr
+
+
+@pytest.mark.parametrize("entry", [
+    {"tokens": 9},  # out of range
+    {"tokens": 1},  # the same input as positions
+    {"caches": [2, 3, 4]},  # an input without a role
+    {"caches": [2, 2, 4, 5]},  # a cache twice
+    {"tokens": 2, "caches": [0, 3, 4, 5]},  # float tokens, an integer cache
+    {"logits": 1},  # the package has one output
+    {"max_positions": 0},
+    {"positions": "1"},
+    {"caches": 2},
+], ids=lambda e: json.dumps(e))  # fmt: skip
+def test_a_hostile_decode_entry_is_a_package_error(pkg, tmp_path, entry):
+    import shutil
+
+    bad = tmp_path / "pkg"
+    shutil.copytree(pkg, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["decode"].update(entry)
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(cw.EmberRuntimeError) as e:
+        cw.load_package(bad)
+    assert e.value.name == "EMBER_ERR_PACKAGE" and "decode" in e.value.message
+
+
+def test_a_cache_with_other_strides_is_refused_not_copied(pkg):
+    loaded = cw.load_package(pkg)
+    caches = _caches()
+    caches[0] = torch.zeros(1, KV_HEADS, HEAD_DIM, MAX_LEN).transpose(2, 3)  # same shape
+    with pytest.raises(cw.EmberRuntimeError, match="stride"):
+        loaded(torch.tensor([[1]]), torch.tensor([0]), *caches)
