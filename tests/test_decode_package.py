@@ -7,6 +7,7 @@ update into an in-place write of the caller's buffer and runs `generate` (standa
 `run_package --generate`, and in process through the binding).
 """
 
+import dataclasses
 import json
 import subprocess
 
@@ -99,8 +100,9 @@ def model():
 def pkg(model, tmp_path_factory):
     """One package for every test (building it compiles C++)."""
     example = (torch.tensor([[1]]), torch.tensor([0]), *_caches())
-    return cw.package_decode_step(model, example, tmp_path_factory.mktemp("decode") / "pkg",
-                                  tokens=0, positions=1, caches=range(2, 2 + 2 * LAYERS))  # fmt: skip
+    path = tmp_path_factory.mktemp("decode") / "pkg"
+    caches = range(2, 2 + 2 * LAYERS)
+    return cw.package_decode_step(model, example, path, tokens=0, positions=1, caches=caches)
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +170,9 @@ def test_the_cache_update_writes_only_the_new_rows(model):
     assert not big, f"cache-sized buffers written by the step: {big}"
     src = cw.generate_wrapper(artifact, artifact_hash="x", isa="generic")
     assert src.count("h->extern_op(c, 14,") == 2 * LAYERS  # kIndexCopy, O(new rows)
+    # On CUDA the update would read the positions on the host: refused, not run wrongly.
+    with pytest.raises(UnsupportedArtifactError, match="CUDA artifact"):
+        cw.generate_wrapper(dataclasses.replace(artifact, device="cuda"), isa="generic")
 
 
 def test_standalone_greedy_generate_matches_eager(pkg, model, run_package, tmp_path):

@@ -153,8 +153,9 @@ def _ref(value) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
-def donate_index_puts(artifact: CompiledArtifact, donated: Sequence[str],
-                      cache_outputs: Sequence[str]) -> tuple[CompiledArtifact, list[int]]:  # fmt: skip
+def donate_index_puts(
+    artifact: CompiledArtifact, donated: Sequence[str], cache_outputs: Sequence[str]
+) -> tuple[CompiledArtifact, list[int]]:
     """`artifact` with each donated input updated in place by its `prims.index_put` step, and
     `cache_outputs` (the inputs' new values) dropped from its outputs; also each cache's length
     (the size of its indexed dimension). Raises UnsupportedArtifactError when an update is not an

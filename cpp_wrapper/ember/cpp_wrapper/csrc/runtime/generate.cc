@@ -135,7 +135,8 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
                                 "input must be (B, 1) and its positions (1,); export the step "
                                 "with one new token");
   }
-  if (lg.ndim < 2 || lg.ndim > 3 || (lg.ndim == 3 && lg.shape[1] != 1) || lg.shape[lg.ndim - 1] < 1) {
+  bool logits_ok = (lg.ndim == 2 || (lg.ndim == 3 && lg.shape[1] == 1)) && lg.shape[lg.ndim - 1] > 0;
+  if (!logits_ok) {
     fail(EMBER_ERR_UNSUPPORTED, "ember_generate: the logits output must be (B, V) or (B, 1, V)");
   }
   if (int64_t(batch) != tok.shape[0]) {

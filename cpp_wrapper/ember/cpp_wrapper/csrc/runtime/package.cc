@@ -425,7 +425,8 @@ DecodeSpec decode_spec(const Json& manifest, const ember_abi::ModelDesc& d) {
   if (seen[size_t(spec.positions)]) bad(where + ": tokens and positions are the same input");
   seen[size_t(spec.positions)] = true;
   for (const Json& c : array_member(e, "caches", size_t(d.num_inputs), where)) {
-    if (!c.is_integer() || c.as_int() < 0 || c.as_int() >= d.num_inputs || seen[size_t(c.as_int())]) {
+    bool ok = c.is_integer() && c.as_int() >= 0 && c.as_int() < d.num_inputs;
+    if (!ok || seen[size_t(c.as_int())]) {
       bad(where + ".caches must list other inputs, each once");
     }
     seen[size_t(c.as_int())] = true;
