@@ -165,7 +165,15 @@ def donate_index_puts(
     stale: dict[str, str] = {}  # buffer -> the donated input whose old value it holds
     updated: dict[str, int] = {}  # donated input -> the length of its indexed dimension
     steps = []
+    freed: set[str] = set()  # names of updated caches' storage the plan has freed
     for step in artifact.steps:
+        if step.kind == "free":
+            freed.update(n for n in map(_ref, step.args) if roots.get(n) in updated)
+        elif freed & step_refs(step):  # the plan hands the storage on: it is the caller's
+            raise UnsupportedArtifactError(
+                f"the compiled plan reuses the storage of a cache update "
+                f"({sorted(freed & step_refs(step))[0]}) for another buffer; the cache belongs "
+                "to the caller")
         if step.kind != "free":
             old = sorted(r for r in step_refs(step) if r in stale)
             if old:
