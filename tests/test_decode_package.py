@@ -86,7 +86,10 @@ class Decoder(nn.Module):
         return self.head(self.norm(x))
 
 
-def _caches(batch=1):
+BATCH = 2  # rows decode side by side
+
+
+def _caches(batch=BATCH):
     return [torch.zeros(batch, KV_HEADS, MAX_LEN, HEAD_DIM) for _ in range(2 * LAYERS)]
 
 
@@ -99,7 +102,7 @@ def model():
 @pytest.fixture(scope="module")
 def pkg(model, tmp_path_factory):
     """One package for every test (building it compiles C++)."""
-    example = (torch.tensor([[1]]), torch.tensor([0]), *_caches())
+    example = (torch.tensor([[1]] * BATCH), torch.tensor([0]), *_caches())
     path = tmp_path_factory.mktemp("decode") / "pkg"
     caches = range(2, 2 + 2 * LAYERS)
     return cw.package_decode_step(model, example, path, tokens=0, positions=1, caches=caches)
@@ -133,18 +136,18 @@ def _standalone(run_package, pkg, prompt, n, tmp_path, *flags):
     return torch.from_numpy(np.load(out))
 
 
-PROMPT = torch.tensor([[5, 17, 99, 3]])
+PROMPT = torch.tensor([[5, 17, 99, 3], [42, 0, 7, 127]])
 
 
 def test_the_package_updates_caches_in_place_and_returns_only_logits(pkg, model):
     manifest = json.loads((pkg / "manifest.json").read_text())
     assert manifest["decode"] == {"tokens": 0, "positions": 1, "caches": [2, 3, 4, 5],
                                   "logits": 0, "max_positions": MAX_LEN}  # fmt: skip
-    assert [o["shape"] for o in manifest["outputs"]] == [[1, 1, VOCAB]]
+    assert [o["shape"] for o in manifest["outputs"]] == [[BATCH, 1, VOCAB]]
     loaded = cw.load_package(pkg)
     caches, eager_caches = _caches(), _caches()
     for s, tok in enumerate([7, 8, 9]):
-        args = (torch.tensor([[tok]]), torch.tensor([s]))
+        args = (torch.tensor([[tok], [tok + 1]]), torch.tensor([s]))
         (got,) = loaded(*args, *caches)
         with torch.no_grad():
             want = model(*args, *eager_caches)
@@ -157,7 +160,7 @@ def test_the_package_updates_caches_in_place_and_returns_only_logits(pkg, model)
 def test_the_cache_update_writes_only_the_new_rows(model):
     """No step copies a cache: the only cache-sized buffers are the inputs themselves (and views
     of them), each written by one in-place update of the new rows."""
-    example = (torch.tensor([[1]]), torch.tensor([0]), *_caches())
+    example = (torch.tensor([[1]] * BATCH), torch.tensor([0]), *_caches())
     artifact, _, spec = cw.decode_step_artifact(model, example, tokens=0, positions=1,
                                                 caches=[2, 3, 4, 5])  # fmt: skip
     assert spec["max_positions"] == MAX_LEN and len(artifact.outputs) == 1
@@ -178,7 +181,8 @@ def test_the_cache_update_writes_only_the_new_rows(model):
 def test_standalone_greedy_generate_matches_eager(pkg, model, run_package, tmp_path):
     want, _ = _eager(model, PROMPT, 16)
     got = _standalone(run_package, pkg, PROMPT, 16, tmp_path)
-    assert got.dtype == torch.int64 and got.shape == (1, 16)
+    assert got.dtype == torch.int64 and got.shape == (BATCH, 16)
+    assert not got[0].equal(got[1])  # the rows decode independently
     assert got.tolist() == want.tolist()
     in_process = cw.generate(cw.load_package(pkg), PROMPT, 16)
     assert in_process.tolist() == want.tolist()
@@ -197,10 +201,11 @@ def test_top_k_sampling_is_seeded_and_stays_in_the_top_k(pkg, model, run_package
     caches = _caches()
     with torch.no_grad():
         for s in range(prompt.shape[1]):
-            logits = model(prompt[:, s : s + 1], torch.tensor([s]), *caches)[0, -1]
+            logits = model(prompt[:, s : s + 1], torch.tensor([s]), *caches)[:, -1]
             if s >= PROMPT.shape[1] - 1:
-                chosen = a[0, s - PROMPT.shape[1] + 1].item()
-                assert chosen in logits.topk(5).indices.tolist(), (s, chosen)
+                for row in range(BATCH):
+                    chosen = a[row, s - PROMPT.shape[1] + 1].item()
+                    assert chosen in logits[row].topk(5).indices.tolist(), (s, row, chosen)
     assert len(set(a[0].tolist())) > 1
 
 
@@ -209,9 +214,9 @@ def test_generate_refuses_bad_requests(pkg, run_package, tmp_path):
     with pytest.raises(cw.EmberRuntimeError, match="positions"):
         cw.generate(loaded, PROMPT, MAX_LEN)  # 4 + 48 - 1 positions > 48
     with pytest.raises(cw.EmberRuntimeError, match="vocabulary"):
-        cw.generate(loaded, torch.tensor([[VOCAB]]), 2)
+        cw.generate(loaded, torch.tensor([[1], [VOCAB]]), 2)
     with pytest.raises(cw.EmberRuntimeError, match="batch"):
-        cw.generate(loaded, torch.zeros(2, 3, dtype=torch.int64), 2)
+        cw.generate(loaded, torch.zeros(BATCH + 1, 3, dtype=torch.int64), 2)
     np.save(tmp_path / "prompt.npy", PROMPT.numpy())
     run = subprocess.run([str(run_package), "--generate", str(MAX_LEN), str(pkg),
                           str(tmp_path / "prompt.npy"), str(tmp_path / "out.npy")],
@@ -290,6 +295,6 @@ def test_a_hostile_decode_entry_is_a_package_error(pkg, tmp_path, entry):
 def test_a_cache_with_other_strides_is_refused_not_copied(pkg):
     loaded = cw.load_package(pkg)
     caches = _caches()
-    caches[0] = torch.zeros(1, KV_HEADS, HEAD_DIM, MAX_LEN).transpose(2, 3)  # same shape
+    caches[0] = torch.zeros(BATCH, KV_HEADS, HEAD_DIM, MAX_LEN).transpose(2, 3)  # same shape
     with pytest.raises(cw.EmberRuntimeError, match="stride"):
-        loaded(torch.tensor([[1]]), torch.tensor([0]), *caches)
+        loaded(torch.tensor([[1]] * BATCH), torch.tensor([0]), *caches)
