@@ -253,15 +253,27 @@ def test_packages_without_the_convention_are_refused(tmp_path, run_package):
                                positions=1, caches=[2])  # fmt: skip
 
 
-def test_generate_refuses_a_package_that_is_not_a_decode_step(tmp_path, run_package):
-    import ember
+def _copy(pkg, tmp_path, edit):
+    """A copy of the package with its manifest edited (the manifest is not hashed)."""
+    import shutil
 
-    logits = nn.Embedding(16, 16)  # tokens -> logits, with no cache and no positions
-    path = cw.package(ember.export(logits, (torch.tensor([[1]]),)), tmp_path / "plain")
+    path = tmp_path / "pkg"
+    shutil.copytree(pkg, path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    edit(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return path
+
+
+def test_generate_refuses_a_package_that_is_not_a_decode_step(pkg, tmp_path, run_package):
+    path = _copy(pkg, tmp_path, lambda m: m.pop("decode"))  # a plain package of the same step
+    loaded = cw.load_package(path)
+    (logits,) = loaded(torch.tensor([[1]] * BATCH), torch.tensor([0]), *_caches())
+    assert logits.shape == (BATCH, 1, VOCAB)  # it still runs; it only lacks the convention
     with pytest.raises(cw.EmberRuntimeError, match="not a decode-step package") as e:
-        cw.generate(cw.load_package(path), torch.tensor([[1]]), 2)
+        cw.generate(loaded, PROMPT, 2)
     assert e.value.name == "EMBER_ERR_UNSUPPORTED"
-    np.save(tmp_path / "prompt.npy", np.array([[1]], dtype=np.int64))
+    np.save(tmp_path / "prompt.npy", PROMPT.numpy())
     run = subprocess.run([str(run_package), "--generate", "2", str(path),
                           str(tmp_path / "prompt.npy"), str(tmp_path / "out.npy")],
                          capture_output=True, text=True)  # fmt: skip
@@ -280,13 +292,7 @@ def test_generate_refuses_a_package_that_is_not_a_decode_step(tmp_path, run_pack
     {"caches": 2},
 ], ids=lambda e: json.dumps(e))  # fmt: skip
 def test_a_hostile_decode_entry_is_a_package_error(pkg, tmp_path, entry):
-    import shutil
-
-    bad = tmp_path / "pkg"
-    shutil.copytree(pkg, bad)
-    manifest = json.loads((bad / "manifest.json").read_text())
-    manifest["decode"].update(entry)
-    (bad / "manifest.json").write_text(json.dumps(manifest))
+    bad = _copy(pkg, tmp_path, lambda m: m["decode"].update(entry))
     with pytest.raises(cw.EmberRuntimeError) as e:
         cw.load_package(bad)
     assert e.value.name == "EMBER_ERR_PACKAGE" and "decode" in e.value.message
