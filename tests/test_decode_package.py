@@ -7,7 +7,9 @@ update into an in-place write of the caller's buffer and runs `generate` (standa
 `run_package --generate`, and in process through the binding).
 """
 
+import concurrent.futures
 import dataclasses
+import importlib
 import json
 import subprocess
 
@@ -100,17 +102,30 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def pkg(model, tmp_path_factory):
+def builds(tmp_path_factory):
+    """run_package and the in-process binding, built in threads while the package compiles
+    (each build is a compiler subprocess: they overlap on a second core)."""
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    program = pool.submit(cw.install_run_package, tmp_path_factory.mktemp("bin"))
+    binding = pool.submit(importlib.import_module, "ember.cpp_wrapper._C")
+    yield program, binding
+    pool.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pkg(model, tmp_path_factory, builds):
     """One package for every test (building it compiles C++)."""
     example = (torch.tensor([[1]] * BATCH), torch.tensor([0]), *_caches())
     path = tmp_path_factory.mktemp("decode") / "pkg"
     caches = range(2, 2 + 2 * LAYERS)
-    return cw.package_decode_step(model, example, path, tokens=0, positions=1, caches=caches)
+    path = cw.package_decode_step(model, example, path, tokens=0, positions=1, caches=caches)
+    builds[1].result()
+    return path
 
 
 @pytest.fixture(scope="module")
-def run_package(tmp_path_factory):
-    return cw.install_run_package(tmp_path_factory.mktemp("bin"))
+def run_package(builds):
+    return builds[0].result()
 
 
 def _eager(model, prompt, n):
@@ -240,7 +255,7 @@ class ReadsBeforeAndAfter(nn.Module):
         return (old + cache).sum(0, keepdim=True)[None]
 
 
-def test_packages_without_the_convention_are_refused(tmp_path, run_package):
+def test_packages_without_the_convention_are_refused(tmp_path):
     example = (torch.tensor([[1]]), torch.tensor([0]), torch.zeros(6, 8))
     with pytest.raises(UnsupportedArtifactError, match="not updated by an index_copy_"):
         cw.package_decode_step(NoCacheWrite(), example, tmp_path / "a", tokens=0, positions=1,

@@ -193,6 +193,9 @@ def donate_index_puts(
             steps.append(step)
             continue
         x, out = _ref(step.args[0]), step.outputs[0]
+        if roots.get(_ref(step.args[2])) == target:
+            raise UnsupportedArtifactError(f"cache input {target!r} is updated with rows of "
+                                           "itself; copy them first")  # fmt: skip
         layout = _layout(artifact, views, out)
         if not _same_elements(_layout(artifact, views, x), layout):
             raise UnsupportedArtifactError(f"the update of cache input {target!r} has another "
