@@ -146,12 +146,14 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
   }
   if (prompt_len == 0) fail(EMBER_ERR_INVALID_ARGUMENT, "ember_generate: the prompt is empty");
   if (n_new == 0) return;
-  size_t steps = prompt_len + n_new - 1;
-  if (steps > size_t(spec.max_positions)) {
+  size_t limit = size_t(spec.max_positions);  // checked first: the sum below cannot wrap
+  size_t steps = prompt_len > limit || n_new > limit ? limit + 1 : prompt_len + n_new - 1;
+  if (steps > limit) {
     fail(EMBER_ERR_INVALID_ARGUMENT,
          "ember_generate: " + std::to_string(prompt_len) + " prompt tokens and " +
-             std::to_string(n_new) + " new ones need " + std::to_string(steps) +
-             " positions; the caches hold " + std::to_string(spec.max_positions));
+             std::to_string(n_new) + " new ones need one position less than that (one run "
+             "per token but the last); the caches hold " + std::to_string(spec.max_positions) +
+             " positions");
   }
   if (!(o.temperature > 0) || !std::isfinite(o.temperature)) {
     fail(EMBER_ERR_INVALID_ARGUMENT, "ember_generate: temperature must be positive and finite");
