@@ -587,10 +587,6 @@ class WrapperCodegen:
     def index_copy_in_place(self, step, args) -> None:
         """A donated input's update (decode.donate_index_puts): the rows of `values` written into
         the step's output, a view of the input, at `index` along its first dimension."""
-        if self.cuda:
-            raise UnsupportedArtifactError(
-                "an in-place cache update (index_copy_ into a donated input) in a CUDA artifact: "
-                "the runtime writes it on the CPU only (it reads the positions on the host)")
         out = step.outputs[0]
         index = args[1][0] if isinstance(args[1], (list, tuple)) and len(args[1]) == 1 else None
         if buffer_ref(args[0]) != out or buffer_ref(index) is None or buffer_ref(args[2]) is None:
