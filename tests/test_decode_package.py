@@ -15,84 +15,12 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import ember.cpp_wrapper as cw
+from decode_model import (BATCH, HEAD_DIM, KV_HEADS, LAYERS, MAX_LEN, VOCAB, Decoder,
+                          eager_greedy, zero_caches)  # fmt: skip
 from ember.cpp_wrapper import UnsupportedArtifactError
-
-VOCAB, HIDDEN, HEADS, KV_HEADS, LAYERS, MAX_LEN = 128, 64, 4, 2, 2, 48
-HEAD_DIM = HIDDEN // HEADS
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
-
-
-def _rotate(x, cos, sin):
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
-class Layer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.q = nn.Linear(HIDDEN, HIDDEN, bias=False)
-        self.kv = nn.Linear(HIDDEN, 2 * KV_HEADS * HEAD_DIM, bias=False)
-        self.o = nn.Linear(HIDDEN, HIDDEN, bias=False)
-        self.n1, self.n2 = RMSNorm(HIDDEN), RMSNorm(HIDDEN)
-        self.up = nn.Linear(HIDDEN, 2 * HIDDEN, bias=False)
-        self.down = nn.Linear(HIDDEN, HIDDEN, bias=False)
-
-    def forward(self, x, pos, cos, sin, mask, k_cache, v_cache):
-        b, t, _ = x.shape
-        h = self.n1(x)
-        q = self.q(h).view(b, t, HEADS, HEAD_DIM).transpose(1, 2)
-        k, v = self.kv(h).view(b, t, 2, KV_HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4).unbind(0)
-        k_cache.index_copy_(2, pos, _rotate(k, cos, sin))  # the static cache, in place
-        v_cache[:, :, pos] = v  # an indexed assignment works as well
-        a = F.scaled_dot_product_attention(_rotate(q, cos, sin), k_cache, v_cache,
-                                           attn_mask=mask, enable_gqa=True)  # fmt: skip
-        x = x + self.o(a.transpose(1, 2).reshape(b, t, HIDDEN))
-        g, u = self.up(self.n2(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(g) * u)
-
-
-class Decoder(nn.Module):
-    """forward(tokens (B, 1), positions (1,), k0, v0, k1, v1) -> logits (B, 1, VOCAB)."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.layers = nn.ModuleList(Layer() for _ in range(LAYERS))
-        self.norm = RMSNorm(HIDDEN)
-        self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
-        inv = 1.0 / (10000 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
-        ang = torch.outer(torch.arange(MAX_LEN).float(), inv)
-        self.register_buffer("cos", torch.cat([ang.cos()] * 2, -1), persistent=False)
-        self.register_buffer("sin", torch.cat([ang.sin()] * 2, -1), persistent=False)
-        self.register_buffer("slots", torch.arange(MAX_LEN), persistent=False)
-
-    def forward(self, tokens, positions, *caches):
-        x = self.embed(tokens)
-        cos, sin = self.cos[positions], self.sin[positions]
-        mask = (self.slots[None, :] <= positions[:, None])[None, None]  # the filled slots
-        for i, layer in enumerate(self.layers):
-            x = layer(x, positions, cos, sin, mask, caches[2 * i], caches[2 * i + 1])
-        return self.head(self.norm(x))
-
-
-BATCH = 2  # rows decode side by side
-
-
-def _caches(batch=BATCH):
-    return [torch.zeros(batch, KV_HEADS, MAX_LEN, HEAD_DIM) for _ in range(2 * LAYERS)]
-
 
 @pytest.fixture(scope="module")
 def model():
@@ -114,7 +42,7 @@ def builds(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pkg(model, tmp_path_factory, builds):
     """One package for every test (building it compiles C++)."""
-    example = (torch.tensor([[1]] * BATCH), torch.tensor([0]), *_caches())
+    example = (torch.tensor([[1]] * BATCH), torch.tensor([0]), *zero_caches())
     path = tmp_path_factory.mktemp("decode") / "pkg"
     caches = range(2, 2 + 2 * LAYERS)
     path = cw.package_decode_step(model, example, path, tokens=0, positions=1, caches=caches)
@@ -125,19 +53,6 @@ def pkg(model, tmp_path_factory, builds):
 @pytest.fixture(scope="module")
 def run_package(builds):
     return builds[0].result()
-
-
-def _eager(model, prompt, n):
-    """Greedy tokens and each step's logits, token-by-token through the prompt, as generate."""
-    caches, tokens, logits = _caches(prompt.shape[0]), [], []
-    with torch.no_grad():
-        for s in range(prompt.shape[1] + n - 1):
-            tok = prompt[:, s : s + 1] if s < prompt.shape[1] else tokens[-1][:, None]
-            out = model(tok, torch.tensor([s]), *caches)[:, -1]
-            if s >= prompt.shape[1] - 1:
-                logits.append(out)
-                tokens.append(out.argmax(-1))
-    return torch.stack(tokens, 1), torch.stack(logits, 1)
 
 
 def _standalone(run_package, pkg, prompt, n, tmp_path, *flags):
@@ -159,7 +74,7 @@ def test_the_package_updates_caches_in_place_and_returns_only_logits(pkg, model)
                                   "logits": 0, "max_positions": MAX_LEN}  # fmt: skip
     assert [o["shape"] for o in manifest["outputs"]] == [[BATCH, 1, VOCAB]]
     loaded = cw.load_package(pkg)
-    caches, eager_caches = _caches(), _caches()
+    caches, eager_caches = zero_caches(), zero_caches()
     for s, tok in enumerate([7, 8, 9]):
         args = (torch.tensor([[tok], [tok + 1]]), torch.tensor([s]))
         (got,) = loaded(*args, *caches)
@@ -174,7 +89,7 @@ def test_the_package_updates_caches_in_place_and_returns_only_logits(pkg, model)
 def test_the_cache_update_writes_only_the_new_rows(model):
     """No step copies a cache: the only cache-sized buffers are the inputs themselves (and views
     of them), each written by one in-place update of the new rows."""
-    example = (torch.tensor([[1]] * BATCH), torch.tensor([0]), *_caches())
+    example = (torch.tensor([[1]] * BATCH), torch.tensor([0]), *zero_caches())
     artifact, _, spec = cw.decode_step_artifact(model, example, tokens=0, positions=1,
                                                 caches=[2, 3, 4, 5])  # fmt: skip
     assert spec["max_positions"] == MAX_LEN and len(artifact.outputs) == 1
@@ -189,8 +104,8 @@ def test_the_cache_update_writes_only_the_new_rows(model):
     assert src.count("h->extern_op(c, 14,") == 2 * LAYERS  # kIndexCopy, O(new rows)
 
 
-def test_standalone_greedy_generate_matches_eager(pkg, model, run_package, tmp_path):
-    want, _ = _eager(model, PROMPT, 16)
+def test_standalone_greedy_generate_matcheseager_greedy(pkg, model, run_package, tmp_path):
+    want, _ = eager_greedy(model, PROMPT, 16)
     got = _standalone(run_package, pkg, PROMPT, 16, tmp_path)
     assert got.dtype == torch.int64 and got.shape == (BATCH, 16)
     assert not got[0].equal(got[1])  # the rows decode independently
@@ -209,7 +124,7 @@ def test_top_k_sampling_is_seeded_and_stays_in_the_top_k(pkg, model, run_package
     assert any(not o.equal(a) for o in others)  # the seed matters
     # Teacher-forced on the sampled tokens: each one is among the 5 largest eager logits.
     prompt = torch.cat([PROMPT, a[:, :-1]], 1)
-    caches = _caches()
+    caches = zero_caches()
     with torch.no_grad():
         for s in range(prompt.shape[1]):
             logits = model(prompt[:, s : s + 1], torch.tensor([s]), *caches)[:, -1]
@@ -279,7 +194,7 @@ def _copy(pkg, tmp_path, edit):
 def test_generate_refuses_a_package_that_is_not_a_decode_step(pkg, tmp_path, run_package):
     path = _copy(pkg, tmp_path, lambda m: m.pop("decode"))  # a plain package of the same step
     loaded = cw.load_package(path)
-    (logits,) = loaded(torch.tensor([[1]] * BATCH), torch.tensor([0]), *_caches())
+    (logits,) = loaded(torch.tensor([[1]] * BATCH), torch.tensor([0]), *zero_caches())
     assert logits.shape == (BATCH, 1, VOCAB)  # it still runs; it only lacks the convention
     with pytest.raises(cw.EmberRuntimeError, match="not a decode-step package") as e:
         cw.generate(loaded, PROMPT, 2)
@@ -311,7 +226,7 @@ def test_a_hostile_decode_entry_is_a_package_error(pkg, tmp_path, entry):
 
 def test_a_cache_with_other_strides_is_refused_not_copied(pkg):
     loaded = cw.load_package(pkg)
-    caches = _caches()
+    caches = zero_caches()
     caches[0] = torch.zeros(BATCH, KV_HEADS, HEAD_DIM, MAX_LEN).transpose(2, 3)  # same shape
     with pytest.raises(cw.EmberRuntimeError, match="stride"):
         loaded(torch.tensor([[1]] * BATCH), torch.tensor([0]), *caches)
