@@ -1,6 +1,7 @@
-"""The done-when of decode-step packages on a GPU: a Llama-style decoder (decode_model.py's, with room for 64 new tokens) packaged for CUDA, its caches updated in
-place by the runtime's driver copies, and `ember_generate` standalone (`run_package --generate`)
-and in process giving the eager greedy tokens. Skipped without CUDA.
+"""The done-when of decode-step packages on a GPU: a Llama-style decoder (decode_model.py's,
+with room for 64 new tokens) packaged for CUDA, its caches updated in place by the runtime's
+driver copies, and `ember_generate` standalone (`run_package --generate`) and in process giving
+the eager greedy tokens. Skipped without CUDA.
 """
 
 import subprocess

@@ -55,8 +55,8 @@ def test_an_index_out_of_bounds_is_an_error_not_a_write():
 
 def test_an_index_put_that_is_not_marked_in_place_stays_unsupported():
     art = _update_artifact()
-    plain = StepIR("extern", "prims.index_put",
-                   [node("cache"), [node("index")], node("values"), False], {}, ("new",))  # fmt: skip
+    args = [node("cache"), [node("index")], node("values"), False]
+    plain = StepIR("extern", "prims.index_put", args, {}, ("new",))
     art = dataclasses.replace(art, steps=(plain,))
     with pytest.raises(cw.UnsupportedArtifactError, match="prims.index_put"):
         cw.generate_wrapper(art)

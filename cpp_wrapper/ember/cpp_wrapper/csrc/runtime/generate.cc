@@ -135,7 +135,8 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
                                 "input must be (B, 1) and its positions (1,); export the step "
                                 "with one new token");
   }
-  bool logits_ok = (lg.ndim == 2 || (lg.ndim == 3 && lg.shape[1] == 1)) && lg.shape[lg.ndim - 1] > 0;
+  bool logits_ok = lg.ndim == 2 || (lg.ndim == 3 && lg.shape[1] == 1);
+  logits_ok = logits_ok && lg.shape[lg.ndim - 1] > 0;
   if (!logits_ok) {
     fail(EMBER_ERR_UNSUPPORTED, "ember_generate: the logits output must be (B, V) or (B, 1, V)");
   }
@@ -198,7 +199,11 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
     if (s + 1 < prompt_len) continue;  // prefill: the logits of a prompt token are not needed
     const DLTensor& l = outputs[size_t(spec.logits)]->dl_tensor;
     const char* base = static_cast<const char*>(l.data) + l.byte_offset;
-    std::vector<int64_t> strides(l.strides, l.strides + l.ndim);
+    std::vector<int64_t> strides(static_cast<size_t>(l.ndim), 1);  // dense row-major
+    for (int i = l.ndim - 2; i >= 0; --i) {
+      strides[size_t(i)] = strides[size_t(i + 1)] * l.shape[i + 1];
+    }
+    if (l.device.device_type == kDLCPU && l.strides) strides.assign(l.strides, l.strides + l.ndim);
     if (l.device.device_type != kDLCPU) {  // to the host, dense
       host.resize(size_t(numel(l) * itemsize(l.dtype)));
       DLTensor h = l;
@@ -209,8 +214,6 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
       EmberStatus st = ember_tensor_copy(&l, &h, stream);
       if (st != EMBER_OK) fail(st, ember_last_error());
       base = host.data();
-      int64_t acc = 1;
-      for (int i = l.ndim - 1; i >= 0; --i) strides[size_t(i)] = acc, acc *= l.shape[i];
     }
     int64_t isz = itemsize(l.dtype), vs = strides[size_t(l.ndim - 1)];
     for (size_t b = 0; b < batch; ++b) {
