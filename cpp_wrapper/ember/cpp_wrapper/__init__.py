@@ -8,6 +8,7 @@ __version__ = component_version("cpp_wrapper", __file__)
 from .build_run_package import build_program, install_run_package  # noqa: E402
 from .codegen import generate_wrapper  # noqa: E402
 from .config import config  # noqa: E402
+from .decode import decode_step_artifact, donate_index_puts, generate, package_decode_step  # noqa: E402
 from .errors import EmberRuntimeError, UnsupportedArtifactError  # noqa: E402
 from .model import CompiledModel, build_model_library, freeze_inputs, load_artifact, load_package  # noqa: E402
 from .package import package  # noqa: E402
@@ -19,10 +20,14 @@ __all__ = [
     "build_model_library",
     "build_program",
     "config",
+    "decode_step_artifact",
+    "donate_index_puts",
     "freeze_inputs",
+    "generate",
     "generate_wrapper",
     "install_run_package",
     "load_artifact",
     "load_package",
     "package",
+    "package_decode_step",
 ]

@@ -24,7 +24,7 @@ from ember.ir.symbols import expr_from_json
 from .cexpr import CExprPrinter, int_literal
 from .custom_kernels import copy_pairs, declarations, dense, emit_custom_op
 from .errors import UnsupportedArtifactError
-from .extern_ops import OP_COPY, bind_extern
+from .extern_ops import OP_COPY, OP_INDEX_COPY, bind_extern
 
 READ_IR_VERSIONS = (1,)
 
@@ -550,6 +550,8 @@ class WrapperCodegen:
         args = [decode_value(v) for v in args]
         if step.target == "extern.custom_op":  # a user operator's registered C++ kernel
             return emit_custom_op(self, step, args)
+        if step.target == "prims.index_put" and (step.kwargs or {}).get("in_place"):
+            return self.index_copy_in_place(step, args)
         kwargs = {k: decode_value(v) for k, v in (step.kwargs or {}).items()}
         spec, bound = bind_extern(step.target, args, kwargs, self.device.type)
         if len(step.outputs) != spec.outputs:
@@ -581,6 +583,19 @@ class WrapperCodegen:
         for buf in scratch:
             self.emit(f"  h->release(c, {buf.var});  // {buf.name} is unused")
         self.emit("}")
+
+    def index_copy_in_place(self, step, args) -> None:
+        """A donated input's update (decode.donate_index_puts): the rows of `values` written into
+        the step's output, a view of the input, at `index` along its first dimension."""
+        out = step.outputs[0]
+        index = args[1][0] if isinstance(args[1], (list, tuple)) and len(args[1]) == 1 else None
+        if buffer_ref(args[0]) != out or buffer_ref(index) is None or buffer_ref(args[2]) is None:
+            raise UnsupportedArtifactError(f"in-place prims.index_put into {out}: expected "
+                                           "(out, [index], values) tensors")  # fmt: skip
+        views = [self.view_struct(self.buf(buffer_ref(v))) for v in (args[0], index, args[2])]
+        self.emit(f"{{ const ember_abi::View v[] = {{{', '.join(views)}}};  // {out}[index] = ...")
+        call = f"h->extern_op(c, {OP_INDEX_COPY}, v, 3, nullptr, 0, nullptr, 0)"
+        self.emit(f"  if ((st = {call})) return st; }}")
 
     def scratch_output(self, step, index: int, source: str) -> Buf:
         """Storage for an output the plan declares no buffer for (a result nobody reads: sort's

@@ -38,6 +38,7 @@ _ENTRIES = {
     "compile_prims": "ember.inductor:compile_prims",
     "attach_cubins": "ember.inductor.triton_aot:attach_cubins",
     "decompose_externs": "ember.primtorch:decompose_externs",
+    "export": "ember.dynamo:export",  # decode.py exports the user's step itself
     "load_exported": "ember.dynamo:load_exported",
     "packaging": "ember.inductor.config:for_package",
 }

@@ -16,6 +16,7 @@ from .errors import UnsupportedArtifactError
 # Values of ember_abi::ExternOp in csrc/detail/model_abi.h.
 OP_MM, OP_BMM, OP_ADDMM, OP_CONVOLUTION, OP_COPY, OP_BADDBMM = 1, 2, 3, 4, 5, 6
 OP_CUMSUM, OP_CUMPROD, OP_LOGCUMSUMEXP, OP_CUMMAX, OP_CUMMIN, OP_SORT, OP_TOPK = range(7, 14)
+OP_INDEX_COPY = 14  # a donated input's in-place update (decode.py), not a vocabulary op
 
 
 @dataclasses.dataclass(frozen=True)

@@ -147,11 +147,15 @@ def materialise_constant(t: torch.Tensor, meta: TensorMeta, device: torch.device
 class CompiledModel:
     """A model loaded into the C++ runtime; call it with tensors, get a list of tensors."""
 
-    def __init__(self, native, keepalive: Sequence = (), input_strides: Sequence = ()):
+    def __init__(self, native, keepalive: Sequence = (), input_strides: Sequence = (),
+                 mutated_inputs: Sequence[int] = ()):  # fmt: skip
         self._native = native
         self._keepalive = list(keepalive)
         # Static strides the kernels index inputs with (None where symbolic): used to restride.
         self._strides = list(input_strides)
+        # Inputs the model writes in place (a decode step's caches): never restrided, since a
+        # copy would take the write; the runtime refuses other strides instead.
+        self._mutated = frozenset(mutated_inputs)
         info = native.info()
         self.inputs = info["inputs"]
         self.outputs = info["outputs"]
@@ -162,7 +166,8 @@ class CompiledModel:
         if len(tensors) != len(self.inputs):
             raise TypeError(f"the model takes {len(self.inputs)} tensors, got {len(tensors)}")
         if config.restride_inputs and self._strides:
-            tensors = [_restride(t, s) for t, s in zip(tensors, self._strides)]
+            tensors = [t if i in self._mutated else _restride(t, s)
+                       for i, (t, s) in enumerate(zip(tensors, self._strides))]  # fmt: skip
         capsules = [dlpack.to_dlpack(t.detach()) for t in tensors]
         stream = 0
         if self.device.type == "cuda":
@@ -242,7 +247,8 @@ def load_package(path: os.PathLike | str, *, device_index: int = 0) -> CompiledM
     strides = [
         tuple(s if isinstance(s, int) else None for s in i["strides"]) for i in manifest["inputs"]
     ]
-    return CompiledModel(native, input_strides=strides)
+    return CompiledModel(native, input_strides=strides,
+                         mutated_inputs=manifest.get("mutated_inputs", ()))  # fmt: skip
 
 
 def _cublas_path(device: torch.device) -> str:

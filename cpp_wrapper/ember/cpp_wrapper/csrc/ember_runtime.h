@@ -171,4 +171,49 @@ EMBER_API EmberStatus ember_tensor_empty(DLDevice device, DLDataType dtype, int3
  * are queued on `stream` and synchronised before returning. */
 EMBER_API EmberStatus ember_tensor_copy(const DLTensor* src, const DLTensor* dst, void* stream);
 
+/* ---- Decoding -------------------------------------------------------------------------------
+ * A decode-step package (ember.cpp_wrapper.package_decode_step) runs one step of an
+ * autoregressive decoder with a static KV cache. Its manifest's "decode" entry says which input
+ * holds the token ids (int64 or int32, shape (B, 1)), which the positions (int64 or int32, shape
+ * (1,)), which are the caches (floating point, static shapes) and which output holds the logits
+ * (floating point, shape (B, V) or (B, 1, V): the last dimension is the vocabulary); every input
+ * is one of those. One ember_model_run of such a package writes the new tokens' keys and values
+ * into the caller's cache tensors in place, at `positions` (O(new tokens), no copy of a cache);
+ * `max_positions` is the caches' length. Added in ABI 1 (no existing layout changed).
+ *
+ * Sampling: top_k <= 1 is greedy (the largest logit; the lowest index among equal ones, as
+ * torch.argmax). top_k = k > 1 draws among the k largest logits (ties: lower index first) with
+ * probabilities softmax(logit / temperature), computed in double. Each draw takes one number
+ * from a splitmix64 generator whose 64-bit state starts at `seed`:
+ *   state += 0x9E3779B97F4A7C15; z = state; z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;
+ *   z = (z ^ (z >> 27)) * 0x94D049BB133111EB; z ^= z >> 31;  u = (z >> 11) * 2^-53 in [0, 1)
+ * and picks the first candidate whose cumulative probability exceeds u (rows in order, one draw
+ * per row and step), so a seed gives the same tokens on every machine.
+ * Layout (size 32): struct_size @0, top_k @4, temperature @8, reserved @12, seed @16,
+ * stream @24. */
+typedef struct EmberGenerateOptions {
+  uint32_t struct_size; /* sizeof(EmberGenerateOptions) of the caller's header */
+  int32_t top_k;        /* <= 1: greedy (default); k > 1: top-k sampling */
+  float temperature;    /* > 0; default 1 */
+  uint32_t reserved;
+  uint64_t seed; /* default 0 */
+  void* stream;  /* CUstream for CUDA models (NULL: the default stream); ignored on CPU */
+} EmberGenerateOptions;
+
+/* Fill `options` with defaults (greedy). */
+EMBER_API void ember_generate_options_init(EmberGenerateOptions* options);
+
+/* Generate `max_new_tokens` tokens after a prompt with a decode-step package. `prompt` holds
+ * batch x prompt_len token ids (row-major; batch must be the package's B, prompt_len >= 1);
+ * `out_tokens` receives batch x max_new_tokens ids (row-major). The runtime allocates zeroed
+ * caches for the call and feeds the prompt one token per step (token-by-token prefill: position
+ * p gets prompt[:, p]), then each chosen token, so prompt_len + max_new_tokens - 1 runs in all;
+ * that must not exceed max_positions. EMBER_ERR_UNSUPPORTED for a model that is not a decode-step
+ * package (no "decode" entry) or whose tokens input is not (B, 1); EMBER_ERR_INVALID_ARGUMENT for
+ * a wrong batch, an empty prompt, a prompt token outside the vocabulary or too many positions.
+ * `options` may be NULL (greedy). Thread-safe as ember_model_run (each call has its own caches). */
+EMBER_API EmberStatus ember_generate(EmberModel* model, const int64_t* prompt, size_t batch,
+                                     size_t prompt_len, size_t max_new_tokens,
+                                     const EmberGenerateOptions* options, int64_t* out_tokens);
+
 #endif /* EMBER_RUNTIME_H_ */

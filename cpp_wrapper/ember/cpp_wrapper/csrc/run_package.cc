@@ -3,6 +3,11 @@
 //   run_package [--device N] PACKAGE IN.npy... OUT.npy...   (as many of each as the model has)
 //   run_package PACKAGE --info                              (describe the inputs and outputs)
 //   run_package [--device N] --bench CALLS [--rounds R] PACKAGE IN.npy... [OUT.npy...]
+//   run_package [--device N] --generate N [--top-k K] [--temperature T] [--seed S] PACKAGE
+//               PROMPT.npy OUT.npy                          (ember_generate on a decode step)
+//
+// --generate: PROMPT.npy holds (B, P) int64 (or int32) token ids; OUT.npy gets the (B, N) int64
+// tokens that ember_generate chose (greedy unless --top-k K > 1; see ember_runtime.h).
 //
 // --bench: after the run that writes the outputs (a warm-up), time CALLS more runs, each one
 // synchronised (CUDA), and print their median milliseconds; then R rounds (default 10) of CALLS
@@ -160,6 +165,42 @@ void bench(EmberModel* model, DLDevice device, std::vector<DLManagedTensor*>& in
          median(each), rounds, median(per_round));
 }
 
+int generate_main(EmberModel* model, const std::vector<std::string>& args,
+                  const EmberGenerateOptions& o, long long n_new) {
+  if (args.size() != 3 || n_new < 0) {
+    fprintf(stderr, "usage: run_package --generate N [--top-k K] [--temperature T] [--seed S] "
+                    "PACKAGE PROMPT.npy OUT.npy\n");
+    return EMBER_ERR_INVALID_ARGUMENT;
+  }
+  try {
+    ember::NpyArray prompt = ember::npy_read(args[1]);
+    bool i64 = prompt.dtype.code == kDLInt && prompt.dtype.bits == 64;
+    bool i32 = prompt.dtype.code == kDLInt && prompt.dtype.bits == 32;
+    if (prompt.shape.size() != 2 || !(i64 || i32)) {
+      ember::fail(EMBER_ERR_INVALID_ARGUMENT, args[1] + ": the prompt must be a 2-D int64 array");
+    }
+    size_t batch = size_t(prompt.shape[0]), len = size_t(prompt.shape[1]);
+    std::vector<int64_t> ids(batch * len), out(batch * size_t(n_new));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i64) {
+        memcpy(&ids[i], &prompt.data[i * 8], 8);
+      } else {
+        int32_t v;
+        memcpy(&v, &prompt.data[i * 4], 4);
+        ids[i] = v;
+      }
+    }
+    EmberStatus st = ember_generate(model, ids.data(), batch, len, size_t(n_new), &o, out.data());
+    if (st != EMBER_OK) return report(st, "generating");
+    int64_t shape[2] = {int64_t(batch), int64_t(n_new)};
+    ember::npy_write(args[2], DLDataType{kDLInt, 64, 1}, shape, 2, out.data());
+  } catch (const ember::Error& e) {
+    fprintf(stderr, "run_package: %s: %s\n", ember_status_name(e.status()), e.what());
+    return int(e.status());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,12 +208,26 @@ int main(int argc, char** argv) {
   EmberLoadOptions options;
   ember_load_options_init(&options);
   int calls = 0, rounds = 10;
+  long long n_new = -1;
+  EmberGenerateOptions gen;
+  ember_generate_options_init(&gen);
   auto is_option = [](const std::string& a) {
-    return a == "--device" || a == "--bench" || a == "--rounds";
+    return a == "--device" || a == "--bench" || a == "--rounds" || a == "--generate" ||
+           a == "--top-k" || a == "--temperature" || a == "--seed";
   };
   while (args.size() >= 2 && is_option(args[0])) {
-    int value = atoi(args[1].c_str());
-    (args[0] == "--device" ? options.device_id : args[0] == "--bench" ? calls : rounds) = value;
+    const char* v = args[1].c_str();
+    if (args[0] == "--generate") {
+      n_new = atoll(v);
+    } else if (args[0] == "--top-k") {
+      gen.top_k = atoi(v);
+    } else if (args[0] == "--temperature") {
+      gen.temperature = float(atof(v));
+    } else if (args[0] == "--seed") {
+      gen.seed = strtoull(v, nullptr, 10);
+    } else {
+      (args[0] == "--device" ? options.device_id : args[0] == "--bench" ? calls : rounds) = atoi(v);
+    }
     args.erase(args.begin(), args.begin() + 2);
   }
   if (args.empty() || calls < 0 || rounds < 1) {
@@ -184,6 +239,11 @@ int main(int argc, char** argv) {
   EmberStatus st = ember_package_load(args[0].c_str(), &options, &model);
   if (st != EMBER_OK) return report(st, "loading " + args[0]);
   size_t n_in = ember_model_num_inputs(model), n_out = ember_model_num_outputs(model);
+  if (n_new >= 0) {
+    int rc = generate_main(model, args, gen, n_new);
+    ember_model_free(model);
+    return rc;
+  }
   if (args.size() == 2 && args[1] == "--info") {
     EmberTensorInfo info;
     for (size_t i = 0; i < n_in; ++i) ember_model_input_info(model, i, &info), print_info(info, "input");

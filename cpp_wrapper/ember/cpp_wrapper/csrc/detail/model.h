@@ -23,6 +23,15 @@ struct ConstantArg {
 // manifest against the library before it points any tensor into its weights).
 using ConstantsFor = std::function<std::vector<ConstantArg>(const ember_abi::ModelDesc&)>;
 
+// Which inputs and output of a decode-step package are which (its manifest's "decode" entry,
+// checked against the library by package.cc); what ember_generate reads.
+struct DecodeSpec {
+  bool present = false;
+  int64_t tokens = -1, positions = -1, logits = -1;
+  std::vector<int64_t> caches;
+  int64_t max_positions = 0;  // the caches' length: positions run from 0 to this - 1
+};
+
 class Model {
  public:
   // Open a model library and bind its constants (by name). `keepalive` owns whatever the
@@ -56,6 +65,8 @@ class Model {
   const std::shared_ptr<Pool>& pool() const { return pool_; }
   CUfunction function(int i) const { return functions_.at(size_t(i)); }
   const std::string& cublas_path() const { return cublas_path_; }
+  const DecodeSpec& decode() const { return decode_; }
+  void set_decode(DecodeSpec spec) { decode_ = std::move(spec); }
 
  private:
   Model() = default;
@@ -75,12 +86,17 @@ class Model {
   std::vector<CUfunction> functions_;
   std::vector<EmberTensorInfo> input_infos_, output_infos_;
   std::string cublas_path_;
+  DecodeSpec decode_;
 };
 
 // Extern ops (externs.cc): run `op` for `model` on the call's stream. Throws Error.
 void run_extern(const Model& model, void* stream, int32_t op, const ember_abi::View* tensors,
                 int32_t num_tensors, const int64_t* ints, int32_t num_ints, const double* floats,
                 int32_t num_floats);
+
+// ember_generate (generate.cc): decode with a decode-step package. Throws Error.
+void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_len, size_t n_new,
+              const EmberGenerateOptions& options, int64_t* out_tokens);
 
 // The CPU features a model library's ISA needs are present (package.cc and model.cc check it).
 bool cpu_supports_isa(const std::string& isa);

@@ -72,6 +72,8 @@ enum ExternOp : int32_t {
   kCummin = 11,      // extern.cummin(x) -> values, indices; ints {dim}
   kSort = 12,        // extern.sort(x) -> values, indices; ints {dim, descending}
   kTopK = 13,        // extern.topk(x) -> values, indices; ints {k, dim, largest}
+  kIndexCopy = 14,   // in place: dst[index[j], ...] = values[j, ...]; tensors = {dst, index,
+                     // values} (a donated input's update, see cpp_wrapper/decode.py)
 };
 
 struct Call;  // the runtime's per-call state (opaque here)

@@ -87,6 +87,29 @@ class Model {
     return result;
   }
 
+  // ember_generate: `prompt` is a list of equal-length rows of token ids; returns the new
+  // tokens, batch x max_new_tokens, flat and row-major.
+  std::vector<int64_t> generate(const std::vector<std::vector<int64_t>>& prompt, size_t n_new,
+                                int top_k, float temperature, uint64_t seed) {
+    size_t batch = prompt.size(), len = batch ? prompt[0].size() : 0;
+    std::vector<int64_t> flat;
+    for (const auto& row : prompt) {
+      if (row.size() != len) throw nb::value_error("the prompt's rows differ in length");
+      flat.insert(flat.end(), row.begin(), row.end());
+    }
+    EmberGenerateOptions o;
+    ember_generate_options_init(&o);
+    o.top_k = top_k, o.temperature = temperature, o.seed = seed;
+    std::vector<int64_t> out(batch * n_new);
+    EmberStatus st;
+    {
+      nb::gil_scoped_release release;
+      st = ember_generate(m_, flat.data(), batch, len, n_new, &o, out.data());
+    }
+    if (st != EMBER_OK) raise_status(st);
+    return out;
+  }
+
   nb::dict info() const {
     nb::list ins, outs;
     EmberTensorInfo info;
@@ -158,7 +181,10 @@ NB_MODULE(_C, m) {
   nb::class_<Model>(m, "Model")
       .def("run", &Model::run, nb::arg("inputs"), nb::arg("stream") = 0,
            "Run on DLPack capsules; returns output capsules.")
-      .def("info", &Model::info, "Names, dtypes and shapes of inputs and outputs.");
+      .def("info", &Model::info, "Names, dtypes and shapes of inputs and outputs.")
+      .def("generate", &Model::generate, nb::arg("prompt"), nb::arg("max_new_tokens"),
+           nb::arg("top_k") = 1, nb::arg("temperature") = 1.0f, nb::arg("seed") = 0,
+           "ember_generate on a decode-step package: the new tokens, flat and row-major.");
   m.def("load_library", &load_library, nb::arg("path"), nb::arg("constant_names"),
         nb::arg("constants"), nb::arg("device_id") = 0, nb::arg("cublas_path") = "",
         nb::rv_policy::take_ownership, "Load a model library with caller-owned constants.");

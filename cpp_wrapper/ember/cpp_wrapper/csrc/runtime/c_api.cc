@@ -187,6 +187,31 @@ EMBER_API EmberStatus ember_model_run(EmberModel* model, DLManagedTensor* const*
   });
 }
 
+EMBER_API void ember_generate_options_init(EmberGenerateOptions* options) {
+  if (!options) return;
+  memset(options, 0, sizeof(*options));
+  options->struct_size = sizeof(*options);
+  options->top_k = 1;
+  options->temperature = 1.0f;
+}
+
+EMBER_API EmberStatus ember_generate(EmberModel* model, const int64_t* prompt, size_t batch,
+                                     size_t prompt_len, size_t max_new_tokens,
+                                     const EmberGenerateOptions* options, int64_t* out_tokens) {
+  return guarded([&] {
+    require(model && prompt && (out_tokens || max_new_tokens == 0),
+            "ember_generate: model, prompt and out_tokens must not be NULL");
+    EmberGenerateOptions o;  // as this library knows them, whatever the caller's struct size
+    ember_generate_options_init(&o);
+    if (options) {
+      size_t n = options->struct_size < sizeof(o) ? options->struct_size : sizeof(o);
+      memcpy(&o, options, n);
+      o.struct_size = sizeof(o);
+    }
+    ember::generate(*model->model, prompt, batch, prompt_len, max_new_tokens, o, out_tokens);
+  });
+}
+
 EMBER_API EmberStatus ember_tensor_empty(DLDevice device, DLDataType dtype, int32_t ndim,
                                          const int64_t* shape, DLManagedTensor** out) {
   return guarded([&] {

@@ -1,6 +1,8 @@
 // Extern ops: matmul, convolution, scans and sorting on CPU (gemm.cc, conv.cc, scans.cc), matmul
 // on CUDA via cuBLAS.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "detail/common.h"
 #include "detail/cpu_ops.h"
@@ -36,6 +38,76 @@ Mat bias_mat(const View& b, int out_ndim, int64_t batch = 0) {
   }
   const char* base = static_cast<const char*>(b.data) + batch * st[0] * itemsize(b.dtype);
   return Mat{base, b.dtype, st[1], st[2]};
+}
+
+// kIndexCopy: dst[index[j], ...] = values[j, ...] along dim 0, in place (negative indices count
+// from the end, as torch's). `idx` is the index on the host; each row goes as runs of elements
+// contiguous in both tensors (a cache's head_dim vectors; single elements at worst), handed to
+// `copy(to, from, nbytes)`: memcpy on the CPU, cuMemcpyAsync on CUDA. O(values), not O(dst).
+void check_index_copy(const View& dst, const View& index, const View& values) {
+  need(dst.ndim >= 1 && index.ndim == 1 && values.ndim == dst.ndim, "index_copy takes dst, a 1-D "
+       "index and values of dst's rank");
+  need(index.dtype.code == kDLInt && (index.dtype.bits == 64 || index.dtype.bits == 32),
+       "index_copy's index is int64 or int32");
+  need(values.sizes[0] == index.sizes[0], "index_copy: one row of values per index");
+  for (int d = 1; d < dst.ndim; ++d) need(values.sizes[d] == dst.sizes[d], "index_copy shapes");
+  need(dtype_matches(values.dtype, dst.dtype), "index_copy: values of another dtype");
+}
+
+template <typename Copy>
+void index_copy_runs(const View& dst, const std::vector<int64_t>& idx, const View& values,
+                     Copy copy) {
+  int64_t isz = itemsize(dst.dtype), run = 1;
+  int inner = dst.ndim;  // dims [inner, ndim) form one run
+  while (inner > 1) {
+    int d = inner - 1;
+    if (dst.sizes[d] != 1 && (dst.strides[d] != run || values.strides[d] != run)) break;
+    run *= dst.sizes[d];
+    inner = d;
+  }
+  bool empty = run == 0;
+  for (int d = 1; d < inner; ++d) empty = empty || dst.sizes[d] == 0;
+  std::vector<int64_t> at(size_t(inner), 0);  // a position over dims 1..inner-1
+  for (size_t j = 0; j < idx.size(); ++j) {
+    int64_t i = idx[j] < 0 ? idx[j] + dst.sizes[0] : idx[j];
+    if (i < 0 || i >= dst.sizes[0]) {
+      fail(EMBER_ERR_RUNTIME, "index " + std::to_string(idx[j]) + " is out of bounds for a cache "
+                              "dimension of size " + std::to_string(dst.sizes[0]));
+    }
+    if (empty) continue;
+    std::fill(at.begin(), at.end(), 0);
+    for (bool more = true; more;) {
+      int64_t doff = i * dst.strides[0], voff = int64_t(j) * values.strides[0];
+      for (int d = 1; d < inner; ++d) {
+        doff += at[size_t(d)] * dst.strides[d];
+        voff += at[size_t(d)] * values.strides[d];
+      }
+      copy(static_cast<char*>(dst.data) + doff * isz,
+           static_cast<const char*>(values.data) + voff * isz, size_t(run * isz));
+      more = false;
+      for (int d = inner - 1; d >= 1; --d) {
+        if (++at[size_t(d)] < dst.sizes[d]) {
+          more = true;
+          break;
+        }
+        at[size_t(d)] = 0;
+      }
+    }
+  }
+}
+
+void cpu_index_copy(const View& dst, const View& index, const View& values) {
+  check_index_copy(dst, index, values);
+  std::vector<int64_t> idx(static_cast<size_t>(index.sizes[0]));
+  const char* ip = static_cast<const char*>(index.data);
+  for (size_t j = 0; j < idx.size(); ++j) {
+    const char* at = ip + int64_t(j) * index.strides[0] * (index.dtype.bits / 8);
+    idx[j] = index.dtype.bits == 64 ? *reinterpret_cast<const int64_t*>(at)
+                                    : *reinterpret_cast<const int32_t*>(at);
+  }
+  index_copy_runs(dst, idx, values, [](char* to, const char* from, size_t n) {
+    memcpy(to, from, n);
+  });
 }
 
 void cpu_extern(int32_t op, const View* t, int32_t nt, const int64_t* ints, int32_t ni,
@@ -87,6 +159,10 @@ void cpu_extern(int32_t op, const View* t, int32_t nt, const int64_t* ints, int3
     case ember_abi::kCopy:
       need(nt == 2, "copy takes dst, src");
       strided_copy(t[0], t[1]);
+      return;
+    case ember_abi::kIndexCopy:
+      need(nt == 3, "index_copy takes dst, index, values");
+      cpu_index_copy(t[0], t[1], t[2]);
       return;
     case ember_abi::kCumsum:
     case ember_abi::kCumprod:
@@ -214,9 +290,36 @@ void cuda_fill_bias(const Model& model, void* stream, const View& bias, const Vi
   }
 }
 
+// kIndexCopy on CUDA with the driver's copies only: the index is read on the host (a stream
+// synchronisation), then the runs are queued on the stream. Not yet run on a GPU.
+void cuda_index_copy(void* stream, const View& dst, const View& index, const View& values) {
+  check_index_copy(dst, index, values);
+  const CudaDriver& cu = cuda_driver();
+  CUstream st = static_cast<CUstream>(stream);
+  int64_t isz = index.dtype.bits / 8;
+  std::vector<int64_t> idx(static_cast<size_t>(index.sizes[0]), 0);
+  std::vector<int32_t> narrow(idx.size(), 0);
+  for (size_t j = 0; j < idx.size(); ++j) {
+    const char* at = static_cast<const char*>(index.data) + int64_t(j) * index.strides[0] * isz;
+    void* host = isz == 8 ? static_cast<void*>(&idx[j]) : static_cast<void*>(&narrow[j]);
+    cuda_check(cu.memcpy_dtoh_async(host, reinterpret_cast<CUdeviceptr>(at), size_t(isz), st),
+               "cuMemcpyDtoHAsync (index_copy's index)");
+  }
+  cuda_check(cu.stream_synchronize(st), "cuStreamSynchronize");
+  if (isz == 4) std::copy(narrow.begin(), narrow.end(), idx.begin());
+  index_copy_runs(dst, idx, values, [&](char* to, const char* from, size_t n) {
+    cuda_check(cu.memcpy_async(reinterpret_cast<CUdeviceptr>(to),
+                               reinterpret_cast<CUdeviceptr>(from), n, st),
+               "cuMemcpyAsync (index_copy)");
+  });
+}
+
 void cuda_extern(const Model& model, void* stream, int32_t op, const View* t, int32_t nt,
                  const double* floats, int32_t nf) {
   switch (op) {
+    case ember_abi::kIndexCopy:
+      need(nt == 3, "index_copy takes dst, index, values");
+      return cuda_index_copy(stream, t[0], t[1], t[2]);
     case ember_abi::kMM:
     case ember_abi::kBMM:
       need(nt == 3, "matmul takes a, b, out");

@@ -408,6 +408,45 @@ std::vector<ConstantArg> constants_of(const Json& manifest, const ember_abi::Mod
   return out;
 }
 
+// The optional "decode" entry (package_decode_step): input and output indices in range, distinct,
+// and of the kinds ember_generate needs (integer tokens/positions, floating caches and logits).
+DecodeSpec decode_spec(const Json& manifest, const ember_abi::ModelDesc& d) {
+  DecodeSpec spec;
+  if (!manifest.has("decode")) return spec;
+  const std::string where = "manifest.decode";
+  const Json& e = member(manifest, "decode", Json::kObject, "manifest");
+  spec.present = true;
+  spec.tokens = int_member(e, "tokens", 0, d.num_inputs - 1, where);
+  spec.positions = int_member(e, "positions", 0, d.num_inputs - 1, where);
+  spec.logits = int_member(e, "logits", 0, d.num_outputs - 1, where);
+  spec.max_positions = int_member(e, "max_positions", 1, int64_t(1) << 40, where);
+  std::vector<bool> seen(size_t(d.num_inputs), false);
+  seen[size_t(spec.tokens)] = true;
+  if (seen[size_t(spec.positions)]) bad(where + ": tokens and positions are the same input");
+  seen[size_t(spec.positions)] = true;
+  for (const Json& c : array_member(e, "caches", size_t(d.num_inputs), where)) {
+    bool ok = c.is_integer() && c.as_int() >= 0 && c.as_int() < d.num_inputs;
+    if (!ok || seen[size_t(c.as_int())]) {
+      bad(where + ".caches must list other inputs, each once");
+    }
+    seen[size_t(c.as_int())] = true;
+    spec.caches.push_back(c.as_int());
+  }
+  for (int i = 0; i < d.num_inputs; ++i) {
+    if (!seen[size_t(i)]) bad(where + " does not say what input " + std::to_string(i) + " is");
+  }
+  auto is_int = [](DLDataType t) { return t.code == kDLInt && (t.bits == 64 || t.bits == 32); };
+  auto is_float = [](DLDataType t) { return t.code == kDLFloat || t.code == kDLBfloat; };
+  if (!is_int(d.inputs[spec.tokens].dtype) || !is_int(d.inputs[spec.positions].dtype)) {
+    bad(where + ": tokens and positions must be int64 or int32 inputs");
+  }
+  for (int64_t c : spec.caches) {
+    if (!is_float(d.inputs[c].dtype)) bad(where + ": cache inputs must be floating point");
+  }
+  if (!is_float(d.outputs[spec.logits].dtype)) bad(where + ": the logits must be floating point");
+  return spec;
+}
+
 }  // namespace
 
 std::unique_ptr<Model> load_package(const std::string& dir, const EmberLoadOptions& options) {
@@ -438,7 +477,9 @@ std::unique_ptr<Model> load_package(const std::string& dir, const EmberLoadOptio
     return constants_of(manifest, d, *weights, device);
   };
   // The descriptor stays open until the library is loaded: /proc/self/fd/N names the hashed inode.
-  return Model::open(library.stable_path(), constants, options, weights, hash);
+  auto model = Model::open(library.stable_path(), constants, options, weights, hash);
+  model->set_decode(decode_spec(manifest, model->desc()));
+  return model;
 }
 
 }  // namespace ember

@@ -35,6 +35,12 @@ static_assert(offsetof(EmberKernelArgs, floats) == 32, "EmberKernelArgs.floats")
 static_assert(offsetof(EmberKernelArgs, num_ints) == 40, "EmberKernelArgs.num_ints");
 static_assert(offsetof(EmberKernelArgs, num_floats) == 44, "EmberKernelArgs.num_floats");
 static_assert(offsetof(EmberKernelArgs, stream) == 48, "EmberKernelArgs.stream");
+static_assert(sizeof(EmberGenerateOptions) == 32, "EmberGenerateOptions size");
+static_assert(offsetof(EmberGenerateOptions, top_k) == 4, "EmberGenerateOptions.top_k");
+static_assert(offsetof(EmberGenerateOptions, temperature) == 8, "EmberGenerateOptions.temperature");
+static_assert(offsetof(EmberGenerateOptions, reserved) == 12, "EmberGenerateOptions.reserved");
+static_assert(offsetof(EmberGenerateOptions, seed) == 16, "EmberGenerateOptions.seed");
+static_assert(offsetof(EmberGenerateOptions, stream) == 24, "EmberGenerateOptions.stream");
 static_assert(sizeof(EmberStatus) == 4, "EmberStatus is an int32");
 static_assert(EMBER_ERR_SHAPE == 3 && EMBER_ERR_PACKAGE == 6 && EMBER_ERR_RUNTIME == 11, "status values");
 // DLPack as the ABI uses it (DLPack 1.x, unversioned managed tensor).
@@ -97,6 +103,15 @@ int main() {
          "a missing library is EMBER_ERR_PACKAGE");
   expect(ember_model_num_inputs(nullptr) == 0, "NULL model has no inputs");
   ember_model_free(nullptr);
+
+  EmberGenerateOptions gen;
+  ember_generate_options_init(&gen);
+  expect(gen.struct_size == sizeof(gen) && gen.top_k == 1 && gen.temperature == 1.0f &&
+             gen.seed == 0,
+         "generate option defaults (greedy)");
+  int64_t prompt[1] = {0}, tokens[1] = {0};
+  expect(ember_generate(nullptr, prompt, 1, 1, 1, &gen, tokens) == EMBER_ERR_INVALID_ARGUMENT,
+         "generate with a NULL model");
 
   // Tensors made and copied by the runtime.
   int64_t shape[2] = {2, 3};

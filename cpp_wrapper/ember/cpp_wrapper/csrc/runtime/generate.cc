@@ -1,0 +1,227 @@
+// ember_generate: greedy and top-k decoding with a decode-step package (token-by-token prefill,
+// then one token per step), its caches allocated per call and updated in place by each run.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "detail/common.h"
+#include "detail/cpu_ops.h"
+#include "detail/model.h"
+
+namespace ember {
+
+namespace {
+
+struct TensorDeleter {
+  void operator()(DLManagedTensor* t) const {
+    if (t && t->deleter) t->deleter(t);
+  }
+};
+using Owned = std::unique_ptr<DLManagedTensor, TensorDeleter>;
+
+Owned empty(DLDevice device, const EmberTensorInfo& info, const std::string& what) {
+  for (int i = 0; i < info.ndim; ++i) {
+    if (info.shape[i] < 0) {
+      fail(EMBER_ERR_UNSUPPORTED, "ember_generate: the " + what + " input '" + info.name +
+                                      "' has a dynamic size; decode-step packages are static");
+    }
+  }
+  DLManagedTensor* t = nullptr;
+  EmberStatus st = ember_tensor_empty(device, info.dtype, info.ndim, info.shape, &t);
+  if (st != EMBER_OK) fail(st, ember_last_error());
+  return Owned(t);
+}
+
+int64_t numel(const DLTensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+// `bytes` (host) into `t` (dense, on the model's device).
+void upload(const DLTensor& t, const void* bytes, void* stream) {
+  if (t.device.device_type == kDLCPU) {
+    memcpy(t.data, bytes, size_t(numel(t) * itemsize(t.dtype)));
+    return;
+  }
+  DLTensor host = t;
+  host.device = DLDevice{kDLCPU, 0};
+  host.data = const_cast<void*>(bytes);
+  EmberStatus st = ember_tensor_copy(&host, &t, stream);
+  if (st != EMBER_OK) fail(st, ember_last_error());
+}
+
+// Integer ids as the dtype of `info` (int64 or int32), as host bytes.
+std::vector<char> ids_as(const EmberTensorInfo& info, const std::vector<int64_t>& ids) {
+  std::vector<char> out(ids.size() * size_t(info.dtype.bits / 8));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (info.dtype.bits == 64) {
+      memcpy(out.data() + 8 * i, &ids[i], 8);
+    } else {
+      int32_t v = int32_t(ids[i]);
+      memcpy(out.data() + 4 * i, &v, 4);
+    }
+  }
+  return out;
+}
+
+double load_float(const char* p, DLDataType t) {
+  if (t.code == kDLBfloat) return bf16_to_float(*reinterpret_cast<const uint16_t*>(p));
+  if (t.bits == 16) return half_to_float(*reinterpret_cast<const uint16_t*>(p));
+  if (t.bits == 32) return *reinterpret_cast<const float*>(p);
+  return *reinterpret_cast<const double*>(p);
+}
+
+uint64_t splitmix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The next token from one row of logits (the header documents the rule).
+int64_t choose(const std::vector<double>& logits, const EmberGenerateOptions& o, uint64_t* rng) {
+  int64_t v = int64_t(logits.size());
+  if (o.top_k <= 1) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < v; ++i) {
+      double a = logits[size_t(i)], b = logits[size_t(best)];
+      if (!std::isnan(b) && (a > b || std::isnan(a))) best = i;  // NaN wins, as torch.argmax
+    }
+    return best;
+  }
+  for (double x : logits) {
+    if (std::isnan(x)) fail(EMBER_ERR_RUNTIME, "ember_generate: the logits contain NaN");
+  }
+  int64_t k = std::min<int64_t>(o.top_k, v);
+  std::vector<int64_t> idx(static_cast<size_t>(v));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
+    double x = logits[size_t(a)], y = logits[size_t(b)];
+    return x > y || (x == y && a < b);
+  });
+  double top = logits[size_t(idx[0])], total = 0;
+  std::vector<double> p(static_cast<size_t>(k));
+  for (int64_t j = 0; j < k; ++j) {
+    p[size_t(j)] = std::exp((logits[size_t(idx[size_t(j)])] - top) / double(o.temperature));
+    total += p[size_t(j)];
+  }
+  double u = double(splitmix64(rng) >> 11) * 0x1.0p-53, cdf = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    cdf += p[size_t(j)] / total;
+    if (u < cdf) return idx[size_t(j)];
+  }
+  return idx[size_t(k - 1)];  // u above the rounded total
+}
+
+}  // namespace
+
+void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_len, size_t n_new,
+              const EmberGenerateOptions& o, int64_t* out_tokens) {
+  const DecodeSpec& spec = model.decode();
+  if (!spec.present) {
+    fail(EMBER_ERR_UNSUPPORTED, "ember_generate: the model is not a decode-step package (its "
+                                "manifest has no \"decode\" entry); package it with "
+                                "ember.cpp_wrapper.package_decode_step");
+  }
+  const EmberTensorInfo& tok = model.input_info(size_t(spec.tokens));
+  const EmberTensorInfo& pos = model.input_info(size_t(spec.positions));
+  const EmberTensorInfo& lg = model.output_info(size_t(spec.logits));
+  if (tok.ndim != 2 || tok.shape[1] != 1 || pos.ndim != 1 || pos.shape[0] != 1) {
+    fail(EMBER_ERR_UNSUPPORTED, "ember_generate feeds one token per step: the package's tokens "
+                                "input must be (B, 1) and its positions (1,); export the step "
+                                "with one new token");
+  }
+  bool logits_ok = lg.ndim == 2 || (lg.ndim == 3 && lg.shape[1] == 1);
+  logits_ok = logits_ok && lg.shape[lg.ndim - 1] > 0;
+  if (!logits_ok) {
+    fail(EMBER_ERR_UNSUPPORTED, "ember_generate: the logits output must be (B, V) or (B, 1, V)");
+  }
+  if (int64_t(batch) != tok.shape[0]) {
+    fail(EMBER_ERR_INVALID_ARGUMENT, "ember_generate: batch " + std::to_string(batch) +
+                                         ", the package was exported for " +
+                                         std::to_string(tok.shape[0]));
+  }
+  if (prompt_len == 0) fail(EMBER_ERR_INVALID_ARGUMENT, "ember_generate: the prompt is empty");
+  if (n_new == 0) return;
+  size_t limit = size_t(spec.max_positions);  // checked first: the sum below cannot wrap
+  size_t steps = prompt_len > limit || n_new > limit ? limit + 1 : prompt_len + n_new - 1;
+  if (steps > limit) {
+    fail(EMBER_ERR_INVALID_ARGUMENT,
+         "ember_generate: " + std::to_string(prompt_len) + " prompt tokens and " +
+             std::to_string(n_new) + " new ones need one position less than that (one run "
+             "per token but the last); the caches hold " + std::to_string(spec.max_positions) +
+             " positions");
+  }
+  if (!(o.temperature > 0) || !std::isfinite(o.temperature)) {
+    fail(EMBER_ERR_INVALID_ARGUMENT, "ember_generate: temperature must be positive and finite");
+  }
+  int64_t vocab = lg.shape[lg.ndim - 1];
+  for (size_t i = 0; i < batch * prompt_len; ++i) {
+    if (prompt[i] < 0 || prompt[i] >= vocab) {
+      fail(EMBER_ERR_INVALID_ARGUMENT, "ember_generate: prompt token " + std::to_string(prompt[i]) +
+                                           " is outside the vocabulary [0, " +
+                                           std::to_string(vocab) + ")");
+    }
+  }
+  DLDevice device = model.device();
+  void* stream = device.device_type == kDLCPU ? nullptr : o.stream;
+  size_t n_in = size_t(model.desc().num_inputs), n_out = size_t(model.desc().num_outputs);
+  std::vector<Owned> inputs(n_in);
+  inputs[size_t(spec.tokens)] = empty(device, tok, "tokens");
+  inputs[size_t(spec.positions)] = empty(device, pos, "positions");
+  for (int64_t c : spec.caches) {  // zeros: unwritten slots are masked, and 0 * NaN is NaN
+    Owned t = empty(device, model.input_info(size_t(c)), "cache");
+    std::vector<char> zeros(size_t(numel(t->dl_tensor) * itemsize(t->dl_tensor.dtype)), 0);
+    upload(t->dl_tensor, zeros.data(), stream);
+    inputs[size_t(c)] = std::move(t);
+  }
+  std::vector<DLManagedTensor*> in(n_in);
+  for (size_t i = 0; i < n_in; ++i) in[i] = inputs[i].get();
+  uint64_t rng = o.seed;
+  std::vector<int64_t> current(batch);
+  std::vector<double> row(static_cast<size_t>(vocab));
+  std::vector<char> host;
+  for (size_t s = 0; s < steps; ++s) {
+    for (size_t b = 0; b < batch; ++b) {
+      current[b] = s < prompt_len ? prompt[b * prompt_len + s]
+                                  : out_tokens[b * n_new + (s - prompt_len)];
+    }
+    upload(inputs[size_t(spec.tokens)]->dl_tensor, ids_as(tok, current).data(), stream);
+    upload(inputs[size_t(spec.positions)]->dl_tensor, ids_as(pos, {int64_t(s)}).data(), stream);
+    std::vector<DLManagedTensor*> raw(n_out, nullptr);
+    model.run(in.data(), n_in, raw.data(), n_out, stream);
+    std::vector<Owned> outputs;
+    for (DLManagedTensor* t : raw) outputs.emplace_back(t);
+    if (s + 1 < prompt_len) continue;  // prefill: the logits of a prompt token are not needed
+    const DLTensor& l = outputs[size_t(spec.logits)]->dl_tensor;
+    const char* base = static_cast<const char*>(l.data) + l.byte_offset;
+    std::vector<int64_t> strides(static_cast<size_t>(l.ndim), 1);  // dense row-major
+    for (int i = l.ndim - 2; i >= 0; --i) {
+      strides[size_t(i)] = strides[size_t(i + 1)] * l.shape[i + 1];
+    }
+    if (l.device.device_type == kDLCPU && l.strides) strides.assign(l.strides, l.strides + l.ndim);
+    if (l.device.device_type != kDLCPU) {  // to the host, dense
+      host.resize(size_t(numel(l) * itemsize(l.dtype)));
+      DLTensor h = l;
+      h.device = DLDevice{kDLCPU, 0};
+      h.data = host.data();
+      h.byte_offset = 0;
+      h.strides = nullptr;
+      EmberStatus st = ember_tensor_copy(&l, &h, stream);
+      if (st != EMBER_OK) fail(st, ember_last_error());
+      base = host.data();
+    }
+    int64_t isz = itemsize(l.dtype), vs = strides[size_t(l.ndim - 1)];
+    for (size_t b = 0; b < batch; ++b) {
+      const char* r = base + int64_t(b) * strides[0] * isz;
+      for (int64_t v = 0; v < vocab; ++v) row[size_t(v)] = load_float(r + v * vs * isz, l.dtype);
+      out_tokens[b * n_new + (s + 1 - prompt_len)] = choose(row, o, &rng);
+    }
+  }
+}
+
+}  // namespace ember

@@ -1,0 +1,40 @@
+"""The done-when of decode-step packages on a GPU: a Llama-style decoder (decode_model.py's,
+with room for 64 new tokens) packaged for CUDA, its caches updated in place by the runtime's
+driver copies, and `ember_generate` standalone (`run_package --generate`) and in process giving
+the eager greedy tokens. Skipped without CUDA.
+"""
+
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import ember.cpp_wrapper as cw
+from decode_model import LAYERS, Decoder, eager_greedy, zero_caches
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+NEW, PROMPT, LENGTH = 64, torch.tensor([[5, 17, 99, 3]]), 72
+
+
+def test_generate_on_cuda_gives_the_eager_greedy_tokens(tmp_path):
+    torch.manual_seed(0)
+    model = Decoder(max_len=LENGTH).eval().cuda()
+    example = (torch.tensor([[1]], device="cuda"), torch.tensor([0], device="cuda"),
+               *zero_caches(1, LENGTH, "cuda"))  # fmt: skip
+    path = cw.package_decode_step(model, example, tmp_path / "pkg", tokens=0, positions=1,
+                                  caches=range(2, 2 + 2 * LAYERS), device="cuda")  # fmt: skip
+    want, _ = eager_greedy(model, PROMPT, NEW, LENGTH, "cuda")
+    got = cw.generate(cw.load_package(path), PROMPT, NEW)
+    assert got.tolist() == want.tolist()
+    run_package = cw.install_run_package(tmp_path / "bin/")
+    np.save(tmp_path / "prompt.npy", PROMPT.numpy())
+    run = subprocess.run([str(run_package), "--generate", str(NEW), str(path),
+                          str(tmp_path / "prompt.npy"), str(tmp_path / "out.npy")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert np.load(tmp_path / "out.npy").tolist() == want.tolist()
