@@ -7,6 +7,7 @@ import types
 import pytest
 import torch
 from ember.inductor import config, runtime
+from ember.inductor.config import Config, _from_env
 from ember.ir import toolchain
 
 CFGS = [{"XBLOCK": 64, "num_warps": 1}, {"XBLOCK": 256, "num_warps": 4}]
@@ -100,3 +101,20 @@ def test_trial_launches_get_copies_laid_out_as_the_arguments(view):
     assert torch.equal(copy, arg)
     if arg.numel():
         assert copy.untyped_storage().data_ptr() != arg.untyped_storage().data_ptr()
+
+
+def test_each_config_is_timed_within_the_configured_budget(choices, monkeypatch):
+    import triton.testing
+
+    budgets = []
+
+    def bench(fn, warmup, rep):
+        budgets.append((warmup, rep))
+        return float(len(budgets))  # the first config is fastest
+
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    monkeypatch.setenv("EMBER_AUTOTUNE_MS", "1,4")
+    monkeypatch.setattr(config, "autotune_ms", _from_env(Config()).autotune_ms)
+    k3 = types.SimpleNamespace(key="k3", sizes=(1024,), configs=CFGS, _launch=None)
+    assert runtime.autotune(k3, []) == CFGS[0]
+    assert budgets == [(1.0, 4.0)] * len(CFGS)

@@ -6,6 +6,7 @@ Overrides (read once at import):
   EMBER_INDUCTOR_CPU_BACKEND=...  "cpp" (default) or "triton" (render CPU graphs as Triton, for
                                   testing the Triton renderer with TRITON_INTERPRET=1)
   EMBER_INDUCTOR_AUTOTUNE=0       disable Triton block-size autotuning (`autotune`)
+  EMBER_AUTOTUNE_MS=W,R           each config's warm-up and timing budget in ms (`autotune_ms`)
   EMBER_TRITON_BINARIES=0         always go through Triton's JIT (`triton_binaries`)
   EMBER_ISA=avx2|avx512|generic   force the C++ vector ISA instead of ember.ir.toolchain.cpu_isa()
   EMBER_LOGS=output_code          print each generated wrapper and its kernels
@@ -107,6 +108,10 @@ class Config:
     # a bfloat16 softmax over 4096 columns then moved 48% of the copy bandwidth (H100).
     persistent_reduction_max: int = 4096
     autotune: bool = True
+    # Per config of a kernel's first call: (warm-up, timing) milliseconds for triton's do_bench.
+    # Paid once per kernel and size (the choice is remembered on disk): 10.9 of a cold GPT-2
+    # training compile's 28.9 s on an H100 (session 17, bench/compile_time.py --stages).
+    autotune_ms: tuple = (5, 20)
     # Matmuls (mm, addmm, bmm, baddbmm) as generated Triton GEMM templates with their pointwise
     # readers fused as an epilogue, each chosen against the library call by timing on the real
     # shapes in a subprocess (gemm_template.py, autotune.py). compile_fx turns it on for
@@ -144,6 +149,9 @@ def _from_env(cfg: Config) -> Config:
         cfg.cpu_backend = env["EMBER_INDUCTOR_CPU_BACKEND"]
     if env.get("EMBER_INDUCTOR_AUTOTUNE") == "0":
         cfg.autotune = False
+    if env.get("EMBER_AUTOTUNE_MS"):
+        warm, rep = env["EMBER_AUTOTUNE_MS"].split(",")
+        cfg.autotune_ms = (float(warm), float(rep))
     if env.get("EMBER_TRITON_BINARIES") == "0":
         cfg.triton_binaries = False
     if env.get("EMBER_PERSISTENT_MAX"):
@@ -196,4 +204,5 @@ def fingerprint() -> str:
     fields.pop("cudagraphs_training")
     fields.pop("fx_cache")  # which cache levels are on does not change what a compile makes
     fields.pop("triton_binaries")
+    fields.pop("autotune_ms")  # how long configs are timed; the choice is kept apart
     return repr(sorted(fields.items()))

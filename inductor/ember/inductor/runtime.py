@@ -514,8 +514,9 @@ def autotune(launcher: TritonLauncher, args) -> dict:
 
     with progress.stage("autotune"):  # at a kernel's first call: part of the first step's cost
         copies = [scratch_copy(a) for a in args]
+        warmup, rep = config.autotune_ms
         times = [
-            do_bench(lambda c=c: launcher._launch(c, copies), warmup=5, rep=20)
+            do_bench(lambda c=c: launcher._launch(c, copies), warmup=warmup, rep=rep)
             for c in launcher.configs
         ]
     best = launcher.configs[min(range(len(times)), key=times.__getitem__)]
