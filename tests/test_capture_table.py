@@ -4,17 +4,23 @@ inductor matches eager, forward and backward where the program has one, over cal
 change (static, then one dynamic graph, except where a size is baked in by design)."""
 
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from torch.autograd.function import once_differentiable
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before any kernel below is decorated
 
 import ember
 from ember.dynamo import convert
+
+# the corpus's Functions (setup_context with needs_input_grad; a float output marked
+# non-differentiable with a once_differentiable backward)
+sys.path.insert(0, str(Path(__file__).parents[1] / "dynamo" / "tests"))
+from corpus.autograd_functions import FloatNonDifferentiable, NeedsInputGradMarked  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -145,43 +151,9 @@ def triton_cdiv(a, b):
 
 
 # -- an autograd.Function with a custom backward on inputs that need gradients ------------------
-class ScaledMul(torch.autograd.Function):
-    """setup_context form; the backward reads ctx.needs_input_grad (3x where y needs none, so a
-    wrong flag shows in x's gradient)."""
-
-    @staticmethod
-    def forward(x, y):
-        return x * y
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, y = ctx.saved_tensors
-        gx = grad * y * (1.0 if ctx.needs_input_grad[1] else 3.0)
-        return gx, (grad * x if ctx.needs_input_grad[1] else None)
-
-
-class DoubleAndExp(torch.autograd.Function):
-    """Two outputs, the second marked non-differentiable; a once_differentiable backward."""
-
-    @staticmethod
-    def forward(ctx, x):
-        a, b = x * 2, x.exp()
-        ctx.mark_non_differentiable(b)
-        return a, b
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_a, grad_b):
-        return grad_a * 2
-
-
 def autograd_function_program(x, y):
-    a, b = DoubleAndExp.apply(x)
-    return ScaledMul.apply(a, y) + b
+    a, b = FloatNonDifferentiable.apply(x)
+    return NeedsInputGradMarked.apply(a, y) + b
 
 
 @pytest.mark.parametrize("y_needs_grad", [True, False])
@@ -191,7 +163,7 @@ def test_autograd_function_program(y_needs_grad):
 
     one_graph_no_break(autograd_function_program, *make(4))
     assert check_training(autograd_function_program, make, (4, 6, 9)) == 2
-    _, b = ember.compile(lambda x: DoubleAndExp.apply(x), backend="inductor")(leaf(4))
+    _, b = ember.compile(lambda x: FloatNonDifferentiable.apply(x), backend="inductor")(leaf(4))
     assert not b.requires_grad  # mark_non_differentiable holds in the compiled graph
 
 

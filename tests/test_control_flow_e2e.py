@@ -241,14 +241,7 @@ def test_dynamic_sizes_compile_one_symbolic_graph_with_gradients(backend):
     for n in (3, 4, 6, 9):
         for s in (1.0, -1.0):
             x = (s * (torch.rand(n) + 0.1)).requires_grad_()
-            w = torch.randn(n, requires_grad=True)
-            xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-            got, expected = f(x, w), sized_branches(xe, we)
-            torch.testing.assert_close(got, expected)
-            got.sum().backward()
-            expected.sum().backward()
-            torch.testing.assert_close(x.grad, xe.grad)
-            torch.testing.assert_close(w.grad, we.grad)
+            _same_values_and_gradients(f, sized_branches, x, torch.randn(n, requires_grad=True))
     graphs = convert.stats.graphs[g0:]
     assert len(graphs) == 2 and graphs[1].gm.meta["ember_symbols"]
 
@@ -268,11 +261,16 @@ def test_a_size_predicate_is_one_graph_for_every_size(backend):
     f = ember.compile(size_predicate, backend=backend, dynamic=True, fullgraph=True)
     for n in (3, 6, 2, 9, 4, 5):
         x, w = torch.randn(n, requires_grad=True), torch.randn(n, requires_grad=True)
-        xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-        got, expected = f(x, w), size_predicate(xe, we)
-        torch.testing.assert_close(got, expected)
-        got.sum().backward()
-        expected.sum().backward()
-        torch.testing.assert_close(x.grad, xe.grad)
-        torch.testing.assert_close(w.grad, we.grad)
+        _same_values_and_gradients(f, size_predicate, x, w)
     assert len(convert.stats.graphs) - g0 == 1
+
+
+def _same_values_and_gradients(compiled, eager, x, w):
+    """compiled(x, w) against eager on copies: the values, and the gradients of x and w."""
+    xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    got, expected = compiled(x, w), eager(xe, we)
+    torch.testing.assert_close(got, expected)
+    got.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(w.grad, we.grad)
