@@ -13,6 +13,12 @@ cuDNN enabled as the user had it: the tracer turns it off for torch's own dispat
 call returns outputs a training graph would need and we have no extern for) is recorded as
 `extern.sdpa_cudnn` (`cudnn_attention`), so compiled inference runs the kernel that eager (and
 torch's own compiler) runs. `config.cudnn_attention = False` turns that off.
+
+In training, a mask that is a constant of the program and allows everything or is exactly causal
+is dropped (`training_without_constant_mask`): torch then runs flash attention, forward and
+backward, where with the mask it could only run the memory-efficient kernel. And a backward
+without dropout gets empty random-number state of its own on the GPU
+(`without_unread_rng_state`), so it reads no host tensor and can replay from a CUDA graph.
 """
 
 from __future__ import annotations
