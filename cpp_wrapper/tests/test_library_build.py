@@ -55,6 +55,7 @@ def chain(last_body="x[i] + 1.0f"):
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(toolchain.config, "cache_dir", tmp_path / "cache")
+    monkeypatch.setattr(library_build, "MIN_PCH_UNITS", 2)  # the chain has two kernel units
     counters.reset()
     return tmp_path
 
