@@ -195,14 +195,26 @@ def build_library(name: str, units: Sequence[Unit], flags: list[str], *,
     ident = toolchain._compiler_id(cxx).encode()
     keys = [_digest(b"obj", cxx.encode(), ident, " ".join([*flags, *u.flags]).encode(),
                     u.text.encode()) for u in units]  # fmt: skip
+    openmp = ["-fopenmp"] if "-fopenmp" in flags else []
+    link = ["-shared", "-fPIC", *openmp, *ldflags]
+    so_key = _digest(b"so", cxx.encode(), ident, " ".join(link).encode(),
+                     *(k.encode() for k in keys))  # fmt: skip
+    filename, so_entry = f"{name}.so", toolchain.cache_dir() / "so" / so_key
+    found = cache_files.find_dir(so_entry, so_key, [filename])
+    if found is not None:  # linked before from these very objects
+        for _ in units:
+            _count("cached")
+        return found / filename
     root = toolchain.cache_dir() / "cpp_wrapper" / "obj"
-    missing = [i for i, k in enumerate(keys) if cache_files.find_dir(root / k, k, ["unit.o"]) is None]
+    objects: list = [cache_files.find_dir(root / k, k, ["unit.o"]) for k in keys]
+    objects = [None if d is None else d / "unit.o" for d in objects]
+    missing = [i for i, o in enumerate(objects) if o is None]
     for _ in range(len(units) - len(missing)):
         _count("cached")
     pool, futures = _pool(os.getpid()), {}
     with progress.stage("package build"):
         # the wrapper and data units compile while the prelude is precompiled
-        for i in range(len(units)):
+        for i in missing:
             if not units[i].kernel:
                 futures[i] = pool.submit(_object, units[i], keys[i], flags, cxx, None)
         texts = [units[i].text for i in missing if units[i].kernel]
@@ -211,42 +223,39 @@ def build_library(name: str, units: Sequence[Unit], flags: list[str], *,
         if prelude:
             found = _precompile(prelude, flags, cxx)
             pch = (prelude, found) if found is not None else None
-        for i in range(len(units)):
+        for i in missing:
             if units[i].kernel:
                 futures[i] = pool.submit(_object, units[i], keys[i], flags, cxx, pch)
-        objects: list = [None] * len(units)
         failures = []
         for done, (i, future) in enumerate(futures.items(), 1):
             try:
                 objects[i] = future.result()
             except toolchain.BuildError as e:
                 failures.append(f"--- {units[i].name}: {e}")
-            progress.step("units built", done, len(units))
+            progress.step("units built", done, len(futures))
     if failures:
         raise toolchain.BuildError(f"{len(failures)} of {len(units)} translation units of "
                                    f"{name} failed to build:\n" + "\n".join(failures))  # fmt: skip
-    openmp = ["-fopenmp"] if "-fopenmp" in flags else []
-    link = ["-shared", "-fPIC", *openmp, *ldflags]
-    key = _digest(b"so", cxx.encode(), ident, " ".join(link).encode(), *(k.encode() for k in keys))
-    filename = f"{name}.so"
-
     def build(tmp: Path) -> Path:
         out = tmp / filename
         _run([cxx, *link[:2], *map(str, objects), "-o", str(out), *link[2:]], filename)
         _count("linked")
         return out
 
-    return cache_files.built_file(toolchain.cache_dir() / "so" / key, key, filename, build)
+    return cache_files.built_file(so_entry, so_key, filename, build)
+
+
+# Each byte as it stands in a C string literal: itself when plain, else a three-digit octal
+# escape (never more than three digits, so a digit may follow it; no "?" for trigraphs).
+_PLAIN = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _.,:;+-*/=")
+_C_CHARS = [chr(b) if b in _PLAIN else f"\\{b:03o}" for b in range(256)]
 
 
 def _escape(data: bytes) -> str:
-    """`data` as the body of C string literals, 96 bytes a line (g++ reads a literal far faster
-    than a list of integers). Octal escapes take at most three digits, so a digit may follow."""
-    plain = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _.,:;+-*/=")
-    lines = []
-    for at in range(0, len(data), 96):
-        chunk = data[at:at + 96]
-        lines.append('"' + "".join(chr(b) if b in plain else f"\\{b:03o}" for b in chunk) + '"')
+    """`data` as C string literals, 96 bytes a line (g++ reads a literal far faster than the list
+    of integers the wrapper used to embed)."""
+    chars = _C_CHARS.__getitem__
+    lines = ['"' + "".join(map(chars, data[at:at + 96])) + '"' for at in range(0, len(data), 96)]
     return "\n".join(lines) or '""'
 
 

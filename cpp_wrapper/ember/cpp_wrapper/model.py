@@ -118,8 +118,12 @@ def build_model_library(
     cubins = {b.cubin_symbol: b.cubin for b in builds.values() if b.cubin_symbol}
     units += [library_build.data_unit(sym, data) for sym, data in cubins.items()]
     flags = library_build.compile_flags(
-        isa=isa, include_dirs=[*_build.include_dirs(), *config.kernel_include_dirs, *include_dirs],
-        defines=[*_build.runtime_defines(), *config.kernel_defines, *defines], openmp=True)  # fmt: skip
+        isa=isa,
+        include_dirs=[*_build.include_dirs(), *config.kernel_include_dirs, *include_dirs],
+        # the runtime headers' digest: a unit including them is rebuilt when one changes
+        defines=[*_build.runtime_defines(), *config.kernel_defines, *defines],
+        openmp=True,
+    )
     return library_build.build_library("ember_model", units, flags)
 
 
