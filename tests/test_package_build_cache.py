@@ -11,6 +11,7 @@ import torch
 import ember
 import ember.cpp_wrapper._C  # noqa: F401  (the extension, built before the cache moves)
 from ember.cpp_wrapper import load_package, package
+from ember.cpp_wrapper import library_build
 from ember.cpp_wrapper.library_build import counters
 from ember.inductor import runtime
 from ember.ir import toolchain
@@ -50,16 +51,19 @@ def test_a_second_packaging_compiles_nothing_and_runs(fresh_cache):
     model, x = cnn([3, 8, 8, 16]), torch.randn(2, 3, 8, 8)
     ep = ember.export(model, (x,))
     package(ep, tmp / "first")
-    assert counters.compiled >= 3 and counters.linked == 1
+    assert counters.compiled >= 2 and counters.linked == 1  # the wrapper, the kernels
     assert inprocess_builds == []  # the package compiled the kernels; inductor built none
     counters.reset()
     path = package(ember.export(model, (x,)), tmp / "second")
     assert (counters.compiled, counters.linked) == (0, 0)
-    assert counters.cached >= 3
+    assert counters.cached >= 2
     torch.testing.assert_close(load_package(path)(x)[0], model(x), atol=1e-4, rtol=1e-4)
 
 
-def test_a_model_sharing_kernels_compiles_only_its_new_ones(fresh_cache):
+def test_a_model_sharing_kernels_compiles_only_its_new_ones(fresh_cache, monkeypatch):
+    # a unit per kernel: which kernels share a unit is content-chosen (test_library_build.py
+    # shows a new kernel changes only its own group)
+    monkeypatch.setattr(library_build, "KERNELS_PER_UNIT", 1)
     tmp, _ = fresh_cache
     x = torch.randn(2, 3, 8, 8)
     package(ember.export(cnn([3, 8, 8]), (x,)), tmp / "small")

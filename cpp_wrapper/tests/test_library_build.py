@@ -56,6 +56,7 @@ def chain(last_body="x[i] + 1.0f"):
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(toolchain.config, "cache_dir", tmp_path / "cache")
     monkeypatch.setattr(library_build, "MIN_PCH_UNITS", 2)  # the chain has two kernel units
+    monkeypatch.setattr(library_build, "KERNELS_PER_UNIT", 1)  # each its own (see grouping)
     counters.reset()
     return tmp_path
 
@@ -94,6 +95,27 @@ def test_a_changed_kernel_recompiles_only_itself_and_the_wrapper(fresh_cache):
     torch.testing.assert_close(load_artifact(changed)(x)[0], x * 4 - 3)
 
 
+def test_kernels_are_grouped_by_content():
+    units = [Unit(f"k{i}", f"int k{i}() {{ return {i}; }}\n") for i in range(60)]
+    groups = library_build.group_kernels(units)
+    assert sorted(u.name for g in groups for u in g) == sorted(u.name for u in units)
+    assert max(map(len, groups)) <= 2 * library_build.KERNELS_PER_UNIT and len(groups) >= 4
+    assert library_build.group_kernels(list(reversed(units))) == groups  # order does not matter
+    # one more kernel (a model sharing the others) changes its own group only
+    more = library_build.group_kernels([*units, Unit("new", "int fresh() { return -1; }\n")])
+    changed = [g for g in more if g not in groups]
+    assert len(changed) <= 2 and any(u.name == "new" for g in changed for u in g)
+    assert 1 <= sum(g not in more for g in groups) <= 2
+
+
+def test_grouped_kernels_build_and_run(fresh_cache, monkeypatch):
+    monkeypatch.setattr(library_build, "group_kernels", lambda units: [list(units)])
+    build_model_library(chain(), standalone=True)
+    assert counters.compiled == 2  # the wrapper, and both kernels in one unit
+    x = torch.randn(16)
+    torch.testing.assert_close(load_artifact(chain())(x)[0], x * 4 + 1)
+
+
 def test_cubin_bytes_survive_their_data_unit(fresh_cache):
     data = bytes(range(256)) * 3 + b'??"\\\n\x00017'  # every byte; escapes next to digits
     reader = Unit("reader", 'extern "C" const unsigned char blob[];\n'
@@ -106,7 +128,20 @@ def test_cubin_bytes_survive_their_data_unit(fresh_cache):
     assert ctypes.string_at(lib.get(), len(data)) == data
 
 
-def test_every_failing_unit_is_named(fresh_cache):
+def test_a_group_that_does_not_compile_as_one_unit_builds_kernel_by_kernel(fresh_cache,
+                                                                          monkeypatch):
+    monkeypatch.setattr(library_build, "group_kernels", lambda units: [list(units)])
+    flags = library_build.compile_flags(isa="generic", include_dirs=(), defines=(), openmp=False)
+    units = [Unit(name, f"static int helper() {{ return {v}; }}\n"
+                        f'extern "C" __attribute__((visibility("default"))) int {name}() '
+                        "{ return helper(); }\n") for name, v in (("fa", 1), ("fb", 2))]
+    lib = ctypes.CDLL(str(library_build.build_library("pair", units, flags)))
+    assert (lib.fa(), lib.fb()) == (1, 2)  # each kernel its own helper
+    assert counters.compiled == 2
+
+
+def test_every_failing_unit_is_named(fresh_cache, monkeypatch):
+    monkeypatch.setattr(library_build, "group_kernels", lambda units: [list(units)])
     flags = library_build.compile_flags(isa="generic", include_dirs=(), defines=(), openmp=False)
     units = [Unit("good one", "int good() { return 1; }\n"),
              Unit("bad one", "int bad() { return undeclared; }\n"),

@@ -1,13 +1,13 @@
-"""Building a model library fast: one translation unit per kernel, compiled in parallel, each
-object cached by content, then one (cached) link.
+"""Building a model library fast: kernels in groups of about eight per translation unit, units
+compiled in parallel, each object cached by content, then one (cached) link.
 
 A package's `model.so` used to be one compiler call over the wrapper and every kernel file: g++
 compiled the units one after another, each parsing the same inlined kernel header (cmath,
 immintrin.h), so a DenseNet took minutes where its in-process build took seconds. Here:
-- each unit (a kernel, a user operator's source, the wrapper, the cubins) is compiled to an
-  object on its own, on a thread pool sized to the cores, and published in the cache under a
-  hash of its text, the flags and the compiler: a second package of the model, or of another
-  model sharing kernels, compiles nothing it already has;
+- each unit (a group of kernels chosen by content, a user operator's source, the wrapper, a
+  cubin) is compiled to an object on its own, on a thread pool sized to the cores, and published
+  in the cache under a hash of its text, the flags and the compiler: a second package of the
+  model compiles nothing, one of a model sharing kernels only the groups it changes;
 - the text every kernel starts with (inductor's inlined header) is precompiled once per build
   configuration, and each kernel unit includes it: g++ then loads the parse instead of redoing
   it. The object is the same as from the inlined text, so it is cached under that text's key;
@@ -44,6 +44,10 @@ WRAPPER_OPT = "-O1"
 # header (inductor's: ~1 s to precompile, ~0.4 s of parsing saved per kernel).
 MIN_PRELUDE = 2048
 MIN_PCH_UNITS = 4
+# Kernels per translation unit, on average (at most twice as many): a unit costs ~0.27 s on top
+# of its kernels (the compiler's start, loading the precompiled header), so DenseNet-121's 66
+# kernels took 41 s of CPU as 66 units, 24 s as 9 units of about 8, 24 s as 2 (2-core x86).
+KERNELS_PER_UNIT = 8
 PRELUDE = "ember_prelude.h"
 
 
@@ -78,7 +82,7 @@ class Unit:
     name: str
     text: str
     flags: tuple = ()
-    kernel: bool = True  # shares the kernels' prelude, if they have one
+    kernel: bool = True  # compiled in a group of kernels, sharing their prelude if they have one
 
 
 def workers() -> int:
@@ -187,55 +191,113 @@ def _object(unit: Unit, key: str, flags: list[str], cxx: str,
     return cache_files.built_file(entry, key, "unit.o", build)
 
 
+def _text_digest(unit: Unit) -> str:
+    return _digest(unit.text.encode())
+
+
+def group_kernels(units: Sequence[Unit]) -> list[list[Unit]]:
+    """Kernel units in groups of about KERNELS_PER_UNIT, each compiled as one unit. Chosen by
+    content (ordered by hash, a group ending after a kernel whose hash is 0 modulo the size, or
+    at twice it): adding or changing a kernel changes its own group only, so a model sharing
+    kernels with another finds most groups of either compiled."""
+    groups, current = [], []
+    for unit in sorted(units, key=_text_digest):
+        current.append(unit)
+        boundary = int(_text_digest(unit)[:8], 16) % KERNELS_PER_UNIT == 0
+        if boundary or len(current) >= 2 * KERNELS_PER_UNIT:
+            groups.append(current)
+            current = []
+    return groups + ([current] if current else [])
+
+
+def _merged(group: Sequence[Unit]) -> Unit:
+    """One unit of a group's kernels, one after another (inductor's kernels each inline the same
+    guarded header: only the first copy is compiled)."""
+    if len(group) == 1:
+        return group[0]
+    more = f" (+{len(group) - 3})" if len(group) > 3 else ""
+    return Unit(", ".join(u.name for u in group[:3]) + more, "\n".join(u.text for u in group),
+                group[0].flags)  # fmt: skip
+
+
+def _group_objects(job: Sequence[Unit], keys: Sequence[str], flags: list[str], cxx: str,
+                   pch) -> list:  # fmt: skip
+    """The objects of a job: [unit] gives its object; [merged, *kernels] (a group) the merged
+    unit's, or where that does not compile (two kernels defining the same helper, say) each
+    kernel's own; a kernel that fails alone gives its error instead."""
+    try:
+        return [_object(job[0], keys[0], flags, cxx, pch)]
+    except toolchain.BuildError as e:
+        if len(job) == 1:
+            return [e]
+    out = []
+    for unit, key in zip(job[1:], keys[1:]):
+        try:
+            out.append(_object(unit, key, flags, cxx, pch))
+        except toolchain.BuildError as e:
+            out.append(e)
+    return out
+
+
 def build_library(name: str, units: Sequence[Unit], flags: list[str], *,
                   ldflags: Sequence[str] = ()) -> Path:  # fmt: skip
     """Compile `units` (in parallel, each cached) with `flags` and link them into NAME.so
     (cached by the objects' keys); raises BuildError naming every unit that failed."""
     cxx = toolchain.config.cxx
     ident = toolchain._compiler_id(cxx).encode()
-    keys = [_digest(b"obj", cxx.encode(), ident, " ".join([*flags, *u.flags]).encode(),
-                    u.text.encode()) for u in units]  # fmt: skip
+
+    def key(unit: Unit) -> str:
+        return _digest(b"obj", cxx.encode(), ident, " ".join([*flags, *unit.flags]).encode(),
+                       unit.text.encode())  # fmt: skip
+
+    # jobs: [units] each; a group of kernels is [merged, *members] (members: its fallback)
+    jobs = [[u] for u in units if not u.kernel]
+    for group in group_kernels([u for u in units if u.kernel]):
+        jobs.append([_merged(group), *group] if len(group) > 1 else group)
+    keys = [[key(u) for u in job] for job in jobs]
     openmp = ["-fopenmp"] if "-fopenmp" in flags else []
     link = ["-shared", "-fPIC", *openmp, *ldflags]
     so_key = _digest(b"so", cxx.encode(), ident, " ".join(link).encode(),
-                     *(k.encode() for k in keys))  # fmt: skip
+                     *(k[0].encode() for k in keys))  # fmt: skip
     filename, so_entry = f"{name}.so", toolchain.cache_dir() / "so" / so_key
     found = cache_files.find_dir(so_entry, so_key, [filename])
-    if found is not None:  # linked before from these very objects
-        for _ in units:
+    if found is not None:  # linked before from these very units
+        for _ in jobs:
             _count("cached")
         return found / filename
     root = toolchain.cache_dir() / "cpp_wrapper" / "obj"
-    objects: list = [cache_files.find_dir(root / k, k, ["unit.o"]) for k in keys]
-    objects = [None if d is None else d / "unit.o" for d in objects]
+    found = [cache_files.find_dir(root / k[0], k[0], ["unit.o"]) for k in keys]
+    objects: list = [None if d is None else [d / "unit.o"] for d in found]
     missing = [i for i, o in enumerate(objects) if o is None]
-    for _ in range(len(units) - len(missing)):
+    for _ in range(len(jobs) - len(missing)):
         _count("cached")
     pool, futures = _pool(os.getpid()), {}
     with progress.stage("package build"):
         # the wrapper and data units compile while the prelude is precompiled
         for i in missing:
-            if not units[i].kernel:
-                futures[i] = pool.submit(_object, units[i], keys[i], flags, cxx, None)
-        texts = [units[i].text for i in missing if units[i].kernel]
+            if not jobs[i][0].kernel:
+                futures[i] = pool.submit(_group_objects, jobs[i], keys[i], flags, cxx, None)
+        texts = [jobs[i][0].text for i in missing if jobs[i][0].kernel]
         prelude = prelude_of(texts) if len(texts) >= MIN_PCH_UNITS else ""
         pch = None
         if prelude:
-            found = _precompile(prelude, flags, cxx)
-            pch = (prelude, found) if found is not None else None
+            found_pch = _precompile(prelude, flags, cxx)
+            pch = (prelude, found_pch) if found_pch is not None else None
         for i in missing:
-            if units[i].kernel:
-                futures[i] = pool.submit(_object, units[i], keys[i], flags, cxx, pch)
+            if jobs[i][0].kernel:
+                futures[i] = pool.submit(_group_objects, jobs[i], keys[i], flags, cxx, pch)
         failures = []
         for done, (i, future) in enumerate(futures.items(), 1):
-            try:
-                objects[i] = future.result()
-            except toolchain.BuildError as e:
-                failures.append(f"--- {units[i].name}: {e}")
+            objects[i] = future.result()
+            members = jobs[i][1:] or jobs[i]
+            failures += [f"--- {u.name}: {o}" for u, o in zip(members, objects[i])
+                         if isinstance(o, Exception)]  # fmt: skip
             progress.step("units built", done, len(futures))
     if failures:
         raise toolchain.BuildError(f"{len(failures)} of {len(units)} translation units of "
                                    f"{name} failed to build:\n" + "\n".join(failures))  # fmt: skip
+    objects = [o for objs in objects for o in objs]
+
     def build(tmp: Path) -> Path:
         out = tmp / filename
         _run([cxx, *link[:2], *map(str, objects), "-o", str(out), *link[2:]], filename)
