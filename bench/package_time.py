@@ -7,6 +7,7 @@
 Each measurement runs in a fresh process on its own cache directory, seeded only with the Python
 extensions (built once, beforehand, so no run pays for them):
 - `compile cold`: `ember.compile(model)` and its first call (after an eager call), empty cache;
+  `(build)`: its kernel builds, from the first one started to the last one finished;
 - `package cold`: `ember.export` + `ember.cpp_wrapper.package`, empty cache; split into export,
   compile (inductor: lowering and code generation; cubins on CUDA) and build (model.so);
 - `package warm`: the same in a second process on the cache the cold package filled.
@@ -135,10 +136,28 @@ def _child(args) -> dict:
         sync()
         out = {}
         if args.phase == "compile":
+            from ember.inductor import runtime
+
+            span = []  # the in-process kernel builds: from the first start to the last finish
+            start_builds, finish_builds = runtime.Builds.start, runtime.Builds.finish
+
+            def started(self):
+                if not span:
+                    span.append(time.perf_counter())
+                return start_builds(self)
+
+            def finished(self):
+                try:
+                    return finish_builds(self)
+                finally:
+                    span[1:] = [time.perf_counter()]
+
+            runtime.Builds.start, runtime.Builds.finish = started, finished
             start = time.perf_counter()
             got = ember.compile(model)(*inputs)
             sync()
             out["total"] = time.perf_counter() - start
+            out["build"] = span[-1] - span[0] if len(span) == 2 else None
         else:
             spans = {"compile": 0.0, "build": 0.0}
 
@@ -231,8 +250,9 @@ def main(argv=None) -> int:
         seed = _seed(args, Path(tmp))
         print(f"device {args.device}, components from {args.components_from}, medians of "
               f"{args.repeat} (seconds)")  # fmt: skip
-        print(f"{'model':22} {'compile':>7} {'package':>7} {'export':>7} {'inductor':>8} "
-              f"{'build':>7} {'warm':>7}  units cold/warm (compiled+cached)  max|diff|")
+        print(f"{'model':22} {'compile':>7} {'(build)':>7} {'package':>7} {'export':>7} "
+              f"{'inductor':>8} {'build':>7} {'warm':>7}  units cold/warm (compiled+cached)  "
+              "max|diff|")  # fmt: skip
         for model in args.models:
             runs = []
             for i in range(args.repeat):
@@ -258,7 +278,8 @@ def main(argv=None) -> int:
                 return f"{u['compiled']}+{u['cached']}" if u else "-"
 
             diff = max(r[p]["max_abs_diff"] for r in runs for p in r)
-            print(f"{model:22} {col('compile', 'total')} {col('cold', 'total')} "
+            print(f"{model:22} {col('compile', 'total')} {col('compile', 'build')} "
+                  f"{col('cold', 'total')} "
                   f"{col('cold', 'export')} {col('cold', 'compile'):>8} {col('cold', 'build')} "
                   f"{col('warm', 'total')}  {units('cold'):>8} / {units('warm'):<8}"
                   f"{'':17}{diff:.1e}", flush=True)  # fmt: skip

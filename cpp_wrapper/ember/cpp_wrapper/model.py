@@ -96,7 +96,7 @@ def build_model_library(
     In process (standalone=False) a CPU kernel whose `binary` names an existing .so is reached
     there by dlopen; a standalone library (for packages) compiles every kernel in from source.
     `include_dirs`/`defines` add to config.kernel_include_dirs/kernel_defines for the kernels.
-    Each kernel (named by its source), the wrapper and each cubin is its own translation unit,
+    Kernels (named by their source) in groups, the wrapper and each cubin are translation units
     compiled in parallel and cached by content; the link is cached too (library_build.py).
     """
     isa = toolchain.cpu_isa()
@@ -113,8 +113,11 @@ def build_model_library(
                if k.language == "cpp" and not builds.get(k.name)}  # fmt: skip
     units += [Unit(f"kernel {name}", src) for src, name in kernels.items()]
     # user operators' C++ kernels: one unit per source (several ops may share one source)
-    for src in dict.fromkeys(k.source for k in used_kernels(artifact)):
-        units.append(Unit("a registered C++ kernel", src, kernel=False))
+    ops: dict = {}
+    for k in used_kernels(artifact):
+        ops.setdefault(k.source, []).append(k.op)
+    units += [Unit(f"the C++ kernel registered for {', '.join(names)}", src, kernel=False)
+              for src, names in ops.items()]  # fmt: skip
     cubins = {b.cubin_symbol: b.cubin for b in builds.values() if b.cubin_symbol}
     units += [library_build.data_unit(sym, data) for sym, data in cubins.items()]
     flags = library_build.compile_flags(
