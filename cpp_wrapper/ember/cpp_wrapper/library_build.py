@@ -3,7 +3,7 @@ compiled in parallel, each object cached by content, then one (cached) link.
 
 A package's `model.so` used to be one compiler call over the wrapper and every kernel file: g++
 compiled the units one after another, each parsing the same inlined kernel header (cmath,
-immintrin.h), so a DenseNet took minutes where its in-process build took seconds. Here:
+immintrin.h), so a DenseNet-121-shaped CNN took 69 s where its in-process build took 3. Here:
 - each unit (a group of kernels chosen by content, a user operator's source, the wrapper, a
   cubin) is compiled to an object on its own, on a thread pool sized to the cores, and published
   in the cache under a hash of its text, the flags and the compiler: a second package of the
