@@ -637,10 +637,8 @@ class WrapperCodegen:
             if k.language == "cpp" and not build.library:
                 # one definition may serve kernels of equal source (model.py names them by it)
                 if k.entry in entries and entries[k.entry].source != k.source:
-                    raise UnsupportedArtifactError(
-                        f"kernels {entries[k.entry].name} and {k.name} share the entry "
-                        f"{k.entry!r}"
-                    )
+                    raise UnsupportedArtifactError(f"kernels {entries[k.entry].name} and "
+                                                   f"{k.name} share the entry {k.entry!r}")
                 entries[k.entry] = k
 
     def prologue(self) -> list[str]:
@@ -700,12 +698,11 @@ class WrapperCodegen:
         lines: list[str] = []
         for k in self.a.kernels:
             build = self.builds.get(k.name, KernelBuild())
-            cubin = build.cubin
-            if cubin and build.cubin_symbol:
+            if build.cubin and build.cubin_symbol:
                 lines.append(f"const unsigned char* const {self.kernel_var(k)}_binary = "
                              f"{build.cubin_symbol};")  # fmt: skip
-            elif cubin:
-                data = ",".join(str(b) for b in cubin)
+            elif build.cubin:
+                data = ",".join(str(b) for b in build.cubin)
                 lines.append(f"const unsigned char {self.kernel_var(k)}_binary[] = {{{data}}};")
         return lines
 
