@@ -2,6 +2,7 @@
 kernel, the precompiled prelude, cubins as data units; counted by compiler runs, not timed."""
 
 import ctypes
+import dataclasses
 
 import cppw_artifacts as A
 import pytest
@@ -93,6 +94,17 @@ def test_a_changed_kernel_recompiles_only_itself_and_the_wrapper(fresh_cache):
     assert (counters.compiled, counters.cached, counters.linked) == (2, 1, 1)
     x = torch.randn(16)
     torch.testing.assert_close(load_artifact(changed)(x)[0], x * 4 - 3)
+
+
+def test_kernels_of_one_entry_name_and_different_sources_each_get_their_own(fresh_cache):
+    art = chain()
+    ka, kb, kc = art.kernels
+    # kc defines "twice_a" too (as if two generated programs were joined): named by content,
+    # each kernel keeps its own definition
+    kc = KernelIR("kc", "cpp", kernel_source("twice_a", "x[i] + 1.0f"), "twice_a", kc.arg_types)
+    art = dataclasses.replace(art, kernels=(ka, kb, kc))
+    x = torch.randn(16)
+    torch.testing.assert_close(load_artifact(art)(x)[0], x * 4 + 1)
 
 
 def test_kernels_are_grouped_by_content():
