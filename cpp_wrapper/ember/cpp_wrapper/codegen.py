@@ -209,6 +209,9 @@ class KernelBuild:
 
     library: str = ""  # path of a prebuilt shared object ("" when compiled into the library)
     cubin: bytes = b""
+    # the cubin as `extern "C" const unsigned char SYMBOL[]` of another unit (library_build's
+    # data_unit), not an array in the wrapper: "" embeds it in the wrapper
+    cubin_symbol: str = ""
 
 
 class WrapperCodegen:
@@ -647,11 +650,11 @@ class WrapperCodegen:
                 )
             build = self.builds.get(k.name, KernelBuild())
             if k.language == "cpp" and not build.library:
-                if k.entry in entries:
-                    raise UnsupportedArtifactError(
-                        f"kernels {entries[k.entry]} and {k.name} share the entry {k.entry!r}"
-                    )
-                entries[k.entry] = k.name
+                # one definition may serve kernels of equal source (model.py names them by it)
+                if k.entry in entries and entries[k.entry].source != k.source:
+                    raise UnsupportedArtifactError(f"kernels {entries[k.entry].name} and "
+                                                   f"{k.name} share the entry {k.entry!r}")
+                entries[k.entry] = k
 
     def prologue(self) -> list[str]:
         lines = [
@@ -674,6 +677,10 @@ class WrapperCodegen:
                 )
                 lines.append(f'extern "C" void {k.entry}({params});  // kernel {k.name}')
         lines += declarations(self.a)
+        for k in self.a.kernels:
+            symbol = self.builds.get(k.name, KernelBuild()).cubin_symbol
+            if symbol:
+                lines.append(f'extern "C" const unsigned char {symbol}[];  // kernel {k.name}')
         lines += ["", "namespace {", ""]
         return lines
 
@@ -705,9 +712,12 @@ class WrapperCodegen:
     def descriptors_before_run(self) -> list[str]:
         lines: list[str] = []
         for k in self.a.kernels:
-            cubin = self.builds.get(k.name, KernelBuild()).cubin
-            if cubin:
-                data = ",".join(str(b) for b in cubin)
+            build = self.builds.get(k.name, KernelBuild())
+            if build.cubin and build.cubin_symbol:
+                lines.append(f"const unsigned char* const {self.kernel_var(k)}_binary = "
+                             f"{build.cubin_symbol};")  # fmt: skip
+            elif build.cubin:
+                data = ",".join(str(b) for b in build.cubin)
                 lines.append(f"const unsigned char {self.kernel_var(k)}_binary[] = {{{data}}};")
         return lines
 

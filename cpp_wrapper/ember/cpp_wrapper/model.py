@@ -6,19 +6,21 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import torch
 import torch.utils.dlpack as dlpack
 
-from ember.ir import CompiledArtifact, TensorMeta, cache_files, dumps, toolchain
+from ember.ir import CompiledArtifact, KernelIR, TensorMeta, dumps, toolchain
 
-from . import _build
+from . import _build, library_build
 from .codegen import KernelBuild, generate_wrapper
 from .config import config
 from .custom_kernels import used_kernels
 from .errors import UnsupportedArtifactError
+from .library_build import Unit
 
 
 def artifact_hash(artifact: CompiledArtifact) -> str:
@@ -62,17 +64,24 @@ def _kernel_builds(artifact: CompiledArtifact, standalone: bool) -> dict[str, Ke
                 raise UnsupportedArtifactError(
                     f"Triton kernel {k.name} has no cubin at {k.binary!r}"
                 )
-            builds[k.name] = KernelBuild(cubin=Path(k.binary).read_bytes())
+            cubin = Path(k.binary).read_bytes()
+            symbol = "ember_cubin_" + hashlib.sha256(cubin).hexdigest()[:24]
+            builds[k.name] = KernelBuild(cubin=cubin, cubin_symbol=symbol)
         elif k.binary and not standalone and k.binary.endswith(".so") and Path(k.binary).exists():
             builds[k.name] = KernelBuild(library=str(Path(k.binary).resolve()))
     return builds
 
 
-def _kernel_source_file(source: str) -> Path:
-    """A kernel's source as a content-addressed file (the driver compiles each file separately)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:32]
-    path = toolchain.cache_dir() / "cpp_wrapper" / "kernels" / f"{digest}.cpp"
-    return cache_files.content_file(path, source)  # checked against the source itself
+def _named_by_content(kernel: KernelIR) -> KernelIR:
+    """A C++ kernel whose entry is named after its source: the same kernel in every layer of a
+    model (or in another model) is then one translation unit, compiled once and cached. Unchanged
+    when the entry's name is not a word of the source exactly once (its definition)."""
+    pattern = re.compile(rf"\b{re.escape(kernel.entry)}\b")
+    if len(pattern.findall(kernel.source)) != 1:
+        return kernel
+    digest = hashlib.sha256(pattern.sub("__ember_kernel__", kernel.source).encode()).hexdigest()
+    entry = f"ember_k{digest[:24]}"
+    return dataclasses.replace(kernel, entry=entry, source=pattern.sub(entry, kernel.source))
 
 
 def build_model_library(
@@ -87,31 +96,38 @@ def build_model_library(
     In process (standalone=False) a CPU kernel whose `binary` names an existing .so is reached
     there by dlopen; a standalone library (for packages) compiles every kernel in from source.
     `include_dirs`/`defines` add to config.kernel_include_dirs/kernel_defines for the kernels.
-    Cached by content through the compiler driver.
+    Kernels (named by their source) in groups, the wrapper and each cubin are translation units
+    compiled in parallel and cached by content; the link is cached too (library_build.py).
     """
     isa = toolchain.cpu_isa()
     builds = _kernel_builds(artifact, standalone)
-    source = generate_wrapper(
-        artifact, artifact_hash=artifact_hash(artifact), isa=isa, kernels=builds
-    )
+    digest = artifact_hash(artifact)  # of the artifact as given: the package's manifest says it
+    artifact = dataclasses.replace(artifact, kernels=tuple(
+        _named_by_content(k) if k.language == "cpp" and not builds.get(k.name) else k
+        for k in artifact.kernels))  # fmt: skip
+    source = generate_wrapper(artifact, artifact_hash=digest, isa=isa, kernels=builds)
     source = f"// runtime headers {_build.headers_digest()}\n{source}"
-    kernel_files = [
-        _kernel_source_file(k.source)
-        for k in artifact.kernels
-        if k.language == "cpp" and not builds.get(k.name, KernelBuild()).library
-    ]
-    # user operators' C++ kernels: one file per source (several ops may share one source)
-    sources = dict.fromkeys(k.source for k in used_kernels(artifact))
-    kernel_files += [_kernel_source_file(src) for src in sources]
-    return toolchain.compile_shared(
-        "ember_model",
-        kernel_files,
-        code=source,
-        include_dirs=[*_build.include_dirs(), *config.kernel_include_dirs, *include_dirs],
-        defines=[*config.kernel_defines, *defines],
-        openmp=True,
+    units = [Unit(f"the wrapper of artifact {digest}", source, (library_build.WRAPPER_OPT,),
+                  kernel=False)]  # fmt: skip
+    kernels = {k.source: k.name for k in artifact.kernels
+               if k.language == "cpp" and not builds.get(k.name)}  # fmt: skip
+    units += [Unit(f"kernel {name}", src) for src, name in kernels.items()]
+    # user operators' C++ kernels: one unit per source (several ops may share one source)
+    ops: dict = {}
+    for k in used_kernels(artifact):
+        ops.setdefault(k.source, []).append(k.op)
+    units += [Unit(f"the C++ kernel registered for {', '.join(names)}", src, kernel=False)
+              for src, names in ops.items()]  # fmt: skip
+    cubins = {b.cubin_symbol: b.cubin for b in builds.values() if b.cubin_symbol}
+    units += [library_build.data_unit(sym, data) for sym, data in cubins.items()]
+    flags = library_build.compile_flags(
         isa=isa,
+        include_dirs=[*_build.include_dirs(), *config.kernel_include_dirs, *include_dirs],
+        # the runtime headers' digest: a unit including them is rebuilt when one changes
+        defines=[*_build.runtime_defines(), *config.kernel_defines, *defines],
+        openmp=True,
     )
+    return library_build.build_library("ember_model", units, flags)
 
 
 def _matches(t: torch.Tensor, meta: TensorMeta) -> bool:

@@ -411,7 +411,8 @@ class CompiledGraph:
             for k in program.kernels:
                 if k.language == "triton":
                     runtime.precompile_triton(k.name, namespace[k.name], k.arg_types)
-        builds.start()
+        if not config.packaging:  # a package compiles its kernels itself: none built here
+            builds.start()  # (unless this program is called, which builds them first)
         self._builds, self._run = builds, namespace["call"]
         self._graphed = None
         self._call = self._first_call if builds.pending() else self._run

@@ -160,6 +160,9 @@ class Builds:
         """Submit the C++ kernels added so far: one translation unit per core (a compiler
         process costs more than most kernels), each kernel in exactly one."""
         kernels, self.cpp = self.cpp, []
+        if kernels:  # the include dir is resolved here: a program never started builds no PCH
+            include = _include_dir()
+            kernels = [(n, src, inc or include, launcher) for n, src, inc, launcher in kernels]
         for include in sorted({k[2] for k in kernels}):  # one set of build options per unit
             same = [k for k in kernels if k[2] == include]
             for group in _groups(same, os.cpu_count() or 1):
@@ -300,17 +303,21 @@ def cpp_kernel(name: str, source: str, nargs: int, sizes: int = 0) -> CppLaunche
     """Compile (cached by content) and load one C++ kernel; inside `collect_builds()` the build
     joins the program's (`Builds.start()`) and the launcher is bound by `Builds.finish()`.
     `sizes`: how many trailing arguments are dynamic sizes (ints) rather than tensors."""
-    opts = _build_options()
-    # resolved here, on the calling thread, so the precompiled header is built once
-    include = _pch_dir(repr(sorted(opts.items()))) if config.cpp_pch else str(CSRC)
     launcher = (CppSizesLauncher if sizes else CppLauncher)(nargs)
     canon, source = _canonical_cpp(name, source)
     builds = _PENDING.get()
     if builds is None:
-        launcher.bind(_cpp_build(canon, source, include), canon)
-    else:
-        builds.add_cpp(canon, source, include, launcher, shown=name)
+        launcher.bind(_cpp_build(canon, source, _include_dir()), canon)
+    else:  # the include dir is resolved when the builds start
+        builds.add_cpp(canon, source, "", launcher, shown=name)
     return launcher
+
+
+def _include_dir() -> str:
+    """Where kernels find ember_cpu.h: beside its precompiled form for these build options.
+    Resolved on the thread that starts builds, so the precompiled header is built once."""
+    opts = _build_options()
+    return _pch_dir(repr(sorted(opts.items()))) if config.cpp_pch else str(CSRC)
 
 
 # --- Triton ------------------------------------------------------------------------------------

@@ -30,6 +30,9 @@ from ember.ir.symbols import expr_to_json
 from .runtime import _load_module, cache_dir
 
 DEFAULT_ARCH = 90  # Hopper, when no GPU says otherwise
+# Missing cubins per worker process below which attach_cubins compiles in this process: a
+# process costs Triton's import (a few seconds), a cubin about one.
+PARALLEL_MIN = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +68,7 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
     options = {k: int(cfg[k]) for k in ("num_warps", "num_stages") if k in cfg}
     options.setdefault("num_warps", 4)
     consts = {k: v for k, v in cfg.items() if k not in options}
-    key = hashlib.sha256(
-        json.dumps([source, name, list(arg_types), cfg, arch, triton.__version__]).encode()
-    ).hexdigest()[:32]
-    # an entry directory (the cubin and what launching it takes) verified against its manifest:
-    # the cubin's path goes into the artifact, whose C++ wrapper embeds its bytes
-    entry = cache_dir() / "cubin" / key
+    entry, key = _cubin_entry(source, name, arg_types, cfg, arch)
     found = cache_files.find_dir(entry, key, ("kernel.cubin", "meta.json"))
     if found is not None:
         try:
@@ -94,6 +92,33 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
     files = {"kernel.cubin": compiled.asm["cubin"], "meta.json": json.dumps(meta)}
     cubin = cache_files.publish_dir(entry, key, files) / "kernel.cubin"
     return Cubin(str(cubin), meta["name"], meta["num_warps"], meta["shared_mem"])
+
+
+def _cubin_entry(source: str, name: str, arg_types, cfg: dict, arch: int) -> tuple:
+    """(entry directory, key) of a kernel's cubin in the cache: an entry (the cubin and what
+    launching it takes) verified against its manifest; the cubin's path goes into the artifact,
+    whose C++ wrapper embeds its bytes."""
+    import triton
+
+    key = hashlib.sha256(
+        json.dumps([source, name, list(arg_types), cfg, arch, triton.__version__]).encode()
+    ).hexdigest()[:32]
+    return cache_dir() / "cubin" / key, key
+
+
+def _cached(job, arch: int) -> bool:
+    """Is the cubin of a (name, source, arg_types, cfg) job in the cache?"""
+    name, source, arg_types, cfg = job
+    entry, key = _cubin_entry(source, name, arg_types, cfg, arch)
+    return cache_files.find_dir(entry, key, ("kernel.cubin", "meta.json")) is not None
+
+
+def workers() -> int:
+    """How many compiles run at once: the cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def _jit_function(source: str, name: str):
@@ -141,12 +166,21 @@ def attach_cubins(program, arch: Optional[int] = None) -> CompiledArtifact:
 
     program = getattr(program, "program", program)
     sources = {k.name: k for k in program.kernels}
-    if os.environ.get("TRITON_INTERPRET") == "1":  # compile in a clean process (check_kernels)
-        todo = [(k.name, sources[k.name]) for k in program.artifact.kernels
-                if k.language == "triton" and not k.binary]  # fmt: skip
-        failures = check_kernels(todo, arch or current_arch()) if todo else []
+    arch = arch or current_arch()
+    jobs = [(k.name, sources[k.name]) for k in program.artifact.kernels
+            if k.language == "triton" and not k.binary]  # fmt: skip
+    jobs = [(name, s.source, list(s.arg_types), _config(s)) for name, s in jobs]
+    # a cubin in the cache compiled before: neither compiled nor checked again
+    missing = list({json.dumps(j): j for j in jobs if not _cached(j, arch)}.values())
+    if os.environ.get("TRITON_INTERPRET") == "1":  # compile in clean processes (check_kernels)
+        failures = check_jobs(missing, arch) if missing else []
         if failures:
             raise RuntimeError("Triton kernels failed to compile:\n" + "\n\n".join(failures))
+    elif len(missing) >= PARALLEL_MIN and workers() > 1:
+        # Triton compiles one kernel at a time per process (its passes hold the GIL), so many
+        # missing cubins compile in worker processes, into the cache the loop below reads; a
+        # failure there is left for that loop to raise, in this process, with its traceback.
+        check_jobs(missing, arch)
     kernels = []
     for k in program.artifact.kernels:
         if k.language != "triton" or k.binary:
@@ -170,18 +204,28 @@ def check_kernels(sources, arch: int = DEFAULT_ARCH) -> list[str]:
 
 
 def check_jobs(jobs, arch: int = DEFAULT_ARCH) -> list[str]:
-    """check_kernels for (kernel name, module source, arg_types, cfg) jobs: each is compiled in a
-    fresh process (and so lands in the cubin cache); the failures, as text."""
+    """check_kernels for (kernel name, module source, arg_types, cfg) jobs: compiled in fresh
+    processes (and so landing in the cubin cache), one per core, each taking every n-th job; the
+    failures, as text."""
+    n = min(workers(), -(-len(jobs) // PARALLEL_MIN) or 1)  # a process costs Triton's import
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernels.json"
-        path.write_text(json.dumps({"arch": arch, "jobs": jobs}))
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         env["PYTHONPATH"] = os.pathsep.join([*sys.path, env.get("PYTHONPATH", "")])
-        proc = subprocess.run([sys.executable, "-m", "ember.inductor.triton_aot", str(path)],
-                              env=env, capture_output=True, text=True)  # fmt: skip
-        if proc.returncode != 0:
-            return [f"the compile check itself failed:\n{proc.stderr[-4000:]}"]
-        return json.loads(path.read_text())
+        procs = []
+        for i in range(n):
+            path = Path(tmp) / f"kernels{i}.json"
+            path.write_text(json.dumps({"arch": arch, "jobs": jobs[i::n]}))
+            procs.append((path, subprocess.Popen(
+                [sys.executable, "-m", "ember.inductor.triton_aot", str(path)], env=env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))  # fmt: skip
+        failures = []
+        for path, proc in procs:
+            _, stderr = proc.communicate()
+            if proc.returncode != 0:
+                failures.append(f"the compile check itself failed:\n{stderr[-4000:]}")
+            else:
+                failures += json.loads(path.read_text())
+        return failures
 
 
 def _config(src) -> dict:
