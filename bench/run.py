@@ -141,10 +141,13 @@ def run_one(i, name, ctx, plan, gpu=None):
         env["OMP_NUM_THREADS"] = str(plan["cfg"]["threads"])
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    if plan["jobs"] > 1 and "EMBER_BENCH_TIMING_LOCK" not in os.environ:
+    host_turns = plan["turns"] == "host" and (plan["gpus"] > 1 or plan["jobs"] > 1)
+    if (plan["jobs"] > 1 or host_turns) and "EMBER_BENCH_TIMING_LOCK" not in os.environ:
         # workers sharing a device time their calls one at a time (a lock named in the
-        # environment is shared with other runs on the same device too)
-        env["EMBER_BENCH_TIMING_LOCK"] = str(ctx["cache_root"] / f"timing-{gpu or 0}.lock")
+        # environment is shared with other runs on the same device too); --turns host: every
+        # worker of the host, whatever its GPU, so no compile loads the CPU while a step is timed
+        where = "host" if host_turns else gpu or 0
+        env["EMBER_BENCH_TIMING_LOCK"] = str(ctx["cache_root"] / f"timing-{where}.lock")
     if ctx["isolate"] == "none":
         os.environ.update(_cache_env(model_cache))
         return workers.run_model_inprocess(i, name, cfg, ctx)
@@ -201,6 +204,7 @@ class Options:
     chart: bool = True
     gpus: int = 1
     jobs: int = 1
+    turns: str = "device"  # whose timed phases take turns: each device's workers, or the host's
     threads: int = None
     command: str = None
     grace: float = GRACE_S
@@ -244,9 +248,12 @@ def _plan(suite, opt, log):
            "threads": opt.threads, "copy_bw": suite.name == "roofline",
            "warm_compile": suite.warm_compile if opt.warm_compile is None
            else opt.warm_compile}  # fmt: skip
+    if opt.turns not in ("device", "host"):
+        raise SystemExit(f"--turns takes device or host, not {opt.turns!r}")
     return {"suite": suite, "mode": mode, "backends": backends, "device": device,
             "timing": timing, "timeout": timeout, "batch": opt.batch, "seq": opt.seq, "cfg": cfg,
-            "part_models": suites.part_of(names, opt.part), "gpus": gpus, "jobs": jobs}  # fmt: skip
+            "part_models": suites.part_of(names, opt.part), "gpus": gpus, "jobs": jobs,
+            "turns": opt.turns}  # fmt: skip
 
 
 def run_suite(suite, out_dir, log=print, **options):
@@ -315,7 +322,7 @@ def _new_run(suite, plan, opt):
         "suite_models": list(suite.models), "unit": suite.unit,
         "timing": plan["timing"].describe(plan["device"]), "records": [], "notes": [],
         "command": opt.command or "run_suite(...)", "isolate": opt.isolate, "gpus": plan["gpus"],
-        "jobs": plan["jobs"], "threads": opt.threads,
+        "jobs": plan["jobs"], "turns": plan["turns"], "threads": opt.threads,
         "model_timeout_s": plan["timeout"], "setup": {},
         "warm_compile": plan["cfg"]["warm_compile"],
         # Versions now (no CUDA in this process yet): the device name comes from the first
@@ -369,6 +376,14 @@ def parse_args(argv):
         help="workers per device at a time: their compiles overlap; a worker's warm-up and timed "
         "calls run with the other workers stopped (cold and warm compile times then include "
         "the sharing of the CPU, less the time stopped)",
+    )
+    p.add_argument(
+        "--turns",
+        choices=("device", "host"),
+        default="device",
+        help="whose workers a timed phase stops: its device's (default), or every worker of the "
+        "host (with --gpus N: no other GPU's compile loads the CPU while a step is timed, at "
+        "the cost of timed phases taking turns across GPUs)",
     )
     p.add_argument("--smoke", action="store_true", help="the suite's quick subset (cpu-core)")
     p.add_argument(
@@ -460,7 +475,7 @@ def main(argv=None):
         isolate=args.isolate, model_timeout=args.model_timeout, deadline=args.deadline,
         batch=args.batch_size, seq=args.seq_len, warmup=args.warmup, iters=args.iters,
         accuracy=not args.no_accuracy, cache_dir=args.cache_dir, chart=not args.no_chart,
-        gpus=args.gpus, jobs=args.jobs, threads=args.threads, subset="core" if args.core else None,
+        gpus=args.gpus, jobs=args.jobs, turns=args.turns, threads=args.threads, subset="core" if args.core else None,
         warm_compile=None if args.warm_compile is None else args.warm_compile == "on",
         command="python bench/run.py " + " ".join(argv),
     )  # fmt: skip

@@ -189,6 +189,19 @@ def test_jobs_run_models_side_by_side(tmp_path):
     assert "2 models at a time per device" in (tmp_path / "results.md").read_text()
 
 
+def test_host_turns_share_one_lock_across_devices(tmp_path):
+    """--turns host: every worker takes its timed turn on one host-wide lock (here two jobs on
+    the CPU; on a multi-GPU host, the workers of every GPU)."""
+    cache = tmp_path / "cache"
+    result = run.run_suite(
+        "cpu-core", tmp_path / "out", models=["small_gpt2", "small_bert"], backends=["eager"],
+        jobs=2, turns="host", cache_dir=str(cache), **QUIET,
+    )  # fmt: skip
+    assert {r["status"] for r in result["records"]} == {"ok"}
+    assert result["turns"] == "host"
+    assert [p.name for p in cache.rglob("timing-*.lock")] == ["timing-host.lock"]
+
+
 def test_timed_calls_take_turns(tmp_path, monkeypatch):
     import threading
     import time
