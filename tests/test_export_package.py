@@ -212,3 +212,20 @@ def test_conv_as_matmul_package_matches_eager(run_package, tmp_path, monkeypatch
     r = _run(run_package, path, y.numpy(), tmp_path)
     assert r.returncode == 0, r.stderr
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "y.npy")), want, **TOL)
+
+
+def test_a_package_loaded_twice_leaves_no_alias_for_the_next_package(tmp_path):
+    """glibc adds a name under which an already loaded library was found to that library's
+    names: the second load of one package (through /proc/self/fd/M) made M a name of the first
+    library, and the next package opened as fd M got the first package's library (a hash
+    mismatch in CI). Each load must get its own package's library."""
+    paths = {}
+    for name in ("mlp", "cnn"):
+        model, x = make(name)
+        paths[name] = (model, x, package(ember.export(model, (x,)), tmp_path / name, device="cpu"))
+    model, x, path = paths["mlp"]
+    first, second = load_package(path), load_package(path)
+    for loaded in (first, second):
+        torch.testing.assert_close(loaded(x)[0], model(x).detach(), **TOL)
+    model, x, path = paths["cnn"]
+    torch.testing.assert_close(load_package(path)(x)[0], model(x).detach(), **TOL)

@@ -11,7 +11,6 @@
 // (package.py) lays it out, so no offset can point a constant at other bytes.
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <link.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -109,8 +108,12 @@ struct File {
   // A path that names this very inode (for dlopen), where /proc is mounted. dlopen hands back a
   // loaded library whose name is the same string, whatever file that name points at now: a
   // package's library loaded as /proc/self/fd/5 stays loaded under that name after its descriptor
-  // is closed, so the next package opened as fd 5 would get it. Such a number is swapped for a
-  // higher one (the hash check after dlopen would refuse the wrong library, never run it).
+  // is closed, so the next package opened as fd 5 would get it. The same holds for every name a
+  // library was found under later: glibc adds a name that reached an already loaded inode to
+  // that library's names (the same package loaded twice, its second descriptor 9, makes
+  // /proc/self/fd/9 a name of the first load). So a number any loaded library answers to is
+  // swapped for a higher one; a library that is this very file then comes back through the
+  // package's own path (the hash check after dlopen refuses a wrong library, never runs it).
   std::string stable_path() {
     for (int tries = 0; tries < 256; ++tries) {
       std::string p = "/proc/self/fd/" + std::to_string(fd);
@@ -125,15 +128,13 @@ struct File {
   }
 
  private:
-  // Is a library loaded under exactly this name? (RTLD_NOLOAD also finds the same inode loaded
-  // under another name: that one is this very file, and fine to share.)
+  // Does a loaded library answer to this name (its own, one it was found under since, or this
+  // very file's inode, which cannot be told from an alias of another file's here)?
   static bool loaded_under(const std::string& name) {
     void* h = dlopen(name.c_str(), RTLD_LAZY | RTLD_NOLOAD);
     if (!h) return false;
-    struct link_map* map = nullptr;
-    bool same = dlinfo(h, RTLD_DI_LINKMAP, &map) == 0 && map && name == map->l_name;
     dlclose(h);
-    return same;
+    return true;
   }
 };
 
