@@ -103,6 +103,13 @@ def _first_step_peaks(mode: str, arch: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _least_first_step_peaks(mode: str, arch: str, runs: int = 2) -> dict:
+    """The run with the lowest first-step peak of `runs` fresh processes: RSS varies by about
+    15 MiB from run to run (allocator layout, when a collection runs), and one high
+    run of the compiled side put it 1 MiB over the bound in CI; both sides are measured alike."""
+    return min((_first_step_peaks(mode, arch) for _ in range(runs)), key=lambda r: r["first"])
+
+
 def _can_reset_peak_rss() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -136,8 +143,8 @@ def test_first_training_step_with_a_cold_compile_peaks_near_eager(arch):
     C++ runtime) is warmed away first, on code of its own (first_step_peak.py). Shapes make
     eager's step about 130 MiB: big enough that a compile holding a step's activations (the
     capture's, the trace's) fails the test by far, small enough to compile in about 10 s."""
-    eager = _first_step_peaks("eager", arch)
-    ours = _first_step_peaks("ember", arch)
+    eager = _least_first_step_peaks("eager", arch)
+    ours = _least_first_step_peaks("ember", arch)
     report = f"first-step peak RSS growth: eager {eager}, ember {ours} (MiB)"
     scale, extra = _COMPILE_MARGIN
     assert ours["first"] <= eager["first"] * scale + extra, report
