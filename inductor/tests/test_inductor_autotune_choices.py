@@ -71,11 +71,8 @@ def test_recording_a_choice_keeps_the_others_and_the_shared_copy(choices, monkey
     before = runtime._known_choices()
     shared = dict(before)
 
-    import triton.testing
-
     # k2's configs time as [2.0, 1.0]: the second wins
-    times = iter([2.0, 1.0])
-    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: next(times))
+    _fake_timing(monkeypatch, [2.0, 1.0])
     k2 = types.SimpleNamespace(key="k2", sizes=(1024,), configs=CFGS, _launch=None)
     assert runtime.autotune(k2, []) == CFGS[1]
     assert before == shared  # the cached dict was not changed in place
@@ -103,18 +100,33 @@ def test_trial_launches_get_copies_laid_out_as_the_arguments(view):
         assert copy.untyped_storage().data_ptr() != arg.untyped_storage().data_ptr()
 
 
-def test_each_config_is_timed_within_the_configured_budget(choices, monkeypatch):
-    import triton.testing
+def _fake_timing(monkeypatch, times, calls=None):
+    """Configs that take `times` ms at every launch; `calls` collects measure's arguments."""
+    monkeypatch.setattr(runtime, "_trial_launch", lambda launcher, cfg, copies: None)
 
-    budgets = []
+    def measure_configs(launches):
+        def measure(indices, rounds, warm):
+            if calls is not None:
+                calls.append((list(indices), rounds, warm))
+            return [[times[i]] * rounds for i in indices]
 
-    def bench(fn, warmup, rep):
-        budgets.append((warmup, rep))
-        return float(len(budgets))  # the first config is fastest
+        return measure
 
-    monkeypatch.setattr(triton.testing, "do_bench", bench)
-    monkeypatch.setenv("EMBER_AUTOTUNE_MS", "1,4")
+    monkeypatch.setattr(runtime, "measure_configs", measure_configs)
+
+
+def test_the_timing_budget_sets_warm_up_and_rounds(choices, monkeypatch):
+    """EMBER_AUTOTUNE_MS=W,R: about W ms of warm-up and R ms of timed launches for the fastest
+    config (1 ms a launch here); a config clearly slower is dropped after the first rounds."""
+    from ember.inductor import trial_timing
+
+    calls = []
+    _fake_timing(monkeypatch, [1.0, 3.0], calls)
+    monkeypatch.setenv("EMBER_AUTOTUNE_MS", "3,8")
     monkeypatch.setattr(config, "autotune_ms", _from_env(Config()).autotune_ms)
     k3 = types.SimpleNamespace(key="k3", sizes=(1024,), configs=CFGS, _launch=None)
     assert runtime.autotune(k3, []) == CFGS[0]
-    assert budgets == [(1.0, 4.0)] * len(CFGS)
+    first = trial_timing.FIRST_ROUNDS
+    # the estimate, then every config for the first phase; only the fastest was close enough
+    # to go on, and being alone it needed no more rounds
+    assert calls == [([0, 1], 1, 1), ([0, 1], first, 3)]

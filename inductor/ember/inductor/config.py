@@ -108,10 +108,11 @@ class Config:
     # a bfloat16 softmax over 4096 columns then moved 48% of the copy bandwidth (H100).
     persistent_reduction_max: int = 4096
     autotune: bool = True
-    # Per config of a kernel's first call: (warm-up, timing) milliseconds for triton's do_bench.
-    # Paid once per kernel and size (the choice is remembered on disk): 10.9 of a cold GPT-2
-    # training compile's 28.9 s on an H100 (session 17, bench/compile_time.py --stages).
-    autotune_ms: tuple = (5, 20)
+    # At a kernel's first call, (warm-up, timing) milliseconds of launches for its fastest config
+    # (trial_timing.plan turns them into rounds in which every config runs). Paid once per kernel
+    # and size (the choice is remembered on disk). Each config timed alone by triton's do_bench
+    # for (5, 20) cost 10.9 of a cold GPT-2 training compile's 28.9 s on an H100 (session 17).
+    autotune_ms: tuple = (2, 10)
     # Matmuls (mm, addmm, bmm, baddbmm) as generated Triton GEMM templates with their pointwise
     # readers fused as an epilogue, each chosen against the library call by timing on the real
     # shapes in a subprocess (gemm_template.py, autotune.py). compile_fx turns it on for

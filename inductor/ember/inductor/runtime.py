@@ -30,7 +30,7 @@ import torch
 
 from ember.ir import cache_files, progress, resolve
 
-from . import triton_binaries
+from . import trial_timing, triton_binaries
 from .codegen_common import POINTER_TYPES
 from .config import config
 
@@ -510,6 +510,23 @@ def scratch_copy(a):
     return span.as_strided(a.shape, a.stride())
 
 
+def _trial_launch(launcher: TritonLauncher, cfg: dict, copies: list):
+    """One config's launch on the copies: its compiled kernel's own launcher where there is one
+    (Triton's Python binder costs more than a small kernel runs). Launches once, which compiles
+    the config if its ahead-of-time build has not."""
+    compiled = launcher._launch(cfg, copies)
+    compiled = compiled.result() if hasattr(compiled, "result") else compiled
+    fast = _direct_launcher(compiled, cfg, launcher.sizes)
+    if fast is not None:
+        return lambda: fast(*copies)
+    return lambda: launcher._launch(cfg, copies)
+
+
+def measure_configs(launches):
+    """How autotuning times configs: CUDA events (trial_timing; replaced in CPU tests)."""
+    return trial_timing.cuda_measure(launches)
+
+
 def autotune(launcher: TritonLauncher, args) -> dict:
     """The fastest config (on copies of the arguments), remembered on disk by kernel and sizes."""
     if not _autotunes(launcher):
@@ -517,15 +534,11 @@ def autotune(launcher: TritonLauncher, args) -> dict:
     remembered = _remembered_config(launcher)
     if remembered is not None:
         return remembered
-    from triton.testing import do_bench
-
     with progress.stage("autotune"):  # at a kernel's first call: part of the first step's cost
         copies = [scratch_copy(a) for a in args]
         warmup, rep = config.autotune_ms
-        times = [
-            do_bench(lambda c=c: launcher._launch(c, copies), warmup=warmup, rep=rep)
-            for c in launcher.configs
-        ]
+        launches = [_trial_launch(launcher, c, copies) for c in launcher.configs]
+        times = trial_timing.choose(measure_configs(launches), len(launches), warmup, rep)
     best = launcher.configs[min(range(len(times)), key=times.__getitem__)]
     known = dict(_known_choices())
     known[_autotune_key(launcher)] = best

@@ -1,0 +1,102 @@
+"""Timing a Triton kernel's candidate launch configs against each other, for autotuning.
+
+Each config used to be timed alone by triton's `do_bench`: its own estimate runs, its own
+warm-up and a fixed budget, with device synchronisations in between. A cold GPT-2 training
+compile spent 10.9 of its 28.9 s there (H100, session 17), most of it for kernels of a few
+microseconds whose configs differ by far more than the noise.
+
+Here all configs of one kernel are timed together, in rounds: each round launches every config
+once, in an order that turns from round to round, each launch after the L2 cache is flushed, and
+timed by CUDA events; the host waits once per phase, not per launch. A first phase of a few rounds
+drops the configs that are clearly slower (`KEEP_WITHIN` of the best); only the close ones get
+the rest of the rounds. A config's time is the median of its samples.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+# Rounds in the first phase, which every config takes part in.
+FIRST_ROUNDS = 5
+# Rounds in all, at least and at most (the budget decides between them).
+MIN_ROUNDS, MAX_ROUNDS = 5, 40
+# A config whose first-phase median is within this factor of the best goes on being timed.
+KEEP_WITHIN = 1.15
+
+
+def median(samples: Sequence[float]) -> float:
+    s = sorted(samples)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def plan(estimates: Sequence[float], warm_ms: float, rep_ms: float) -> tuple[int, int]:
+    """(warm-up launches per config, timed rounds) from one launch's milliseconds per config:
+    the fastest config gets about `rep_ms` of timed launches and `warm_ms` of warm-up."""
+    fastest = max(min(estimates), 1e-3)
+    warm = max(1, min(20, int(warm_ms / fastest)))
+    rounds = max(MIN_ROUNDS, min(MAX_ROUNDS, int(rep_ms / fastest)))
+    return warm, rounds
+
+
+def choose(measure: Callable, n: int, warm_ms: float, rep_ms: float) -> list[float]:
+    """Each config's time in ms (configs dropped after the first phase keep that phase's
+    median). `measure(indices, rounds, warm)` launches the configs of `indices` for `warm`
+    untimed rounds, then `rounds` timed ones, and returns each one's samples in order; called
+    with rounds=1, warm=1 first for the estimates."""
+    estimates = [s[0] for s in measure(list(range(n)), 1, 1)]
+    warm, rounds = plan(estimates, warm_ms, rep_ms)
+    first = min(FIRST_ROUNDS, rounds)
+    samples = measure(list(range(n)), first, warm)
+    times = [median(s) for s in samples]
+    best = min(times)
+    close = [i for i in range(n) if times[i] <= best * KEEP_WITHIN]
+    if len(close) > 1 and rounds > first:
+        more = measure(close, rounds - first, 0)
+        for i, extra in zip(close, more):
+            times[i] = median(samples[i] + extra)
+    return times
+
+
+def cuda_measure(launches: Sequence[Callable[[], object]]) -> Callable:
+    """A `measure` for `choose` over CUDA launches (each runs one config on its own copies)."""
+    import torch
+
+    flush = _flush_buffer()
+
+    def measure(indices, rounds, warm):
+        for _ in range(warm):
+            for i in indices:
+                launches[i]()
+        events = []
+        for r in range(rounds):
+            shift = r % len(indices)  # no config always runs first, or right after another
+            order = indices[shift:] + indices[:shift]
+            for i in order:
+                flush.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                launches[i]()
+                end.record()
+                events.append((i, start, end))
+        torch.cuda.synchronize()
+        samples = {i: [] for i in indices}
+        for i, start, end in events:
+            samples[i].append(start.elapsed_time(end))
+        return [samples[i] for i in indices]
+
+    return measure
+
+
+_FLUSH: dict = {}
+
+
+def _flush_buffer():
+    """A buffer twice the device's L2 cache: zeroing it leaves none of a kernel's data there."""
+    import torch
+
+    device = torch.cuda.current_device()
+    if device not in _FLUSH:
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20
+        _FLUSH[device] = torch.empty(max(2 * l2, 16 << 20) // 4, dtype=torch.int32, device="cuda")
+    return _FLUSH[device]
