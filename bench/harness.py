@@ -270,6 +270,7 @@ class Task:
         step = self.make_step(backend.compile(fn), model)
         first_s, out = _time_call(step, str(self.device))
         rec["compile_cold_s" if backend.compiles else "first_call_s"] = first_s
+        rec["first_peak_mem_mb"] = mem.peak_mb()  # the compiling call's (a training step's)
         if self.cfg.get("accuracy", True):
             rec["accuracy"] = measure.compare(
                 self.observed(model, out), self.ref, self.ref64, self.eager64, self.mode.tolerance

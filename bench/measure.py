@@ -114,7 +114,8 @@ def _status_kb(field):
 
 
 class Memory:
-    """Peak memory of a backend's timed calls: CUDA peak allocated, or RSS growth on the CPU."""
+    """Peak memory of a backend's first call and of its timed calls: CUDA peak allocated, or RSS
+    growth on the CPU."""
 
     def __init__(self, device):
         self.cuda = torch.device(device).type == "cuda"
@@ -123,12 +124,17 @@ class Memory:
         self.hwm_reset = False
 
     def begin(self):
-        """Call before compiling: the CPU baseline is the RSS before the backend did anything."""
+        """Call before compiling: the CPU baseline is the RSS before the backend did anything,
+        and `peak_mb` then reads the first (compiling) call's peak."""
         if not self.cuda:
             self.base_kb = _rss_kb()
+        self._reset_peak()
 
     def before_timed(self):
         """Call after warm-up: peaks are taken over the timed calls."""
+        self._reset_peak()
+
+    def _reset_peak(self):
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
             return

@@ -429,10 +429,10 @@ def _detail_lines(run, table):
         f"| model | backend | status | latency ({unit}) | speedup | "
         + ("vs reduce-overhead | " if cg else "")
         + "vs torch.compile | cold "
-        "compile s | warm compile s | peak MiB | graphs | breaks | max abs err | max rel err | "
+        "compile s | warm compile s | first-step peak MiB | peak MiB | graphs | breaks | max abs err | max rel err | "
         "fp64 err ratio |"
     )
-    sep = "|---" * (14 + cg) + "|"
+    sep = "|---" * (15 + cg) + "|"
     if kernels:
         head += " GB/s | % of copy BW |"
         sep += "---|---|"
@@ -452,6 +452,7 @@ def _detail_lines(run, table):
                 fmt(speedup(row, b, "torch_compile"), ".2f") if "torch_compile" in row else "-",
                 fmt(rec.get("compile_cold_s"), ".1f"),
                 fmt(rec.get("compile_warm_s"), ".1f"),
+                fmt(rec.get("first_peak_mem_mb"), ".0f"),
                 fmt(rec.get("peak_mem_mb"), ".0f"),
                 fmt(rec.get("graphs")),
                 fmt(rec.get("breaks")),

@@ -44,6 +44,8 @@ def test_cpu_smoke_subset(tmp_path):
         eager = records[(model, "eager")]
         assert eager["status"] == "ok", eager
         assert eager["latency_ms"] > 0 and eager["first_call_s"] > 0
+        # the first call's peak is read apart from the timed calls' (RSS growth on the CPU)
+        assert eager["first_peak_mem_mb"] is not None and eager["peak_mem_mb"] is not None
         assert eager["accuracy"]["max_abs"] == 0.0  # eager against its own reference
         ember = records[(model, "ember")]
         assert ember["status"] in STATUSES
