@@ -3,13 +3,14 @@ rounds by CUDA events, a clearly slower launch loses, and a compiled program's k
 at their first call, their choices remembered, their results eager's, within a small budget."""
 
 import json
+import time
 
 import pytest
 import torch
 
 import ember
 from ember.inductor import config, trial_timing
-from ember.ir import progress, toolchain
+from ember.ir import toolchain
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -27,10 +28,21 @@ def test_the_slower_launch_loses_and_every_round_samples_each_config():
 
 
 def test_a_program_tunes_its_kernels_quickly_and_remembers_them(tmp_path, monkeypatch):
+    """Timing (after each config's first launch, which compiles it) takes well under 0.1 s a
+    kernel: do_bench's budget per config took about 30 ms each."""
     monkeypatch.setattr(toolchain.config, "cache_dir", tmp_path)
     monkeypatch.setattr(config, "autotune", True)
     ember.reset()
-    progress.reset_stage_totals()
+    spent = []
+    real = trial_timing.choose
+
+    def timed_choose(*args, **kwargs):
+        start = time.perf_counter()
+        times = real(*args, **kwargs)
+        spent.append(time.perf_counter() - start)
+        return times
+
+    monkeypatch.setattr(trial_timing, "choose", timed_choose)
 
     def f(x, w):
         y = torch.nn.functional.layer_norm(x, (x.shape[-1],), w) * torch.sigmoid(x)
@@ -42,8 +54,7 @@ def test_a_program_tunes_its_kernels_quickly_and_remembers_them(tmp_path, monkey
     want = f(x, w)
     for g, e in zip(got, want):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
-    chosen = json.loads((tmp_path / "autotune.json").read_text())
-    assert len(chosen) >= 2
-    tuned = sum(t for path, t in progress.stage_totals().items() if path.endswith("autotune"))
-    assert tuned < 0.25 * len(chosen), (tuned, len(chosen))
+    chosen = json.loads((tmp_path / "inductor" / "autotune.json").read_text())
+    assert len(chosen) >= 2 and len(spent) == len(chosen)
+    assert max(spent) < 0.1, spent
     ember.reset()
