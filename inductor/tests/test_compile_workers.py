@@ -1,0 +1,85 @@
+"""Compile workers (compile_workers.py): a kernel compiled in a worker process for a GPU target
+lands in Triton's on-disk cache, where this process's own compile of it then only loads it; the
+worker count's variable is checked. Runs on the CPU: Triton compiles for sm_90 without a GPU."""
+
+import os
+
+import pytest
+import torch
+
+from ember.inductor import compile_workers
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_kernel(in_ptr, out_ptr, n, XBLOCK: tl.constexpr):
+    x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    mask = x < n
+    tl.store(out_ptr + x, tl.load(in_ptr + x, mask) * 3.0, mask)
+'''
+
+
+@pytest.fixture
+def fresh_pool(tmp_path, monkeypatch):
+    """Two workers that compile into an empty Triton cache (the variables are read when the pool
+    starts); the pool is shut down afterwards."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("EMBER_COMPILE_WORKERS", "2")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(compile_workers, "_POOL", [None, None])
+    yield tmp_path
+    executor = compile_workers._POOL[1]
+    if executor is not None:
+        executor.shutdown()
+
+
+def _files(root):
+    return sorted(p for p in (root / "triton").rglob("*") if p.is_file())
+
+
+def test_a_worker_compiles_into_the_cache_and_the_process_then_only_loads(fresh_pool):
+    pytest.importorskip("triton.backends.nvidia")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    path = fresh_pool / "k_scale.py"
+    path.write_text(KERNEL)
+    target = GPUTarget("cuda", 90, 32)
+    args = (torch.float32, torch.float32, 4096)
+    kwargs = {"grid": (4,), "XBLOCK": 1024, "num_warps": 4}
+    future = compile_workers.compile_ahead(str(path), "k_scale", "scale_kernel", target, args, kwargs)
+    assert future is not None and future.result(timeout=300) is True
+    built = _files(fresh_pool)
+    assert any(p.suffix == ".cubin" for p in built), built
+    assert os.getpid() not in {p.pid for p in compile_workers._POOL[1]._processes.values()}
+
+    # here, the same kernel and arguments: found in the cache, nothing compiled or written again
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("k_scale_here", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    before = driver._active  # None until first asked for (asking looks for a GPU)
+    driver.set_active(compile_workers._CompileOnlyDriver(target))
+    try:
+        compiled = module.scale_kernel.warmup(*args, **kwargs)
+    finally:
+        driver.set_active(before)
+    assert _files(fresh_pool) == built
+    assert b"scale_kernel" in compiled.asm["cubin"]
+
+
+def test_no_workers_means_no_future(monkeypatch):
+    monkeypatch.setenv("EMBER_COMPILE_WORKERS", "0")
+    monkeypatch.setattr(compile_workers, "_POOL", [None, None])
+    assert compile_workers.compile_ahead("k.py", "k", "f", None, (), {}) is None
+
+
+@pytest.mark.parametrize("text", ["-1", "two", "1.5"])
+def test_a_malformed_worker_count_names_the_variable(monkeypatch, text):
+    monkeypatch.setenv("EMBER_COMPILE_WORKERS", text)
+    with pytest.raises(ValueError, match="EMBER_COMPILE_WORKERS must be a whole number"):
+        compile_workers.worker_count()
