@@ -4,8 +4,11 @@ Cross-component: dynamo captures, aot_autograd lowers to prims, cpp_wrapper comp
 with ember.inductor (through its registry) and writes the package with the weights frozen in.
 """
 
+import ctypes
+import fcntl
 import json
 import math
+import os
 import subprocess
 
 import numpy as np
@@ -227,5 +230,48 @@ def test_a_package_loaded_twice_leaves_no_alias_for_the_next_package(tmp_path):
     first, second = load_package(path), load_package(path)
     for loaded in (first, second):
         torch.testing.assert_close(loaded(x)[0], model(x).detach(), **TOL)
+    model, x, path = paths["cnn"]
+    torch.testing.assert_close(load_package(path)(x)[0], model(x).detach(), **TOL)
+
+
+def _numbers_answered_by_a_loaded_library(so_path, count=300):
+    """Of `count` free descriptor numbers from the lowest up, made to hold `so_path` (a library
+    not loaded), those a loaded library answers to by name: dlopen(RTLD_NOLOAD) finds one."""
+    libc = ctypes.CDLL(None)
+    libc.dlopen.restype, libc.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+    libc.dlclose.argtypes = [ctypes.c_void_p]
+    held, answered = [os.open(so_path, os.O_RDONLY | os.O_CLOEXEC)], []
+    try:
+        for _ in range(count):
+            n = held[-1]
+            h = libc.dlopen(f"/proc/self/fd/{n}".encode(), os.RTLD_LAZY | os.RTLD_NOLOAD)
+            if h:
+                answered.append(n)
+                libc.dlclose(h)
+            held.append(fcntl.fcntl(held[0], fcntl.F_DUPFD_CLOEXEC, n + 1))
+    finally:
+        for fd in held:
+            os.close(fd)
+    return answered
+
+
+def test_a_package_loaded_again_is_found_by_its_file_not_by_new_names(tmp_path):
+    """The second load of a package gets the library of the first because it is the same file
+    (st_dev, st_ino), not by trying descriptor numbers: asking glibc about each number made it
+    a name of that library (glibc adds a name that reached a loaded file), ~256 of them, each
+    one the next package opened under had to step over."""
+    paths = {}
+    for name in ("mlp", "cnn"):
+        model, x = make(name)
+        paths[name] = (model, x, package(ember.export(model, (x,)), tmp_path / name, device="cpu"))
+    model, x, path = paths["mlp"]
+    loaded = [load_package(path) for _ in range(3)]
+    for one in loaded:
+        torch.testing.assert_close(one(x)[0], model(x).detach(), **TOL)
+    (so,) = [f for f in path.iterdir() if f.suffix == ".so"]
+    (other,) = [f for f in paths["cnn"][2].iterdir() if f.suffix == ".so"]  # not loaded yet
+    assert so.stat().st_ino != other.stat().st_ino
+    # the names through which the mlp's library was loaded, at most one a load
+    assert len(_numbers_answered_by_a_loaded_library(other)) <= len(loaded)
     model, x, path = paths["cnn"]
     torch.testing.assert_close(load_package(path)(x)[0], model(x).detach(), **TOL)

@@ -130,3 +130,16 @@ def test_the_timing_budget_sets_warm_up_and_rounds(choices, monkeypatch):
     # the estimate, then every config for the first phase; only the fastest was close enough
     # to go on, and being alone it needed no more rounds
     assert calls == [([0, 1], 1, 1), ([0, 1], first, 3)]
+
+
+@pytest.mark.parametrize("value", ["5", "a,b", "-1,3", "5,20,1", "0,10", "3,", "inf,10"])
+def test_a_malformed_timing_budget_names_the_variable_and_its_form(monkeypatch, value):
+    monkeypatch.setenv("EMBER_AUTOTUNE_MS", value)
+    expected = f"EMBER_AUTOTUNE_MS must be two positive numbers 'W,R' in milliseconds .*'{value}'"
+    with pytest.raises(ValueError, match=expected):
+        _from_env(Config())
+
+
+def test_a_timing_budget_takes_fractions_and_spaces(monkeypatch):
+    monkeypatch.setenv("EMBER_AUTOTUNE_MS", "0.5, 12")
+    assert _from_env(Config()).autotune_ms == (0.5, 12.0)

@@ -1,9 +1,18 @@
 """The tracer's attention choices that need no GPU: which constant masks become flash attention."""
 
+import pytest
 import torch
 import torch.fx as fx
 
-from ember.primtorch.attention import _constant_mask_kind, _depends_on_inputs, efficient_attention
+from ember.primtorch.attention import (
+    _constant_mask_kind,
+    _depends_on_inputs,
+    efficient_attention,
+    without_unread_rng_state,
+)
+from ember.primtorch.prims.extern import ATEN_TO_EXTERN, rng_state_of
+
+aten = torch.ops.aten
 
 
 def test_constant_mask_kinds():
@@ -89,3 +98,53 @@ def test_a_constant_mask_on_the_cpu_becomes_the_flash_kernels_own():
     assert read.kwargs.get("attn_mask") is not None
     banded = _cpu_attention_trace(lambda x, t: torch.ones(t, t, dtype=torch.bool).triu(-1).tril(1))
     assert banded.kwargs.get("attn_mask") is not None
+
+
+_ATTENTION_BACKWARDS = [aten._scaled_dot_product_efficient_attention_backward.default,
+                        aten._scaled_dot_product_flash_attention_backward.default]  # fmt: skip
+
+
+@pytest.mark.parametrize("func", _ATTENTION_BACKWARDS)
+def test_an_attention_backwards_rng_state_is_declared_where_aten_has_it(func):
+    # the tracer and inductor's CUDA graphs both read the extern's declaration: its positions
+    # must be those of ATen's own arguments, the extern and the ATen op alike
+    state = rng_state_of(func)
+    names = [a.name for a in func._schema.arguments]
+    assert names[state.dropout] == "dropout_p"
+    assert [names[i] for i in state.args] == ["philox_seed", "philox_offset"]
+    extern_op = ATEN_TO_EXTERN[func][0]
+    assert rng_state_of(extern_op) is state is rng_state_of(extern_op.schema.name)
+    assert rng_state_of(aten.mm.default) is None and rng_state_of("extern.mm") is None
+
+
+def test_the_efficient_forwards_seed_and_offset_are_its_declared_rng_results():
+    state = rng_state_of(aten._scaled_dot_product_efficient_attention.default)
+    assert state.results == (2, 3) and state.args == ()
+    assert state.without_dropout([1, 2, 3, None, True], {})  # dropout_p left to its default
+    assert not state.without_dropout([1, 2, 3, None, True], {"dropout_p": 0.1})
+
+
+@pytest.mark.parametrize("func", _ATTENTION_BACKWARDS)
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_backward_without_dropout_gets_its_own_empty_rng_state(func, dropout):
+    state = rng_state_of(func)
+    args = [torch.empty(0, device="meta") for _ in range(max(state.dropout, *state.args) + 1)]
+    args[state.dropout] = dropout
+    seed, offset = (args[i] for i in state.args)
+    got = without_unread_rng_state(func, tuple(args), lambda d: torch.empty((), device=d))
+    if dropout:
+        assert got == tuple(args)  # a dropout reads the forward's state
+    else:
+        assert got[state.args[0]] is not seed and got[state.args[1]] is not offset
+        assert [got[i].shape for i in state.args] == [(), ()]
+        others = [i for i in range(len(args)) if i not in state.args]
+        assert all(got[i] is args[i] for i in others)
+
+
+def test_a_wrong_rng_state_declaration_is_refused_when_the_extern_is_registered():
+    from ember.primtorch.prims.extern import RngState, _check_rng_state, sdpa_efficient_backward
+
+    with pytest.raises(ValueError, match="not dropout_p"):
+        _check_rng_state(sdpa_efficient_backward, RngState(dropout=8, args=(7,)))
+    with pytest.raises(ValueError, match="not a philox argument"):
+        _check_rng_state(sdpa_efficient_backward, RngState(dropout=9, args=(6, 7)))

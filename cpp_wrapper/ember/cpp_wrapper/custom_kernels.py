@@ -98,7 +98,7 @@ def _float(value) -> str:
 
 def emit_custom_op(g: "WrapperCodegen", step, args: list) -> None:
     """Emit the call of a custom op's C++ kernel for `step` (args decoded, buffers as Refs)."""
-    from .codegen import buffer_ref, dlpack_dtype, parse_expr
+    from .codegen_values import buffer_ref, dlpack_dtype, parse_expr
 
     op = args[0] if args else "?"
     kernel = cpp_kernel(op)
@@ -177,6 +177,6 @@ def emit_custom_op(g: "WrapperCodegen", step, args: list) -> None:
 
 
 def _c_string(text: str) -> str:
-    from .codegen import c_string
+    from .codegen_values import c_string
 
     return c_string(text)

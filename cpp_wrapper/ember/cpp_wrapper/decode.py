@@ -29,7 +29,7 @@ import torch
 
 from ember.ir import CompiledArtifact, StepIR
 
-from .codegen import step_refs
+from .codegen_values import step_refs
 from .errors import UnsupportedArtifactError
 from .exported import compile_exported, resolve_entry
 from .package import package

@@ -16,7 +16,8 @@ import torch.utils.dlpack as dlpack
 from ember.ir import CompiledArtifact, KernelIR, TensorMeta, dumps, toolchain
 
 from . import _build, library_build
-from .codegen import KernelBuild, generate_wrapper
+from .codegen import generate_wrapper
+from .codegen_values import KernelBuild
 from .config import config
 from .custom_kernels import used_kernels
 from .errors import UnsupportedArtifactError

@@ -26,7 +26,7 @@ import torch
 
 from ember.ir import IR_VERSION, CompiledArtifact, TensorMeta, dtype_name, toolchain
 
-from .codegen import itemsize
+from .codegen_values import itemsize
 from .exported import (SIGNATURE_FILE, compile_exported, is_exported_program, load_exported,
                        write_signature)  # fmt: skip
 from .model import artifact_hash, bind_constants, build_model_library, materialise_constant

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from typing import Optional, Union
 import os
 
@@ -140,6 +141,19 @@ _SWITCHES = (("EMBER_CONV_CHANNELS_LAST", "conv_channels_last"), ("EMBER_CUDAGRA
              ("EMBER_TRITON_FLASH_ATTENTION", "triton_flash_attention"))  # fmt: skip
 
 
+def _autotune_ms(value: str) -> tuple:
+    """EMBER_AUTOTUNE_MS's (warm-up, timing) budget in ms; a malformed value is refused with
+    the form expected rather than a bare float() or unpacking error from deep in an import."""
+    try:
+        budget = tuple(float(part) for part in value.split(","))
+    except ValueError:
+        budget = ()
+    if len(budget) != 2 or not all(math.isfinite(b) and b > 0 for b in budget):
+        raise ValueError(f"EMBER_AUTOTUNE_MS must be two positive numbers 'W,R' in milliseconds "
+                         f"(warm-up, timing), got {value!r}")  # fmt: skip
+    return budget
+
+
 def _from_env(cfg: Config) -> Config:
     env = os.environ
     if env.get("EMBER_INDUCTOR_CACHE") == "0":
@@ -151,8 +165,7 @@ def _from_env(cfg: Config) -> Config:
     if env.get("EMBER_INDUCTOR_AUTOTUNE") == "0":
         cfg.autotune = False
     if env.get("EMBER_AUTOTUNE_MS"):
-        warm, rep = env["EMBER_AUTOTUNE_MS"].split(",")
-        cfg.autotune_ms = (float(warm), float(rep))
+        cfg.autotune_ms = _autotune_ms(env["EMBER_AUTOTUNE_MS"])
     if env.get("EMBER_TRITON_BINARIES") == "0":
         cfg.triton_binaries = False
     if env.get("EMBER_PERSISTENT_MAX"):

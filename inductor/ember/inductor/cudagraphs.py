@@ -47,6 +47,7 @@ import torch
 
 from ember.ir import TensorMeta
 from ember.ir.codec import value_from_json
+from ember.primtorch.prims.extern import rng_state_of
 
 from . import metrics
 
@@ -289,8 +290,8 @@ def host_work_reason(art):
     launch on another stream). A GPU op with a host result besides is one too: the result would
     be the one of the capture at every replay (the memory-efficient attention's philox seed and
     offset, which its backward reads), unless it is random-number state of a call without
-    dropout (`_RNG_STATE`). So is one that reads a host tensor (a CPU scalar an ATen kernel
-    takes as eager passes it)."""
+    dropout (as the extern declares it: prims.extern.RngState). So is one that reads a host
+    tensor (a CPU scalar an ATen kernel takes as eager passes it)."""
     devices = {b.name: str(b.meta.device) for b in art.buffers}
     for step in art.steps:
         if step.kind != "extern":
@@ -311,18 +312,11 @@ def host_work_reason(art):
     return None
 
 
-# GPU ops whose host results are random-number state, unused without dropout: where their
-# dropout probability is among the positional arguments
-_RNG_STATE = {"extern.sdpa_efficient": 5}
-
-
 def _unused_rng_state(step) -> bool:
-    where = _RNG_STATE.get(step.target)
-    if where is None:
-        return False
-    args = list(step.args)
-    p = args[where] if len(args) > where else (step.kwargs or {}).get("dropout_p", 0.0)
-    return isinstance(p, (int, float)) and float(p) == 0.0
+    # the extern declares which of its results are random-number state (prims.extern.RngState);
+    # without dropout the kernel draws none, so a stale seed and offset at replay are harmless
+    state = rng_state_of(step.target)
+    return bool(state and state.results) and state.without_dropout(list(step.args), step.kwargs)
 
 
 class GraphsBySize:

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .prims.extern import rng_state_of
+
 aten = torch.ops.aten
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -274,28 +276,22 @@ def training_without_constant_mask(func, tracer, query, key, value, attn_mask=No
                 is_causal=kind == "causal", scale=scale, enable_gqa=enable_gqa)  # fmt: skip
 
 
-# Backward ops of the CUDA attention kernels: (dropout_p, philox seed, philox offset) positions.
-# The forward's seed and offset are CPU tensors for the memory-efficient kernel; a backward
-# without dropout never reads them, so it gets empty ones of its own on the GPU: they are then
-# not saved, and the backward reads no host tensor (which kept it from a CUDA graph's replay).
-RNG_STATE_ARGS = {
-    aten._scaled_dot_product_efficient_attention_backward.default: (9, 7, 8),
-    aten._scaled_dot_product_flash_attention_backward.default: (10, 12, 13),
-}
-
-
 def without_unread_rng_state(func, args, empty):
-    """`args` of an attention backward `func` with its seed and offset replaced by `empty(device)`
-    where dropout is off (RNG_STATE_ARGS), else `args` unchanged."""
-    where = RNG_STATE_ARGS.get(func)
-    if where is None or len(args) <= max(where):
+    """`args` of an attention backward `func` with its philox seed and offset replaced by
+    `empty(device)` where dropout is off, else `args` unchanged. Which arguments those are is
+    the extern's declaration (prims.extern.RngState). The forward's seed and offset are CPU
+    tensors for the memory-efficient kernel; a backward without dropout never reads them, so it
+    gets empty ones of its own on the GPU: they are then not saved, and the backward reads no
+    host tensor (which kept it from a CUDA graph's replay)."""
+    state = rng_state_of(func)
+    if state is None or not state.args or len(args) <= max(state.dropout, *state.args):
         return args
-    dropout, seed, offset = where
-    if args[dropout] != 0.0:
+    if not state.without_dropout(args):
         return args
     args = list(args)
     device = args[1].device  # the query
-    args[seed], args[offset] = empty(device), empty(device)
+    for i in state.args:
+        args[i] = empty(device)
     return tuple(args)
 
 

@@ -37,7 +37,6 @@ from ember.ir.symbols import as_expr
 
 from . import utils
 from .attention import (
-    RNG_STATE_ARGS,
     AttentionChoice,
     constant_cpu_mask_kind,
     constant_mask_kind,
@@ -48,7 +47,7 @@ from .attention import (
 from .errors import DataDependentError, NotDecomposableError, TraceError
 from .prims import core
 from .prims.custom import is_custom_op, record_custom_op
-from .prims.extern import ATEN_TO_EXTERN
+from .prims.extern import ATEN_TO_EXTERN, rng_state_of
 from .symbolic import SymbolicTensor, symbolic_tensor, to_expr
 from .trace_checks import check_decomposition, check_prim_output
 from .trace_mutation import functional_variant, mutated_arguments
@@ -280,7 +279,7 @@ class Tracer(TorchDispatchMode):
             return self._functionalize(func, args, kwargs)
         if not self.decompose or func in self.keep:
             return self._record_aten(func, args, kwargs)
-        if func in RNG_STATE_ARGS:
+        if rng_state_of(func) is not None:
             args = without_unread_rng_state(func, args, self._empty_rng_state)
         if func is aten._scaled_dot_product_efficient_attention.default and self.allow_extern:
             flash = self._flash_for_constant_mask(args, kwargs)

@@ -7,6 +7,7 @@ tracer records one of these instead of decomposing when it meets an ATen op in `
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import sympy
@@ -16,7 +17,7 @@ from ember.ir import TensorMeta, as_expr, sym
 from ember.ir.symbols import FloorDiv
 
 from .. import utils
-from .core import prim
+from .core import Prim, prim
 
 _EXTERN = ("extern",)
 aten = torch.ops.aten
@@ -25,11 +26,67 @@ aten = torch.ops.aten
 ATEN_TO_EXTERN: dict = {}
 
 
+@dataclasses.dataclass(frozen=True)
+class RngState:
+    """Which arguments and results of an extern are its random-number state (the philox seed and
+    offset of its dropout), by position: `dropout` is where its dropout probability is, `args`
+    the state it reads, `results` the state it returns. Without dropout the kernel neither draws
+    nor reads that state, so a caller may hand it placeholders and ignore what it returns."""
+
+    dropout: int
+    args: tuple[int, ...] = ()
+    results: tuple[int, ...] = ()
+
+    def dropout_p(self, args, kwargs=None):
+        """The call's dropout probability (a number, or whatever stands for it in `args`)."""
+        if len(args) > self.dropout:
+            return args[self.dropout]
+        return (kwargs or {}).get("dropout_p", 0.0)
+
+    def without_dropout(self, args, kwargs=None) -> bool:
+        """Whether the call `args`, `kwargs` is one without dropout (its state unread, unused)."""
+        p = self.dropout_p(args, kwargs)
+        return isinstance(p, (int, float)) and float(p) == 0.0
+
+
+# "extern.<name>" -> its RngState, for the externs that have one (read by the tracer, which
+# gives an attention backward without dropout empty GPU scalars for the forward's CPU seed and
+# offset, and by inductor's CUDA graphs, for which such host results are then not host work).
+RNG_STATE: dict[str, RngState] = {}
+
+
+def rng_state_of(target):
+    """The RngState of an extern (the op or its name) or of the ATen overload it stands for (an
+    extern takes its ATen op's arguments in the same order); None where there is none."""
+    if isinstance(target, str):
+        return RNG_STATE.get(target)
+    if not isinstance(target, Prim):  # an ATen overload
+        entry = ATEN_TO_EXTERN.get(target)
+        if entry is None or entry[1] is not None:  # an adapter may move the arguments
+            return None
+        target = entry[0]
+    return RNG_STATE.get(target.schema.name)
+
+
+def _check_rng_state(p, rng_state: RngState):
+    # the positions are checked against the signature once, here, rather than trusted by each
+    # reader: a wrong one would drop the seed a dropout needs
+    names = [a.name for a in p.schema.args]
+    bad = [f"{i} (not an argument)" for i in (rng_state.dropout, *rng_state.args)
+           if i >= len(names)]  # fmt: skip
+    if not bad and names[rng_state.dropout] != "dropout_p":
+        bad.append(f"{rng_state.dropout} ({names[rng_state.dropout]}, not dropout_p)")
+    bad += [f"{i} ({names[i]}, not a philox argument)" for i in rng_state.args
+            if i < len(names) and not names[i].startswith("philox_")]  # fmt: skip
+    if bad:
+        raise ValueError(f"{p.schema.name}: wrong random-number state positions: {bad}")
+
+
 def _extern(name, signature, meta, aten_ops, ref=None, tags=(), adapt=None, doc="",
-            traced_from_aten=True):  # fmt: skip
+            traced_from_aten=True, rng_state=None):  # fmt: skip
     """Register extern.<name>, standing for `aten_ops` (the first one is its default reference).
     With traced_from_aten=False the tracer never records it for an ATen call (the extern is one
-    narrower use of the op, recorded where that use is chosen)."""
+    narrower use of the op, recorded where that use is chosen). `rng_state`: its RngState."""
     first = aten_ops[0]
     p = prim(
         name,
@@ -42,6 +99,9 @@ def _extern(name, signature, meta, aten_ops, ref=None, tags=(), adapt=None, doc=
     )
     for op in aten_ops if traced_from_aten else ():
         ATEN_TO_EXTERN[op] = (p, adapt.get(op) if isinstance(adapt, dict) else adapt)
+    if rng_state is not None:
+        _check_rng_state(p, rng_state)
+        RNG_STATE[p.schema.name] = rng_state
     return p
 
 
@@ -287,6 +347,7 @@ sdpa_flash = _extern(
     [aten._scaled_dot_product_flash_attention.default],
     doc="CUDA flash attention: (out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, rng_state, "
     "unused, debug_attn_mask)",
+    rng_state=RngState(dropout=3, results=(6, 7)),
 )
 
 
@@ -307,6 +368,7 @@ sdpa_flash_backward = _extern(
     "Optional[float] scale=None) -> (Tensor, Tensor, Tensor)",
     _sdpa_flash_backward_meta,
     [aten._scaled_dot_product_flash_attention_backward.default],
+    rng_state=RngState(dropout=10, args=(12, 13)),
 )
 
 
@@ -333,6 +395,7 @@ sdpa_efficient = _extern(
     _sdpa_efficient_meta,
     [aten._scaled_dot_product_efficient_attention.default],
     doc="memory-efficient attention: (out, log_sumexp, philox_seed, philox_offset)",
+    rng_state=RngState(dropout=5, results=(2, 3)),
 )
 
 
@@ -359,6 +422,7 @@ sdpa_efficient_backward = _extern(
     "(Tensor, Tensor, Tensor, Tensor)",
     _sdpa_efficient_backward_meta,
     [aten._scaled_dot_product_efficient_attention_backward.default],
+    rng_state=RngState(dropout=9, args=(7, 8)),
 )
 # The memory-efficient backward reads `out` with a row stride of heads * head_dim whatever its
 # strides say, so `out` must be in the (B, L, H, E) layout its forward wrote (a BHLE copy reads

@@ -11,8 +11,10 @@
 // (package.py) lays it out, so no offset can point a constant at other bytes.
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <link.h>  // link_map (dlinfo)
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -111,14 +113,14 @@ struct File {
   // is closed, so the next package opened as fd 5 would get it. The same holds for every name a
   // library was found under later: glibc adds a name that reached an already loaded inode to
   // that library's names (the same package loaded twice, its second descriptor 9, makes
-  // /proc/self/fd/9 a name of the first load). So a number any loaded library answers to is
-  // swapped for a higher one; a library that is this very file then comes back through the
-  // package's own path (the hash check after dlopen refuses a wrong library, never runs it).
+  // /proc/self/fd/9 a name of the first load). So a number that another file's library answers
+  // to is swapped for a higher one; failing that, the package's own path is used (the hash
+  // check after dlopen refuses a wrong library, never runs it).
   std::string stable_path() {
     for (int tries = 0; tries < 256; ++tries) {
       std::string p = "/proc/self/fd/" + std::to_string(fd);
       if (access(p.c_str(), R_OK) != 0) return path;
-      if (!loaded_under(p)) return p;
+      if (loads_this_file(p)) return p;
       int higher = fcntl(fd, F_DUPFD_CLOEXEC, fd + 1);
       if (higher < 0) break;
       ::close(fd);
@@ -128,13 +130,47 @@ struct File {
   }
 
  private:
-  // Does a loaded library answer to this name (its own, one it was found under since, or this
-  // very file's inode, which cannot be told from an alias of another file's here)?
-  static bool loaded_under(const std::string& name) {
+  // Would dlopen(name) give this very file's library? Yes where no loaded library answers to
+  // `name` (dlopen then loads the file the name points at: this one), and where the library
+  // that answers was mapped from this file, by (st_dev, st_ino): the same package loaded again,
+  // whose library is the right one (asking by a new name made it a name of that library, as
+  // the dlopen that follows would). No where another file's library answers to it, or where
+  // which file that is cannot be told (then a higher number is tried, as for another file).
+  bool loads_this_file(const std::string& name) const {
     void* h = dlopen(name.c_str(), RTLD_LAZY | RTLD_NOLOAD);
-    if (!h) return false;
+    if (!h) return true;
+    link_map* lm = nullptr;
+    bool same = dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm != nullptr &&
+                mapped_from_this_file(reinterpret_cast<uintptr_t>(lm->l_ld));
     dlclose(h);
-    return true;
+    return same;
+  }
+
+  // Is the memory at `address` mapped from the file open as `fd`? A library's names cannot
+  // tell which file it is (a package's library is named /proc/self/fd/N, a descriptor closed
+  // since and maybe another file's now); /proc/self/maps gives the device and inode of the file
+  // each mapping came from (here the one holding the library's dynamic section). Where it
+  // disagrees with fstat (an overlay filesystem may show the file beneath), the answer is no.
+  bool mapped_from_this_file(uintptr_t address) const {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return false;
+    FILE* maps = fopen("/proc/self/maps", "re");
+    if (!maps) return false;
+    bool same = false;
+    char line[4096];  // "lo-hi perms offset major:minor inode path"
+    while (fgets(line, sizeof line, maps)) {
+      unsigned long lo, hi, inode;
+      unsigned major_, minor_;
+      if (sscanf(line, "%lx-%lx %*s %*s %x:%x %lu", &lo, &hi, &major_, &minor_, &inode) != 5) {
+        continue;  // (the rest of a line longer than the buffer)
+      }
+      if (address >= lo && address < hi) {
+        same = makedev(major_, minor_) == st.st_dev && inode == st.st_ino;
+        break;
+      }
+    }
+    fclose(maps);
+    return same;
   }
 };
 
