@@ -31,7 +31,7 @@ def choices(tmp_path, monkeypatch):
 
 
 def _launcher(key):
-    return types.SimpleNamespace(key=key, sizes=(1024,), configs=CFGS)
+    return types.SimpleNamespace(key=key, sizes=(1024,), configs=CFGS, source="", fn_name="k")
 
 
 def _write(known):
@@ -73,7 +73,7 @@ def test_recording_a_choice_keeps_the_others_and_the_shared_copy(choices, monkey
 
     # k2's configs time as [2.0, 1.0]: the second wins
     _fake_timing(monkeypatch, [2.0, 1.0])
-    k2 = types.SimpleNamespace(key="k2", sizes=(1024,), configs=CFGS, _launch=None)
+    k2 = _launcher("k2")
     assert runtime.autotune(k2, []) == CFGS[1]
     assert before == shared  # the cached dict was not changed in place
     on_disk = json.loads(runtime._autotune_path().read_text())
@@ -124,7 +124,7 @@ def test_the_timing_budget_sets_warm_up_and_rounds(choices, monkeypatch):
     _fake_timing(monkeypatch, [1.0, 3.0], calls)
     monkeypatch.setenv("EMBER_AUTOTUNE_MS", "3,8")
     monkeypatch.setattr(config, "autotune_ms", _from_env(Config()).autotune_ms)
-    k3 = types.SimpleNamespace(key="k3", sizes=(1024,), configs=CFGS, _launch=None)
+    k3 = _launcher("k3")
     assert runtime.autotune(k3, []) == CFGS[0]
     first = trial_timing.FIRST_ROUNDS
     # the estimate, then every config for the first phase; only the fastest was close enough
@@ -143,3 +143,39 @@ def test_a_malformed_timing_budget_names_the_variable_and_its_form(monkeypatch, 
 def test_a_timing_budget_takes_fractions_and_spaces(monkeypatch):
     monkeypatch.setenv("EMBER_AUTOTUNE_MS", "0.5, 12")
     assert _from_env(Config()).autotune_ms == (0.5, 12.0)
+
+
+KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kname(in_ptr0, in_ptr1, out_ptr2, out_ptr3, xnumel, XBLOCK: tl.constexpr):
+    x0 = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = x0 < xnumel
+    tmp0 = tl.load(in_ptr0 + x0, xmask)
+    tmp1 = tl.load(in_ptr1 + x0, xmask)
+    tl.store(in_ptr1 + x0, tmp1 + tmp0, xmask)
+    tl.store(out_ptr2 + x0, tmp0 * 2, xmask)
+    tl.atomic_add(out_ptr3 + x0 % 4, tmp0, xmask)
+"""
+
+
+def test_trial_launches_copy_only_what_repeating_them_would_change():
+    """Read-only inputs and outputs written whole are the real tensors; an argument both read
+    and written (in place), or accumulated into, is a copy; so is an output sharing memory
+    with another argument."""
+    launcher = runtime.TritonLauncher("kname", KERNEL, CFGS, 64, None)
+    big, inplace, out, acc = (torch.zeros(64) for _ in range(4))
+    trial = runtime.trial_arguments(launcher, [big, inplace, out, acc])
+    assert trial[0] is big and trial[2] is out
+    for real, copy in ((inplace, trial[1]), (acc, trial[3])):
+        assert copy is not real and torch.equal(copy, real)
+        assert copy.untyped_storage().data_ptr() != real.untyped_storage().data_ptr()
+    # the output viewing the input's memory: written by the trials, so a copy
+    base = torch.zeros(128)
+    trial = runtime.trial_arguments(launcher, [base[:64], inplace, base[64:], acc])
+    where = base.untyped_storage().data_ptr()
+    assert trial[2].untyped_storage().data_ptr() != where  # the written one is a copy
+    assert trial[0].untyped_storage().data_ptr() == where  # the read-only one is not

@@ -21,6 +21,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -527,6 +528,44 @@ def measure_configs(launches):
     return trial_timing.cuda_measure(launches)
 
 
+_STORED = re.compile(r"\btl\.(store|atomic_\w+)\(\s*(\w+)")
+_LOADED = re.compile(r"\btl\.load\(\s*(\w+)")
+
+
+@functools.lru_cache(maxsize=4096)
+def _writes_of(source: str, fn_name: str) -> tuple:
+    """Per parameter of the kernel: (stored to, stored to by an atomic, loaded from); read off
+    the source (every store and load names its pointer argument first)."""
+    head = re.search(rf"def {re.escape(fn_name)}\(([^)]*)\)", source)
+    names = [p.split(":")[0].strip() for p in head.group(1).split(",")] if head else []
+    stored = {m.group(2): m.group(1) for m in _STORED.finditer(source)}
+    loaded = set(_LOADED.findall(source))
+    return tuple((n in stored, stored.get(n, "").startswith("atomic"), n in loaded) for n in names)
+
+
+def trial_arguments(launcher: TritonLauncher, args) -> list:
+    """The arguments of autotuning's trial launches: a copy (`scratch_copy`) only of what a
+    launch repeated would change: an argument the kernel writes and also reads, or accumulates
+    into, or whose memory another argument shares. Every other argument is the real one: a
+    kernel writes its outputs whole, so the launch after the trials writes what it would have
+    (copying every argument held a second copy of the largest tensors, a GPT-2 training step's
+    logits among them, at the peak of the first step)."""
+    kinds = _writes_of(launcher.source, launcher.fn_name)
+    if len(kinds) < len(args):  # a signature not understood: copy all, as before
+        return [scratch_copy(a) for a in args]
+    storages = [a.untyped_storage().data_ptr() if isinstance(a, torch.Tensor) else None
+                for a in args]  # fmt: skip
+    out = list(args)
+    for i, a in enumerate(args):
+        stored, atomic, loaded = kinds[i]
+        if not stored or not isinstance(a, torch.Tensor):
+            continue
+        shared = any(j != i and s == storages[i] for j, s in enumerate(storages))
+        if atomic or loaded or shared:
+            out[i] = scratch_copy(a)
+    return out
+
+
 def autotune(launcher: TritonLauncher, args) -> dict:
     """The fastest config (on copies of the arguments), remembered on disk by kernel and sizes."""
     if not _autotunes(launcher):
@@ -535,7 +574,7 @@ def autotune(launcher: TritonLauncher, args) -> dict:
     if remembered is not None:
         return remembered
     with progress.stage("autotune"):  # at a kernel's first call: part of the first step's cost
-        copies = [scratch_copy(a) for a in args]
+        copies = trial_arguments(launcher, args)
         warmup, rep = config.autotune_ms
         launches = [_trial_launch(launcher, c, copies) for c in launcher.configs]
         times = trial_timing.choose(measure_configs(launches), len(launches), warmup, rep)

@@ -74,7 +74,8 @@ def cuda_measure(launches: Sequence[Callable[[], object]]) -> Callable:
             order = indices[shift:] + indices[:shift]
             for i in order:
                 flush.zero_()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
                 start.record()
                 launches[i]()
                 end.record()
