@@ -31,7 +31,7 @@ import torch
 
 from ember.ir import cache_files, progress, resolve
 
-from . import trial_timing, triton_binaries
+from . import compile_workers, trial_timing, triton_binaries
 from .codegen_common import POINTER_TYPES
 from .config import config
 
@@ -329,6 +329,14 @@ def _include_dir() -> str:
 _LOAD_LOCK = threading.Lock()
 
 
+def _module_file(source: str, suffix: str = "") -> tuple:
+    """(module name, path) of a kernel's source file, written if missing: named by its source's
+    hash, checked against the source itself (Triton reads the kernel's text back from it)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    path = cache_files.content_file(cache_dir() / "triton" / f"k_{digest}.py", source)
+    return f"ember_inductor_triton_{digest}{suffix}", path
+
+
 def _load_module(source: str, suffix: str = ""):
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     modname = f"ember_inductor_triton_{digest}{suffix}"
@@ -336,9 +344,7 @@ def _load_module(source: str, suffix: str = ""):
         module = sys.modules.get(modname)
         if module is not None:
             return module
-        # named by its source's hash, checked against the source itself (Triton reads the
-        # kernel's text back from this file)
-        path = cache_files.content_file(cache_dir() / "triton" / f"k_{digest}.py", source)
+        _, path = _module_file(source, suffix)
         spec = importlib.util.spec_from_file_location(modname, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -377,11 +383,21 @@ class TritonLauncher:
             planned = [remembered]
         else:
             planned = self.configs if _autotunes(self) else self.configs[:1]
+        calls = []
         for cfg in planned:
             if triton_binaries.stored(self.key, cfg):
                 continue  # the first call most likely launches the stored binary
             grid, consts = self._grid_and_constants(cfg)
-            self.fn.warmup(*dtypes, *self.sizes, grid=grid, **consts, **launch_options(cfg))
+            calls.append(((*dtypes, *self.sizes), {"grid": grid, **consts, **launch_options(cfg)}))
+        target = _gpu_target() if calls else None
+        if target is not None:  # compiled in worker processes into Triton's cache, in parallel
+            modname, path = _module_file(self.source)
+            compile_workers.wait([
+                compile_workers.compile_ahead(str(path), modname, self.fn_name, target, a, k)
+                for a, k in calls
+            ])  # fmt: skip
+        for args, kwargs in calls:  # loads what a worker compiled (or compiles it here)
+            self.fn.warmup(*args, **kwargs)
 
     def __call__(self, *args):
         if self.fast is not None:
@@ -399,6 +415,19 @@ class TritonLauncher:
         self.fast = _direct_launcher(compiled, self.cfg, self.sizes)
         if self.fast is not None:
             triton_binaries.save(self.key, self.cfg, full, compiled)
+
+
+def _gpu_target():
+    """The Triton target of this process's current GPU, for compile workers (None without
+    workers, or if Triton cannot say)."""
+    if not compile_workers.worker_count():
+        return None
+    try:
+        from triton.runtime.driver import driver
+
+        return driver.active.get_current_target()
+    except Exception:  # noqa: BLE001  (the kernel then compiles in this process)
+        return None
 
 
 def _direct_launcher(compiled, cfg, sizes):

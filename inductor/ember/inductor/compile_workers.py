@@ -1,0 +1,219 @@
+"""Triton kernels compiled ahead of their launch in worker processes, not only in threads.
+
+Triton's compile holds the GIL through much of its work: on an H100 host with 16 cores, 16
+kernels took 4.9 s on one thread and 1.6 s on 8 or 16 threads (session 18). A worker process
+shares no GIL. It compiles for the main process's GPU target into Triton's own on-disk cache,
+without touching the GPU (its Triton driver answers device 0, stream 0 and that target); the
+main process's compile of the same kernel, same arguments, then finds the result in that cache
+and only loads it.
+
+Workers are plain subprocesses running this file, talking over their stdin and stdout, started at
+the first kernel a process compiles ahead on a GPU. (multiprocessing's spawn would import the
+user's main module again in every worker, which a script without a `__main__` guard does not
+survive.) `EMBER_COMPILE_WORKERS=N` sets how many, 0 turns them off. A worker that fails, dies
+or cannot start costs nothing but time: the main process compiles the kernel itself, as it
+always did, and reports any error the compile has.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import importlib.util
+import logging
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+
+log = logging.getLogger("ember.inductor")
+
+# Workers at most: each holds torch and Triton (a few hundred MB of host memory).
+MAX_WORKERS = 16
+# Fewer cores than this: no workers (the compiles' threads already fill them).
+MIN_CORES = 8
+
+_LOCK = threading.Lock()
+_POOL: list = [None, None]  # [pid of the process that made it, _Pool or None]
+
+
+def worker_count() -> int:
+    """How many compile workers this process uses (EMBER_COMPILE_WORKERS, else one per core up
+    to MAX_WORKERS, none below MIN_CORES cores)."""
+    text = os.environ.get("EMBER_COMPILE_WORKERS")
+    if text is not None:
+        try:
+            n = int(text)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise ValueError(
+                f"EMBER_COMPILE_WORKERS must be a whole number of processes (0: none), got {text!r}"
+            )
+        return n
+    cores = os.cpu_count() or 1
+    return min(MAX_WORKERS, cores) if cores >= MIN_CORES else 0
+
+
+def _send(stream, obj) -> None:
+    data = pickle.dumps(obj)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream):
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError("the other side closed the pipe")
+    (n,) = struct.unpack("<Q", head)
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError("the other side closed the pipe")
+    return pickle.loads(data)
+
+
+class _Pool:
+    """Worker processes, each used by one request at a time (idle ones wait in a queue)."""
+
+    def __init__(self, n: int):
+        env = dict(os.environ)
+        # the worker finds ember (and whatever found it here) where this process did
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        self.procs = []
+        for _ in range(n):
+            self.procs.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, env=env))  # fmt: skip
+        self.idle: queue.Queue = queue.Queue()
+        self.alive = n
+        for p in self.procs:
+            self.idle.put(p)
+        self.threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="ember-cw")
+
+    def run(self, request) -> bool:
+        proc = self.idle.get()
+        if proc is None:  # every worker was lost: pass the word on
+            self.idle.put(None)
+            return False
+        try:
+            _send(proc.stdin, request)
+            ok, why = _receive(proc.stdout)
+        except (OSError, EOFError, pickle.PickleError) as e:  # the worker died: not put back
+            log.debug("ember.inductor: a compile worker was lost: %s", e)
+            proc.kill()
+            with _LOCK:
+                self.alive -= 1
+                if self.alive == 0:
+                    self.idle.put(None)
+            return False
+        self.idle.put(proc)
+        if not ok:
+            log.debug("ember.inductor: a compile worker failed: %s", why)
+        return ok
+
+    def close(self) -> None:
+        self.threads.shutdown(wait=False, cancel_futures=True)
+        for p in self.procs:
+            try:
+                p.stdin.close()  # a worker exits at the end of its input
+            except OSError:
+                pass
+
+
+def _pool():
+    with _LOCK:
+        if _POOL[0] != os.getpid():  # a forked child inherits the object, not the processes
+            n, pool = worker_count(), None
+            if n:
+                try:
+                    pool = _Pool(n)
+                    atexit.register(pool.close)
+                except OSError as e:
+                    log.warning("ember.inductor: no compile workers (%s); compiling in threads", e)
+            _POOL[:] = [os.getpid(), pool]
+        return _POOL[1]
+
+
+def compile_ahead(path: str, module: str, fn_name: str, target, args: tuple, kwargs: dict):
+    """A future (of True when it compiled) of compiling `fn_name` of the kernel file at `path`
+    as `fn.warmup(*args, **kwargs)` would, for `target` (a triton GPUTarget), in a worker; None
+    without workers."""
+    pool = _pool()
+    if pool is None:
+        return None
+    return pool.threads.submit(pool.run, (path, module, fn_name, target, args, kwargs))
+
+
+def wait(futures) -> None:
+    """Wait for ahead-of-launch compiles (a failed one is only logged: the caller compiles again,
+    in process, and that compile reports the error)."""
+    for future in futures:
+        if future is not None:
+            try:
+                future.result()
+            except Exception as e:  # noqa: BLE001
+                log.debug("ember.inductor: a compile worker failed: %s: %s", type(e).__name__, e)
+
+
+# --- in the worker --------------------------------------------------------------------------
+
+
+class _CompileOnlyDriver:
+    """What Triton's compile path asks of its driver, answered without a GPU. Anything else (a
+    launch, device properties) is an error: a worker only compiles."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def __getattr__(self, name):
+        raise AttributeError(f"a compile worker's Triton driver has no {name!r}")
+
+
+def _serve() -> None:
+    """A worker's loop: requests on stdin, (ok, error) on stdout, until stdin closes."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # anything printed while compiling must not enter the replies
+    modules, target_now = {}, [None]
+    while True:
+        try:
+            path, module, fn_name, target, args, kwargs = _receive(stdin)
+        except EOFError:
+            return
+        try:
+            _compile(modules, target_now, path, module, fn_name, target, args, kwargs)
+            reply = (True, "")
+        except Exception as e:  # noqa: BLE001  (the main process compiles it again)
+            reply = (False, f"{type(e).__name__}: {e}")
+        _send(stdout, reply)
+
+
+def _compile(modules, target_now, path, module, fn_name, target, args, kwargs) -> None:
+    from triton.runtime.driver import driver
+
+    if target_now[0] != target:  # (asking for driver.active would look for a GPU)
+        driver.set_active(_CompileOnlyDriver(target))
+        target_now[0] = target
+    mod = modules.get(path)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(module, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[module] = mod
+        modules[path] = mod
+    getattr(mod, fn_name).warmup(*args, **kwargs)
+
+
+if __name__ == "__main__":  # a worker: this file alone, not the ember.inductor package
+    _serve()

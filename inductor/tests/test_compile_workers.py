@@ -1,0 +1,101 @@
+"""Compile workers (compile_workers.py): a kernel compiled in a worker process for a GPU target
+lands in Triton's on-disk cache, where another process compiling it then only loads it; the
+worker count's variable is checked. Runs on the CPU: Triton compiles for sm_90 without a GPU."""
+
+import os
+
+import pytest
+import torch
+
+from ember.inductor import compile_workers
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_kernel(in_ptr, out_ptr, n, XBLOCK: tl.constexpr):
+    x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    mask = x < n
+    tl.store(out_ptr + x, tl.load(in_ptr + x, mask) * 3.0, mask)
+'''
+
+
+@pytest.fixture
+def fresh_pool(tmp_path, monkeypatch):
+    """Two workers that compile into an empty Triton cache (the variables are read when the pool
+    starts); the pool is shut down afterwards."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("EMBER_COMPILE_WORKERS", "2")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(compile_workers, "_POOL", [None, None])
+    yield tmp_path
+    _close_pool()
+
+
+def _close_pool():
+    pool = compile_workers._POOL[1]
+    if pool is not None:
+        pool.close()
+        for p in pool.procs:
+            p.wait(timeout=60)
+    compile_workers._POOL[:] = [None, None]
+
+
+def _files(root):
+    """Each file of the Triton cache with its inode and mtime (a compile rewrites its files)."""
+    return sorted((str(p), p.stat().st_ino, p.stat().st_mtime_ns)
+                  for p in (root / "triton").rglob("*") if p.is_file())  # fmt: skip
+
+
+def test_a_worker_compiles_into_the_cache_and_a_fresh_process_then_only_loads(fresh_pool):
+    pytest.importorskip("triton.backends.nvidia")
+    from triton.backends.compiler import GPUTarget
+
+    path = fresh_pool / "k_scale.py"
+    path.write_text(KERNEL)
+    target = GPUTarget("cuda", 90, 32)
+    args = (torch.float32, torch.float32, 4096)
+    kwargs = {"grid": (4,), "XBLOCK": 1024, "num_warps": 4}
+
+    def compile_in_a_new_pool():
+        _close_pool()
+        future = compile_workers.compile_ahead(str(path), "k_scale", "scale_kernel", target, args,
+                                               kwargs)  # fmt: skip
+        assert future is not None and future.result(timeout=300) is True
+        assert os.getpid() not in {p.pid for p in compile_workers._POOL[1].procs}
+
+    compile_in_a_new_pool()
+    built = _files(fresh_pool)
+    assert any(name.endswith(".cubin") for name, *_ in built), built
+    # a process that never compiled it (as the main process has not) finds it in the cache:
+    # nothing is compiled or written again
+    compile_in_a_new_pool()
+    assert _files(fresh_pool) == built
+
+
+def test_no_workers_means_no_future(monkeypatch):
+    monkeypatch.setenv("EMBER_COMPILE_WORKERS", "0")
+    monkeypatch.setattr(compile_workers, "_POOL", [None, None])
+    assert compile_workers.compile_ahead("k.py", "k", "f", None, (), {}) is None
+
+
+@pytest.mark.parametrize("text", ["-1", "two", "1.5"])
+def test_a_malformed_worker_count_names_the_variable(monkeypatch, text):
+    monkeypatch.setenv("EMBER_COMPILE_WORKERS", text)
+    with pytest.raises(ValueError, match="EMBER_COMPILE_WORKERS must be a whole number"):
+        compile_workers.worker_count()
+
+
+def test_a_lost_worker_or_a_failing_compile_is_no_error(fresh_pool):
+    """The caller then compiles in process: a worker's failure only returns False."""
+    bad = compile_workers.compile_ahead("/nonexistent/k.py", "k", "f", None, (), {})
+    assert bad.result(timeout=300) is False  # the worker answered with its error
+    pool = compile_workers._POOL[1]
+    for p in pool.procs:
+        p.kill()
+        p.wait(timeout=60)
+    for _ in range(3):  # each dead worker found, then none left: never a wait without end
+        lost = compile_workers.compile_ahead("/nonexistent/k.py", "k", "f", None, (), {})
+        assert lost.result(timeout=60) is False
