@@ -84,9 +84,11 @@ class _Pool:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         self.procs = []
         for _ in range(n):
+            # -P: this file's folder (inductor's modules: config, cache, ...) is not put first
+            # on the worker's path, where it would shadow modules of the same names
             self.procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, env=env))  # fmt: skip
+                [sys.executable, "-P", os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env))  # fmt: skip
         self.idle: queue.Queue = queue.Queue()
         self.alive = n
         for p in self.procs:
