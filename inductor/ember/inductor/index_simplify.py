@@ -23,6 +23,24 @@ def simplify_index(expr, ranges: dict):
     expr = sympy.sympify(expr)
     if not expr.has(FloorDiv, ModularIndexing):
         return expr
+    # A pure function of the expression and the ranges of its own variables, asked again and
+    # again for the same ones (each layer's kernels index alike; the scheduler, the renderer and
+    # the final substitution simplify each access anew): remembered, by those only.
+    key = (expr, frozenset((v, sympy.sympify(n)) for v, n in ranges.items()
+                           if v in expr.free_symbols))  # fmt: skip
+    got = _SIMPLIFIED.get(key)
+    if got is None:
+        if len(_SIMPLIFIED) >= _MAX_REMEMBERED:
+            _SIMPLIFIED.clear()
+        got = _SIMPLIFIED[key] = _simplify(expr, ranges)
+    return got
+
+
+_SIMPLIFIED: dict = {}
+_MAX_REMEMBERED = 1 << 16
+
+
+def _simplify(expr, ranges: dict):
     simp = _Simplifier(ranges)
     for _ in range(_MAX_PASSES):
         new = sympy.expand(simp.visit(expr))
