@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import weakref
 from typing import Optional
 
 import sympy
@@ -63,9 +64,25 @@ class _Recorder(SketchHandler):
 
 
 def record(buf: ComputedBuffer, index, rindex=(), expand: bool = True) -> _Recorder:
-    with set_handler(_Recorder(expand)) as rec:
-        buf.body(index, rindex)
+    """The loads and stores of `buf`'s body at (index, rindex): read, never changed, by callers.
+
+    A body is a pure function of its indices, and the scheduler, wrapper and renderers ask for the
+    same member at the same kernel variables many times (each fusion tried, each phase planned,
+    each argument collected); running the body again re-derives every view's index with sympy.
+    So it is remembered by the buffer (weakly: it goes with the buffer) and the indices."""
+    key = (tuple(index), tuple(rindex), expand)
+    seen = _RECORDS.get(buf)
+    if seen is None:
+        seen = _RECORDS[buf] = {}
+    rec = seen.get(key)
+    if rec is None:
+        with set_handler(_Recorder(expand)) as rec:
+            buf.body(index, rindex)
+        seen[key] = rec
     return rec
+
+
+_RECORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def reads_of(buf: Buffer) -> set:
