@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import sympy
@@ -52,6 +53,13 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 def contiguous_strides(sizes) -> tuple[sympy.Expr, ...]:
     """Row-major strides for `sizes`, as torch computes them (a size-0 dimension counts as 1)."""
+    return _contiguous_strides(tuple(as_expr(s) for s in sizes))
+
+
+# Asked for the same sizes over and over by lowering (each view, each new buffer); sympy's Max
+# and products make each answer cost far more than looking it up.
+@functools.lru_cache(maxsize=1 << 14)
+def _contiguous_strides(sizes: tuple) -> tuple[sympy.Expr, ...]:
     strides, running = [], sympy.S.One
     for size in reversed(sizes):
         strides.append(running)
