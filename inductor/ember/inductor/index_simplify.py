@@ -26,8 +26,8 @@ def simplify_index(expr, ranges: dict):
     # A pure function of the expression and the ranges of its own variables, asked again and
     # again for the same ones (each layer's kernels index alike; the scheduler, the renderer and
     # the final substitution simplify each access anew): remembered, by those only.
-    key = (expr, frozenset((v, sympy.sympify(n)) for v, n in ranges.items()
-                           if v in expr.free_symbols))  # fmt: skip
+    free = expr.free_symbols  # (sympy computes it anew on each access)
+    key = (expr, frozenset((v, n) for v, n in ranges.items() if v in free))
     got = _SIMPLIFIED.get(key)
     if got is None:
         if len(_SIMPLIFIED) >= _MAX_REMEMBERED:
