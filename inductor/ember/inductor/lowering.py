@@ -10,6 +10,7 @@ extern call (one warning per prim).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import re
@@ -138,6 +139,11 @@ def is_tensor(v) -> bool:
 
 def _linear(expr, vars_) -> tuple | None:
     """(coefficients, constant) when `expr` is affine in `vars_`, else None."""
+    return _affine(sympy.sympify(expr), tuple(vars_))
+
+
+@functools.lru_cache(maxsize=1 << 14)  # each layer's views ask the same (an expand, a subs)
+def _affine(expr, vars_: tuple) -> tuple | None:
     expr = sympy.expand(expr)
     coeffs = [expr.coeff(v) for v in vars_]
     const = expr.subs({v: 0 for v in vars_})
@@ -145,7 +151,7 @@ def _linear(expr, vars_) -> tuple | None:
         return None
     if sympy.expand(const + sum(c * v for c, v in zip(coeffs, vars_)) - expr) != 0:
         return None
-    return coeffs, const
+    return tuple(coeffs), const
 
 
 def remap_view(x, out_sizes, remap: Callable):
