@@ -87,6 +87,11 @@ class TensorMeta:
         if len(self.sizes) != len(self.strides):
             raise ValueError(f"TensorMeta has {len(self.sizes)} sizes but {len(self.strides)} strides")
 
+    def __repr__(self) -> str:
+        # The dataclass's own form, remembered by value: graph cache keys print every node's
+        # meta (~27 us each through sympy's printer; a training graph has thousands, most alike).
+        return _meta_repr(self)
+
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> "TensorMeta":
         return cls(
@@ -122,6 +127,12 @@ class TensorMeta:
     def describe(self) -> str:
         sizes = ", ".join(str(s) for s in self.sizes)
         return f"{dtype_name(self.dtype)}[{sizes}]@{self.device}"
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _meta_repr(meta: TensorMeta) -> str:
+    fields = ", ".join(f"{f.name}={getattr(meta, f.name)!r}" for f in dataclasses.fields(meta))
+    return f"{type(meta).__qualname__}({fields})"
 
 
 def _itemsize(dtype: torch.dtype) -> int:
