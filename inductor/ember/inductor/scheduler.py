@@ -144,13 +144,10 @@ class Kernel:
         """The (index, rindex) to run member `m`'s body with, from kernel variables xs, rs."""
         if m.role == "red":
             return list(xs), list(rs)
-        kvars = list(xs) + (list(rs) if m.role == "xr" else [])
-        sizes = list(self.xsizes) + (list(self.rsizes) if m.role == "xr" else [])
-        idx = [sympy.S.Zero] * len(m.node.ranges)
-        for k, d in enumerate(m.perm):
-            if d is not None:  # several kernel dims feeding one node dim: row-major, in order
-                idx[d] = idx[d] * sizes[k] + kvars[k]
-        return idx, []
+        xr = m.role == "xr"
+        idx = _member_index(tuple(m.perm), len(m.node.ranges), tuple(self.xsizes) + (
+            tuple(self.rsizes) if xr else ()), tuple(xs) + (tuple(rs) if xr else ()))  # fmt: skip
+        return list(idx), []
 
     def record(self, m: Member) -> _Recorder:
         xs, rs = self.vars()
@@ -163,6 +160,15 @@ class Kernel:
     def reads(self) -> set:
         """The buffers this kernel reads."""
         return set().union(*(reads_of(m.node) for m in self.members))
+
+
+@functools.lru_cache(maxsize=1 << 14)  # asked again at each record of a member (sympy arithmetic)
+def _member_index(perm: tuple, ndim: int, sizes: tuple, kvars: tuple) -> tuple:
+    idx = [sympy.S.Zero] * ndim
+    for k, d in enumerate(perm):
+        if d is not None:  # several kernel dims feeding one node dim: row-major, in order
+            idx[d] = idx[d] * sizes[k] + kvars[k]
+    return tuple(idx)
 
 
 def _perms(sizes, target) -> list:
