@@ -299,3 +299,50 @@ def test_guarded_marker_on_the_graph_module():
     torch.testing.assert_close(run(x)[0], x.sin())
     plain = aot_module_simplified(fx.symbolic_trace(lambda x: (x.sin(),)), [x], run_as_fx)
     assert not plain.guarded
+
+
+def test_compile_freezes_the_heap_only_while_it_runs():
+    """The collector skips the pre-existing heap during a compile (gc.freeze) and gets it back
+    after; garbage made unreachable during the compile is still collected; a heap the process
+    froze itself stays frozen."""
+    import gc
+    import weakref
+
+    seen = []
+
+    def compiler(gm, inputs):
+        seen.append(gc.get_freeze_count())
+        return run_as_fx(gm, inputs)
+
+    class Cycle:
+        pass
+
+    def f(x):
+        return (x.sin() * 2,)
+
+    assert gc.get_freeze_count() == 0
+    old = Cycle()
+    old.me = old  # a cycle made before the compile, dropped during it
+    ref = weakref.ref(old)
+
+    def dropping_compiler(gm, inputs):
+        nonlocal old
+        old = None
+        return compiler(gm, inputs)
+
+    x = torch.randn(3, requires_grad=True)
+    out = aot_function(f, fw_compiler=dropping_compiler, bw_compiler=compiler)(x)
+    out[0].sum().backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+    assert seen and all(n > 0 for n in seen)  # frozen while compiling
+    assert gc.get_freeze_count() == 0  # and given back
+    gc.collect()
+    assert ref() is None  # the dropped cycle was collected after all
+
+    gc.freeze()  # a process that froze its own heap keeps it frozen
+    try:
+        frozen = gc.get_freeze_count()
+        aot_function(lambda y: (y.cos(),), fw_compiler=compiler)(torch.randn(2))
+        assert gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()

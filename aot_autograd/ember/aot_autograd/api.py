@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import time
 from typing import Callable, Optional, Protocol
 
@@ -64,6 +66,24 @@ def example_inputs_from_meta(gm: fx.GraphModule, shape_env=None) -> list:
     return out
 
 
+@contextlib.contextmanager
+def _heap_frozen():
+    """The objects that exist before a compile are left out of the garbage collector's passes
+    while it runs (gc.freeze), and given back after. A compile allocates millions of objects, so
+    the collector makes full passes during it, each over the whole heap (torch, the model, every
+    module): ~0.4 s of a 12-layer GPT-2's 2.9 s compile on the CPU. Nothing is lost: garbage among
+    the frozen objects is collected after the compile. A process that froze its heap itself (a
+    pre-forking server) is left as it is."""
+    if gc.get_freeze_count() or not gc.isenabled():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class AOTFunction:
     """The callable `aot_function` returns: traces once per input signature, then runs compiled."""
 
@@ -111,7 +131,7 @@ class AOTFunction:
                 runtime = self.cache.get(key)
                 if runtime is None:
                     start = time.perf_counter()
-                    with progress.stage("aot_autograd"):
+                    with progress.stage("aot_autograd"), _heap_frozen():
                         runtime = self.cache[key] = self._compile(flat, in_spec)
                     self.compile_seconds += time.perf_counter() - start
         return runtime

@@ -148,11 +148,13 @@ def _on_device(traced: Traced, device: torch.device) -> Traced:
             return dataclasses.replace(m, device=name)
         return m
 
+    def is_meta(a):
+        return (isinstance(a, torch.device) and a.type == "meta") or (
+            isinstance(a, str) and a == "meta")  # fmt: skip
+
     def fix_arg(a):
-        if isinstance(a, torch.device) and a.type == "meta":
-            return device
-        if isinstance(a, str) and a == "meta":
-            return name
+        if is_meta(a):
+            return device if isinstance(a, torch.device) else name
         return a
 
     for node in traced.gm.graph.nodes:
@@ -161,8 +163,11 @@ def _on_device(traced: Traced, device: torch.device) -> Traced:
             node.meta[NODE_META_KEY] = type(value)(fix_meta(m) for m in value)
         elif value is not None:
             node.meta[NODE_META_KEY] = fix_meta(value)
-        node.args = pytree.tree_map(fix_arg, node.args)
-        node.kwargs = pytree.tree_map(fix_arg, node.kwargs)
+        # Only nodes that name the device are rewritten: setting args re-links every input's
+        # users, which for a whole training graph cost more than the rest of this pass.
+        if any(is_meta(a) for a in pytree.tree_leaves((node.args, node.kwargs))):
+            node.args = pytree.tree_map(fix_arg, node.args)
+            node.kwargs = pytree.tree_map(fix_arg, node.kwargs)
     traced.gm.recompile()
     traced.example_inputs = [_example_on(t, device) for t in traced.example_inputs]
     return traced

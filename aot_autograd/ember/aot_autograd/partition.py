@@ -26,6 +26,7 @@ import sympy
 import torch.fx as fx
 
 from ember.ir import NODE_META_KEY, RECOMPUTE_META_KEY, TensorMeta, lookup, target_name
+from ember.ir.graph import lazy_graph_module
 from ember.primtorch.prims import movement
 
 from .maxflow import INF, FlowNetwork
@@ -389,4 +390,4 @@ def extract_graph(gm: fx.GraphModule, inputs: list[fx.Node], outputs: list,
         env[n] = graph.node_copy(n, env.__getitem__)
     graph.output([env[o] if isinstance(o, fx.Node) else o for o in outputs])
     graph.lint()
-    return fx.GraphModule(gm, graph)
+    return lazy_graph_module(gm, graph)  # its code is written if it is ever run

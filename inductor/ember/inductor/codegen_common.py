@@ -9,6 +9,7 @@ differently (loads, stores, reductions, loop structure, op spellings).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 
@@ -141,6 +142,14 @@ def merge_dims(sizes, vars_, exprs):
     Returns (new sizes, new vars, assignment): passing `assignment` (one expression per old var)
     in place of the old vars leaves every affine index unchanged.
     """
+    # Pure in its arguments, and kernels of repeated layers ask with the same ones: each answer
+    # costs many sympy expansions and coefficient extractions, so it is remembered.
+    got = _merged_dims(tuple(sizes), tuple(vars_), tuple(sympy.sympify(e) for e in exprs))
+    return list(got[0]), list(got[1]), list(got[2])
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _merged_dims(sizes, vars_, exprs):
     assign = {v: v for v in vars_}
     size = dict(zip(vars_, sizes))
     live = [v for v in vars_ if size[v] != 1]
@@ -161,7 +170,8 @@ def merge_dims(sizes, vars_, exprs):
     rename = {v: sympy.Symbol(f"{str(v)[0]}{next(names)}", integer=True, nonnegative=True)
               for v in live}  # fmt: skip
     final = {old: sympy.sympify(e).subs(rename) for old, e in assign.items()}
-    return [size[v] for v in live], [rename[v] for v in live], [final[v] for v in vars_]
+    new_vars = tuple(rename[v] for v in live)
+    return tuple(size[v] for v in live), new_vars, tuple(final[v] for v in vars_)
 
 
 def _mergeable(e, a, b, size_b) -> bool:

@@ -5,10 +5,13 @@ A reshape reads its input through a flat index split into coordinates, e.g. (768
 as (//393216, //768 % 512, % 768); with x1 < 768 that is the plain 768*x0 + x1 again. Every rule
 here is exact for non-negative integer loop variables within their ranges, and fires only where
 that is proven (from the ranges and the symbols' assumptions); anything unproven stays as it is.
-Integer and symbolic (dynamic-shape) sizes go through the same proofs.
+Integer and symbolic (dynamic-shape) sizes go through the same proofs. Also here: the strided
+and affine index arithmetic lowering repeats, remembered (all of it pure in its arguments).
 """
 
 from __future__ import annotations
+
+import functools
 
 import sympy
 
@@ -23,6 +26,24 @@ def simplify_index(expr, ranges: dict):
     expr = sympy.sympify(expr)
     if not expr.has(FloorDiv, ModularIndexing):
         return expr
+    # A pure function of the expression and the ranges of its own variables, asked again and
+    # again for the same ones (each layer's kernels index alike; the scheduler, the renderer and
+    # the final substitution simplify each access anew): remembered, by those only.
+    free = expr.free_symbols  # (sympy computes it anew on each access)
+    key = (expr, frozenset((v, n) for v, n in ranges.items() if v in free))
+    got = _SIMPLIFIED.get(key)
+    if got is None:
+        if len(_SIMPLIFIED) >= _MAX_REMEMBERED:
+            _SIMPLIFIED.clear()
+        got = _SIMPLIFIED[key] = _simplify(expr, ranges)
+    return got
+
+
+_SIMPLIFIED: dict = {}
+_MAX_REMEMBERED = 1 << 16
+
+
+def _simplify(expr, ranges: dict):
     simp = _Simplifier(ranges)
     for _ in range(_MAX_PASSES):
         new = sympy.expand(simp.visit(expr))
@@ -262,4 +283,40 @@ def _split_multiples(x, d):
     return mult, rest
 
 
-__all__ = ["interval", "recombine", "simplify_index"]
+# --- index arithmetic, remembered ---------------------------------------------------------------
+# Lowering rebuilds the same view indices for every layer and every time a body is run again
+# (scheduling, rendering); sympy's arithmetic makes each answer cost far more than a lookup.
+
+
+def strided_index(offset, strides, idx) -> sympy.Expr:
+    """offset + sum(idx[d] * strides[d]): the flat index of a strided view's element `idx`."""
+    try:
+        return _strided_index(offset, tuple(strides), tuple(idx))
+    except TypeError:  # an unhashable index (none known): computed as is
+        return _strided_index.__wrapped__(offset, tuple(strides), tuple(idx))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _strided_index(offset, strides: tuple, idx: tuple) -> sympy.Expr:
+    # one Add of all terms: summing them one by one rebuilds an Add per term
+    return sympy.Add(offset, *(i * s for i, s in zip(idx, strides)))
+
+
+def linear_parts(expr, vars_) -> tuple | None:
+    """(coefficients, constant) when `expr` is affine in `vars_`, else None."""
+    return _linear_parts(sympy.sympify(expr), tuple(vars_))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _linear_parts(expr, vars_: tuple) -> tuple | None:
+    expr = sympy.expand(expr)
+    coeffs = [expr.coeff(v) for v in vars_]
+    const = expr.subs({v: 0 for v in vars_})
+    if any(c.free_symbols & set(vars_) for c in coeffs):
+        return None
+    if sympy.expand(const + sum(c * v for c, v in zip(coeffs, vars_)) - expr) != 0:
+        return None
+    return tuple(coeffs), const
+
+
+__all__ = ["interval", "linear_parts", "recombine", "simplify_index", "strided_index"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import threading
 from collections.abc import Callable
@@ -316,7 +317,12 @@ class AliasBuffer(Buffer):
 
 
 def loop_vars(prefix: str, n: int) -> list:
-    return [sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True) for i in range(n)]
+    return list(_loop_vars(prefix, n))
+
+
+@functools.lru_cache(maxsize=256)  # asked tens of thousands of times a compile; Symbol() is slow
+def _loop_vars(prefix: str, n: int) -> tuple:
+    return tuple(sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True) for i in range(n))
 
 
 # --- text form ---------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from ember.primtorch.utils import (
 from . import metrics
 from .config import config
 from .graph_reads import readers
+from .index_simplify import linear_parts, strided_index
 from .loop_ir import (
     BINARY_OPS,
     COMPARE_OPS,
@@ -93,8 +94,7 @@ class View:
         return cls(buf, lay.sizes, lay.strides, lay.offset)
 
     def index(self, idx) -> sympy.Expr:
-        # one Add of all terms: summing them one by one rebuilds an Add per term
-        return sympy.Add(self.offset, *(i * s for i, s in zip(idx, self.strides)))
+        return strided_index(self.offset, self.strides, idx)
 
     def load(self, idx):
         return ops.load(self.buffer.name, self.index(idx))
@@ -136,24 +136,12 @@ def is_tensor(v) -> bool:
     return isinstance(v, (View, Lazy))
 
 
-def _linear(expr, vars_) -> tuple | None:
-    """(coefficients, constant) when `expr` is affine in `vars_`, else None."""
-    expr = sympy.expand(expr)
-    coeffs = [expr.coeff(v) for v in vars_]
-    const = expr.subs({v: 0 for v in vars_})
-    if any(c.free_symbols & set(vars_) for c in coeffs):
-        return None
-    if sympy.expand(const + sum(c * v for c, v in zip(coeffs, vars_)) - expr) != 0:
-        return None
-    return coeffs, const
-
-
 def remap_view(x, out_sizes, remap: Callable):
     """A view of `x` whose element `idx` is x's element `remap(idx)`: a View when affine."""
     out_sizes = tuple(sympy.sympify(s) for s in out_sizes)
     if isinstance(x, View):
         vs = loop_vars("v", len(out_sizes))
-        lin = _linear(x.index(remap(vs)), vs)
+        lin = linear_parts(x.index(remap(vs)), vs)
         if lin is not None and all(c.is_nonnegative is not False for c in lin[0]):
             strides = [c if s != 1 else sympy.S.Zero for c, s in zip(lin[0], out_sizes)]
             return View(x.buffer, out_sizes, strides, lin[1])
@@ -556,7 +544,7 @@ def read_orders(x: Lazy) -> tuple[list, list]:
         x.fn(list(vs))
     orders = []
     for index in rec.indices:
-        lin = _linear(index, [vs[d] for d in dims])
+        lin = linear_parts(index, [vs[d] for d in dims])
         if lin is None or any(not (c.is_Integer and c > 0) for c in lin[0]):
             continue
         if len(set(lin[0])) == len(dims):

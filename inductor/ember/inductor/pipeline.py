@@ -18,6 +18,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, progress
+from ember.ir.graph import lazy_graph_module
 from ember.ir.locks import COMPILE_LOCK
 
 from . import (
@@ -345,7 +346,7 @@ def merge_common_subexpressions(gm: fx.GraphModule) -> fx.GraphModule:
             first[key] = env[n]
     if len(graph.nodes) == len(gm.graph.nodes):
         return gm
-    merged = fx.GraphModule(gm, graph)
+    merged = lazy_graph_module(gm, graph)  # lowered, never run as Python
     merged.meta.update(gm.meta)
     return merged
 

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import weakref
 from typing import Optional
 
 import sympy
@@ -63,9 +64,25 @@ class _Recorder(SketchHandler):
 
 
 def record(buf: ComputedBuffer, index, rindex=(), expand: bool = True) -> _Recorder:
-    with set_handler(_Recorder(expand)) as rec:
-        buf.body(index, rindex)
+    """The loads and stores of `buf`'s body at (index, rindex): read, never changed, by callers.
+
+    A body is a pure function of its indices, and the scheduler, wrapper and renderers ask for the
+    same member at the same kernel variables many times (each fusion tried, each phase planned,
+    each argument collected); running the body again re-derives every view's index with sympy.
+    So it is remembered by the buffer (weakly: it goes with the buffer) and the indices."""
+    key = (tuple(index), tuple(rindex), expand)
+    seen = _RECORDS.get(buf)
+    if seen is None:
+        seen = _RECORDS[buf] = {}
+    rec = seen.get(key)
+    if rec is None:
+        with set_handler(_Recorder(expand)) as rec:
+            buf.body(index, rindex)
+        seen[key] = rec
     return rec
+
+
+_RECORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def reads_of(buf: Buffer) -> set:
@@ -127,13 +144,10 @@ class Kernel:
         """The (index, rindex) to run member `m`'s body with, from kernel variables xs, rs."""
         if m.role == "red":
             return list(xs), list(rs)
-        kvars = list(xs) + (list(rs) if m.role == "xr" else [])
-        sizes = list(self.xsizes) + (list(self.rsizes) if m.role == "xr" else [])
-        idx = [sympy.S.Zero] * len(m.node.ranges)
-        for k, d in enumerate(m.perm):
-            if d is not None:  # several kernel dims feeding one node dim: row-major, in order
-                idx[d] = idx[d] * sizes[k] + kvars[k]
-        return idx, []
+        xr = m.role == "xr"
+        idx = _member_index(tuple(m.perm), len(m.node.ranges), tuple(self.xsizes) + (
+            tuple(self.rsizes) if xr else ()), tuple(xs) + (tuple(rs) if xr else ()))  # fmt: skip
+        return list(idx), []
 
     def record(self, m: Member) -> _Recorder:
         xs, rs = self.vars()
@@ -146,6 +160,15 @@ class Kernel:
     def reads(self) -> set:
         """The buffers this kernel reads."""
         return set().union(*(reads_of(m.node) for m in self.members))
+
+
+@functools.lru_cache(maxsize=1 << 14)  # asked again at each record of a member (sympy arithmetic)
+def _member_index(perm: tuple, ndim: int, sizes: tuple, kvars: tuple) -> tuple:
+    idx = [sympy.S.Zero] * ndim
+    for k, d in enumerate(perm):
+        if d is not None:  # several kernel dims feeding one node dim: row-major, in order
+            idx[d] = idx[d] * sizes[k] + kvars[k]
+    return tuple(idx)
 
 
 def _perms(sizes, target) -> list:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import sympy
@@ -52,6 +53,13 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 def contiguous_strides(sizes) -> tuple[sympy.Expr, ...]:
     """Row-major strides for `sizes`, as torch computes them (a size-0 dimension counts as 1)."""
+    return _contiguous_strides(tuple(as_expr(s) for s in sizes))
+
+
+# Asked for the same sizes over and over by lowering (each view, each new buffer); sympy's Max
+# and products make each answer cost far more than looking it up.
+@functools.lru_cache(maxsize=1 << 14)
+def _contiguous_strides(sizes: tuple) -> tuple[sympy.Expr, ...]:
     strides, running = [], sympy.S.One
     for size in reversed(sizes):
         strides.append(running)
@@ -78,6 +86,11 @@ class TensorMeta:
         object.__setattr__(self, "device", str(torch.device(self.device)))
         if len(self.sizes) != len(self.strides):
             raise ValueError(f"TensorMeta has {len(self.sizes)} sizes but {len(self.strides)} strides")
+
+    def __repr__(self) -> str:
+        # The dataclass's own form, remembered by value: graph cache keys print every node's
+        # meta (~27 us each through sympy's printer; a training graph has thousands, most alike).
+        return _meta_repr(self)
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> "TensorMeta":
@@ -114,6 +127,12 @@ class TensorMeta:
     def describe(self) -> str:
         sizes = ", ".join(str(s) for s in self.sizes)
         return f"{dtype_name(self.dtype)}[{sizes}]@{self.device}"
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _meta_repr(meta: TensorMeta) -> str:
+    fields = ", ".join(f"{f.name}={getattr(meta, f.name)!r}" for f in dataclasses.fields(meta))
+    return f"{type(meta).__qualname__}({fields})"
 
 
 def _itemsize(dtype: torch.dtype) -> int:

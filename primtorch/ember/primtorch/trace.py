@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ember.ir import NODE_META_KEY, TensorMeta
+from ember.ir.graph import lazy_graph_module
 from ember.ir.locks import COMPILE_LOCK
 from ember.ir.symbols import as_expr
 
@@ -185,7 +186,7 @@ class Tracer(TorchDispatchMode):
             self.graph.eliminate_dead_code()
         used = {n.target for n in self.graph.nodes if n.op == "get_attr"}
         constants = {k: v for k, v in self.constants.items() if k in used}
-        gm = fx.GraphModule(constants, self.graph)
+        gm = lazy_graph_module(constants, self.graph)  # code written if it is ever run
         gm.graph.lint()
         return gm
 
