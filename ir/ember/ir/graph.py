@@ -62,8 +62,10 @@ def lazy_graph_module(root, graph: fx.Graph) -> fx.GraphModule:
     first called or its code is read. The compilers build, edit and hand on graphs that nobody
     runs as Python (a joint graph, its partitions, the graph inductor lowers); fx's eager
     recompile of each was ~0.5 s of a 12-layer GPT-2's training compile."""
-    from torch.fx._lazy_graph_module import _LazyGraphModule
-
+    try:  # torch's own, private: a torch without it gets the eager kind (same graph, slower)
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:
+        return fx.GraphModule(root, graph)
     return _LazyGraphModule(root, graph)
 
 
