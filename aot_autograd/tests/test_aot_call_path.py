@@ -343,6 +343,8 @@ def test_compile_freezes_the_heap_only_while_it_runs():
     try:
         frozen = gc.get_freeze_count()
         aot_function(lambda y: (y.cos(),), fw_compiler=compiler)(torch.randn(2))
-        assert gc.get_freeze_count() >= frozen
+        # still frozen (an unfreeze would leave 0); frozen objects freed by their reference
+        # counts meanwhile leave the count a little lower (CI: 313469 of 313471)
+        assert gc.get_freeze_count() > frozen // 2
     finally:
         gc.unfreeze()
