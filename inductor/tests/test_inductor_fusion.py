@@ -183,6 +183,47 @@ def test_a_computation_repeated_by_the_program_is_computed_once():
     assert merge_common_subexpressions(signed) is signed  # 0.0 and -0.0 are different scalars
 
 
+def test_zeros_accumulation_folds_into_its_addend():
+    """add(x, index_put(zeros, idx, v, accumulate=True)) (a tied embedding's two gradients)
+    becomes index_put(x, idx, v, True): no zeros buffer, the same values; not where the addend's
+    layout differs from the sum's or the accumulation has another reader."""
+    from ember.inductor.pipeline import accumulate_into_addend
+    from ember.primtorch import trace_to_prims
+
+    def names(gm):
+        return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+    def summed(a, idx, v):
+        return a + torch.zeros(6, 3).index_put((idx,), v, accumulate=True)
+
+    a, idx, v = torch.randn(6, 3), torch.tensor([0, 2, 2, 5]), torch.randn(4, 3)
+    gm = trace_to_prims(summed, a, idx, v)
+    folded = accumulate_into_addend(gm)
+    assert folded is not gm
+    assert not any("add" in n or "full" in n for n in names(folded)), names(folded)
+    torch.testing.assert_close(folded(a, idx, v), gm(a, idx, v))
+    compiled = compile_prims(gm, [a, idx, v])
+    torch.testing.assert_close(compiled(a, idx, v), summed(a, idx, v))
+
+    at = a.t().contiguous()
+    for order in (lambda x, p: x + p, lambda x, p: p + x):  # the sum's layout: either operand's
+
+        def transposed(at, idx, v, order=order):
+            return order(at.t(), torch.zeros(6, 3).index_put((idx,), v, accumulate=True))
+
+        gm = trace_to_prims(transposed, at, idx, v)
+        want, got = gm(at, idx, v), accumulate_into_addend(gm)(at, idx, v)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+
+    def also_read(a, idx, v):
+        put = torch.zeros(6, 3).index_put((idx,), v, accumulate=True)
+        return a + put, put * 2
+
+    twice = trace_to_prims(also_read, a, idx, v)
+    assert accumulate_into_addend(twice) is twice
+
+
 def _residual_norm_over_channels(a, r, w, b):
     """SqueezeBERT's residual + LayerNorm on (B, C, L): the sum is stored in the order eager
     lays it out, the norm reduces over C through a permute (ConvNeXt's NCHW norms alike)."""

@@ -243,6 +243,28 @@ def test_cross_entropy_with_ignore_index_and_weights():
     check(step, logits)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("shape", [(5,), (6, 5), (3, 5, 2, 2)])
+def test_nll_loss_backward_is_a_pointwise_select(shape, reduction):
+    # A scatter into zeros kept two float32 (rows, classes) buffers alive at the backward's peak
+    # (the scatter has no lowering); the select by class index fuses into log_softmax's backward.
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    target = torch.randint(0, 5, shape[:1] + shape[2:] if len(shape) > 1 else ())
+    if target.ndim:
+        target.view(-1)[0] = -100
+    weight = torch.rand(5)
+
+    def step(x):
+        x = x.detach().requires_grad_()
+        loss = F.nll_loss(F.log_softmax(x, 1 if x.ndim > 1 else 0), target, weight=weight,
+                          ignore_index=-100, reduction=reduction)
+        return (loss, *torch.autograd.grad(loss.sum(), x))
+
+    gm = check(step, x)
+    assert "scatter" not in prim_names(gm)
+
+
 # --- random --------------------------------------------------------------------------------------
 
 

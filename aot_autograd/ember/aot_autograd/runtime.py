@@ -282,6 +282,12 @@ class _CompiledFunction(torch.autograd.Function):
         else:
             ctx.save_for_backward(*saved)
         ctx.runtime = rt
+        # An output whose gradient never comes (a model's logits next to its loss) gets None,
+        # not a zeros buffer autograd would make and hold through the whole backward: the
+        # zeros made in backward() live in the boxed arguments only until their last use.
+        ctx.set_materialize_grads(False)
+        ctx.tangent_metas = [(fw_outs[i].shape, fw_outs[i].dtype, fw_outs[i].device)
+                             for i in rt.tangent_index]  # fmt: skip
         if rt.non_differentiable:
             ctx.mark_non_differentiable(*[fw_outs[i] for i in rt.non_differentiable])
         return tuple(fw_outs)
@@ -293,7 +299,11 @@ class _CompiledFunction(torch.autograd.Function):
         saved = _load_mixed(ctx, rt.saved_layout) if rt.saved_layout else ctx.saved_tensors
         # The backward graph was traced with contiguous tangents; eager hands us any layout
         # (an expanded gradient of sum(), for one).
-        tangents = [grads[i].contiguous() for i in rt.tangent_index]
+        tangents = [
+            grads[i].contiguous() if grads[i] is not None
+            else torch.zeros(shape, dtype=dtype, device=device)
+            for i, (shape, dtype, device) in zip(rt.tangent_index, ctx.tangent_metas)
+        ]
         if rt.bw_boxed is not None:
             args = [*saved, *tangents]
             del saved, tangents, grads

@@ -204,6 +204,7 @@ def _compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
         gm = fold_device_constants(gm)  # 0. scalars made on the CPU from constants: constants
         gm = _small_matmuls_as_reductions(gm)  # matrix-vector products: generated kernels
         gm = merge_common_subexpressions(gm)  # each layer's copy of a mask's bias, computed once
+        gm = accumulate_into_addend(gm)  # a tied embedding's two gradients: one buffer fewer
         with progress.stage("lowering"):
             lowered = lower_graph(gm, example_inputs)  # 1. prims -> loop-IR buffers
             # reductions of few long rows: partial reductions over chunks, then their reduction
@@ -319,6 +320,61 @@ def _dequantized_weight(node, limit: int = 64) -> bool:
 
 # Ops whose equal calls need not give equal results (their own random draws): never merged.
 _UNMERGED = re.compile(r"sdpa|dropout|rand|bernoulli|normal|multinomial|poisson|exponential")
+
+
+def _zeros_accumulation(n, user) -> bool:
+    """Whether `n` is `index_put(full(0), indices, values, accumulate=True)` read only by `user`."""
+    from ember.ir import target_name
+
+    if not (isinstance(n, fx.Node) and n.op == "call_function"
+            and target_name(n.target) == "prims.index_put" and list(n.users) == [user]):
+        return False  # fmt: skip
+    base, accumulate = n.args[0], n.args[3] if len(n.args) > 3 else n.kwargs.get("accumulate")
+    return (accumulate is True and isinstance(base, fx.Node) and base.op == "call_function"
+            and target_name(base.target) == "prims.full" and base.args[1] == 0)  # fmt: skip
+
+
+def accumulate_into_addend(gm: fx.GraphModule) -> fx.GraphModule:
+    """`add(x, index_put(zeros, idx, v, accumulate=True))` -> `index_put(x, idx, v, True)`, where
+    `x` has the sum's layout; `gm` itself when nothing matches. A weight used by an embedding
+    and a matmul (GPT-2's tied lm_head) gets the sum of two gradients, and index_put (no
+    lowering) runs its reference, which copies its first argument: the zeros, their copy and
+    the matmul's gradient were alive at once (three vocabulary-sized float32 buffers at the
+    backward's peak, where torch.compile holds two)."""
+    from ember.ir import target_name
+
+    matches = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or target_name(n.target) != "prims.add" or len(n.args) != 2:
+            continue
+        for mine, other in ((n.args[1], n.args[0]), (n.args[0], n.args[1])):
+            if not (_zeros_accumulation(mine, n) and isinstance(other, fx.Node)):
+                continue
+            out, x = n.meta.get(NODE_META_KEY), other.meta.get(NODE_META_KEY)
+            if (out is not None and x is not None and out.dtype == x.dtype
+                    and tuple(out.sizes) == tuple(x.sizes)
+                    and tuple(out.strides) == tuple(x.strides)):  # fmt: skip
+                matches[n] = (mine, other)
+                break
+    if not matches:
+        return gm
+    graph, env = fx.Graph(), {}
+    for n in gm.graph.nodes:
+        if n in matches:
+            put, x = matches[n]
+            _, indices, values = put.args[:3]
+            env[n] = graph.call_function(
+                put.target, (env[x], fx.node.map_arg(indices, env.__getitem__), env[values], True)
+            )
+            env[n].meta = dict(n.meta)
+            continue
+        if any(put is n for put, _ in matches.values()):
+            continue  # read only by the add it is folded into
+        env[n] = graph.node_copy(n, env.__getitem__)
+    graph.eliminate_dead_code()
+    folded = fx.GraphModule(gm, graph)
+    folded.meta.update(gm.meta)
+    return folded
 
 
 def merge_common_subexpressions(gm: fx.GraphModule) -> fx.GraphModule:

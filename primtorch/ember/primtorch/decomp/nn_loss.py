@@ -89,10 +89,17 @@ def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index
         g = prims.div(g, convert(total_weight, g.dtype))
     g = utils.broadcast_to(g, tuple(w.shape))
     value = prims.neg(prims.mul(w, g))
-    zeros = prims.full(tuple(self.shape), 0, x.dtype, x.device)
-    out = prims.scatter(
-        zeros, cdim, prims.expand_dims(safe, (cdim,)), prims.expand_dims(value, (cdim,))
+    # Each row's one nonzero, written as a pointwise select against the class index rather than
+    # a scatter into zeros: inductor fuses it into log_softmax's backward and the cast to the
+    # logits' dtype, so no float32 (rows, classes) buffer is made. The scatter (no lowering)
+    # held two: its zeros and its out-of-place result (GPT-2's loss on 4096 tokens: 2 x 785 MiB
+    # at the backward's peak, where torch.compile holds one bf16 gradient).
+    shape = tuple(self.shape)
+    classes = prims.broadcast_in_dim(
+        prims.iota(shape[cdim], 0, 1, torch.int64, x.device), shape, (cdim,)
     )
+    hit = prims.eq(classes, utils.broadcast_to(prims.expand_dims(safe, (cdim,)), shape))
+    out = prims.where(hit, utils.broadcast_to(prims.expand_dims(value, (cdim,)), shape), 0.0)
     return convert(out, self.dtype)
 
 
