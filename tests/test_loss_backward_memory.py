@@ -31,26 +31,32 @@ class Head(nn.Module):
         return F.cross_entropy(logits.float(), labels), logits
 
 
+def _eager_and_compiled_steps(model, args):
+    """Profiles of an eager training step and of a compiled one (after a compiling call and a
+    call with every kernel built), whose gradients must equal eager's."""
+    params = list(model.parameters())
+
+    def loss_of(out):
+        return out[0]
+
+    eager = step_profile(model, args, loss_of, params)
+    eager_grads = [p.grad.clone() for p in params]
+    compiled = ember.compile(model)
+    for _ in range(2):
+        step_profile(compiled, args, loss_of, params)
+    ours = step_profile(compiled, args, loss_of, params)
+    for p, g in zip(params, eager_grads):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5)
+    return eager, ours
+
+
 @pytest.mark.parametrize("wide,classes", [(32, 4096), (8192, 1024)], ids=["head", "wide"])
 def test_loss_backward_peak_holds_no_extra_logits_sized_buffer(wide, classes):
     torch.manual_seed(0)
     model = Head(wide, classes)
     x, labels = torch.randn(ROWS, DIM), torch.randint(0, classes, (ROWS,))
     labels[:7] = -100  # ignored rows
-    params = list(model.parameters())
-
-    def loss_of(out):
-        return out[0]
-
-    eager = step_profile(model, (x, labels), loss_of, params)
-    eager_grads = [p.grad.clone() for p in params]
-    compiled = ember.compile(model)
-    for _ in range(2):  # compile, then a call with every kernel built
-        step_profile(compiled, (x, labels), loss_of, params)
-    ours = step_profile(compiled, (x, labels), loss_of, params)
-    for p, g in zip(params, eager_grads):
-        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5)
-
+    eager, ours = _eager_and_compiled_steps(model, (x, labels))
     report = f"eager: {eager.mib()}; ember: {ours.mib()}"
     # Peak step above eager's (MiB), logits 8 MiB (head) / 2 MiB (wide):
     #   before: head +8.0 (the scatter's second float32 buffer), wide +2.04 (the zeros tangent
@@ -76,19 +82,7 @@ def test_tied_embedding_gradients_sum_without_a_zeros_copy():
     vocab, dim, rows = 8192, 256, 64  # the weight (8 MiB) outweighs the logits (2 MiB)
     model = Tied(vocab, dim)
     ids, labels = torch.randint(0, vocab, (rows,)), torch.randint(0, vocab, (rows,))
-    params = list(model.parameters())
-
-    def loss_of(out):
-        return out[0]
-
-    eager = step_profile(model, (ids, labels), loss_of, params)
-    eager_grads = [p.grad.clone() for p in params]
-    compiled = ember.compile(model)
-    for _ in range(2):
-        step_profile(compiled, (ids, labels), loss_of, params)
-    ours = step_profile(compiled, (ids, labels), loss_of, params)
-    for p, g in zip(params, eager_grads):
-        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5)
+    eager, ours = _eager_and_compiled_steps(model, (ids, labels))
     report = f"eager: {eager.mib()}; ember: {ours.mib()}"
     # The embedding's gradient (index_put into zeros, which inductor runs as a copy) added to the
     # matmul's: peak step 24.3 MiB before (zeros, their copy and the matmul's gradient alive at
