@@ -3,6 +3,7 @@ lands in Triton's on-disk cache, where another process compiling it then only lo
 worker count's variable is checked. Runs on the CPU: Triton compiles for sm_90 without a GPU."""
 
 import os
+import time
 
 import pytest
 import torch
@@ -99,3 +100,23 @@ def test_a_lost_worker_or_a_failing_compile_is_no_error(fresh_pool):
     for _ in range(3):  # each dead worker found, then none left: never a wait without end
         lost = compile_workers.compile_ahead("/nonexistent/k.py", "k", "f", None, (), {})
         assert lost.result(timeout=60) is False
+
+
+def test_a_silent_worker_is_given_up(fresh_pool, monkeypatch):
+    """A worker that does not answer in time is killed; the caller compiles in process."""
+    path = fresh_pool / "k_scale.py"
+    path.write_text(KERNEL)
+    monkeypatch.setattr(compile_workers, "WORKER_TIMEOUT_S", 0.001)
+    from triton.backends.compiler import GPUTarget
+
+    args = (torch.float32, torch.float32, 4096)
+    kwargs = {"grid": (4,), "XBLOCK": 1024, "num_warps": 4}
+    future = compile_workers.compile_ahead(str(path), "k_scale", "scale_kernel",
+                                           GPUTarget("cuda", 90, 32), args, kwargs)  # fmt: skip
+    assert future.result(timeout=60) is False
+    pool = compile_workers._POOL[1]
+    assert pool.alive == 1  # one of the two was given up
+    deadline = time.monotonic() + 30
+    while sum(p.poll() is not None for p in pool.procs) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum(p.poll() is not None for p in pool.procs) == 1  # and killed

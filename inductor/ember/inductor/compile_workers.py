@@ -24,6 +24,7 @@ import logging
 import os
 import pickle
 import queue
+import select
 import struct
 import subprocess
 import sys
@@ -33,6 +34,8 @@ log = logging.getLogger("ember.inductor")
 
 # Workers at most: each holds torch and Triton (a few hundred MB of host memory).
 MAX_WORKERS = 16
+# A worker silent this long is given up (ptxas has taken 100 s on one kernel; session 16).
+WORKER_TIMEOUT_S = 600.0
 # Fewer cores than this: no workers (the compiles' threads already fill them).
 MIN_CORES = 8
 
@@ -102,6 +105,8 @@ class _Pool:
             return False
         try:
             _send(proc.stdin, request)
+            if not select.select([proc.stdout], [], [], WORKER_TIMEOUT_S)[0]:
+                raise TimeoutError(f"no answer in {WORKER_TIMEOUT_S} s")
             ok, why = _receive(proc.stdout)
         except (OSError, EOFError, pickle.PickleError) as e:  # the worker died: not put back
             log.debug("ember.inductor: a compile worker was lost: %s", e)
