@@ -372,7 +372,7 @@ def accumulate_into_addend(gm: fx.GraphModule) -> fx.GraphModule:
             continue  # read only by the add it is folded into
         env[n] = graph.node_copy(n, env.__getitem__)
     graph.eliminate_dead_code()
-    folded = fx.GraphModule(gm, graph)
+    folded = lazy_graph_module(gm, graph)  # lowered, never run as Python (and `gm` unchanged)
     folded.meta.update(gm.meta)
     return folded
 
