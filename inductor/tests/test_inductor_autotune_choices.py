@@ -104,7 +104,7 @@ def _fake_timing(monkeypatch, times, calls=None):
     """Configs that take `times` ms at every launch; `calls` collects measure's arguments."""
     monkeypatch.setattr(runtime, "_trial_launch", lambda launcher, cfg, copies: None)
 
-    def measure_configs(launches):
+    def cuda_measure(launches):
         def measure(indices, rounds, warm):
             if calls is not None:
                 calls.append((list(indices), rounds, warm))
@@ -112,7 +112,7 @@ def _fake_timing(monkeypatch, times, calls=None):
 
         return measure
 
-    monkeypatch.setattr(runtime, "measure_configs", measure_configs)
+    monkeypatch.setattr(runtime.trial_timing, "cuda_measure", cuda_measure)
 
 
 def test_the_timing_budget_sets_warm_up_and_rounds(choices, monkeypatch):

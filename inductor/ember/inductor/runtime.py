@@ -552,11 +552,6 @@ def _trial_launch(launcher: TritonLauncher, cfg: dict, copies: list):
     return lambda: launcher._launch(cfg, copies)
 
 
-def measure_configs(launches):
-    """How autotuning times configs: CUDA events (trial_timing; replaced in CPU tests)."""
-    return trial_timing.cuda_measure(launches)
-
-
 _STORED = re.compile(r"\btl\.(store|atomic_\w+)\(\s*(\w+)")
 _LOADED = re.compile(r"\btl\.load\(\s*(\w+)")
 
@@ -606,7 +601,7 @@ def autotune(launcher: TritonLauncher, args) -> dict:
         copies = trial_arguments(launcher, args)
         warmup, rep = config.autotune_ms
         launches = [_trial_launch(launcher, c, copies) for c in launcher.configs]
-        times = trial_timing.choose(measure_configs(launches), len(launches), warmup, rep)
+        times = trial_timing.choose(trial_timing.cuda_measure(launches), len(launches), warmup, rep)
     best = launcher.configs[min(range(len(times)), key=times.__getitem__)]
     known = dict(_known_choices())
     known[_autotune_key(launcher)] = best
