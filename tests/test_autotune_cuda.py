@@ -3,6 +3,7 @@ rounds by CUDA events, a clearly slower launch loses, and a compiled program's k
 at their first call, their choices remembered, their results eager's, within a small budget."""
 
 import json
+import threading
 import time
 
 import pytest
@@ -25,6 +26,36 @@ def test_the_slower_launch_loses_and_every_round_samples_each_config():
     assert all(t > 0 for s in samples for t in s)
     times = trial_timing.choose(measure, 2, warm_ms=1, rep_ms=5)
     assert times[1] < times[0] / 10
+
+
+def test_a_host_late_to_launch_does_not_lengthen_the_times():
+    """Another thread running Python (as the build threads do while a training step's forward
+    autotunes) delays this thread's launches by up to the interpreter's switch interval; the
+    GPU, held by a spin while the host queues, still times each kernel, not the host's wait."""
+    x = torch.randn(4096, device="cuda")
+
+    def launch(op):  # a Triton launch lets other threads run while it calls the driver
+        time.sleep(0)
+        op(1.0)
+
+    launches = [lambda: launch(x.add_), lambda: launch(x.mul_)]
+    quiet = trial_timing.choose(trial_timing.cuda_measure(launches), 2, warm_ms=1, rep_ms=5)
+    stop = []
+
+    def busy():
+        n = 0
+        while not stop:
+            n += 1
+
+    hog = threading.Thread(target=busy)
+    hog.start()
+    try:
+        loud = trial_timing.choose(trial_timing.cuda_measure(launches), 2, warm_ms=1, rep_ms=5)
+    finally:
+        stop.append(True)
+        hog.join()
+    # a few microseconds each: a stalled launch measured a millisecond or more
+    assert max(loud) < max(3 * max(quiet), 0.05), (quiet, loud)
 
 
 def test_a_program_tunes_its_kernels_quickly_and_remembers_them(tmp_path, monkeypatch):

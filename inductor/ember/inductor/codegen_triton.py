@@ -32,6 +32,7 @@ from .codegen_common import (
     _paren,
     size_symbols_in,
 )
+from .config import config
 from .loop_ir import compute_dtype
 from .scheduler import persistent, unit_steps, walks_columns
 
@@ -492,36 +493,45 @@ def launch_configs(src: KernelSource) -> list[dict]:
 
 
 def _launch_configs(src: KernelSource) -> list[dict]:
+    """The candidates of `launch_configs`: with config.autotune_wide the wide set, else its first
+    two (or three) entries, which won nearly all of the time (config.autotune_wide says how)."""
     meta = dict(src.meta)
     x, r = meta["xnumel"], meta["rnumel"]
+    wide = config.autotune_wide
     if meta.get("tiled"):
         def side(n, cap):
             return max(1, min(cap, next_pow2(n)))
 
+        shapes = ((32, 32, 4), (64, 64, 8)) + (((16, 64, 4), (64, 16, 4)) if wide else ())
         return [{"XBLOCK": side(x, a), "YBLOCK": side(r, b), "num_warps": w}
-                for a, b, w in ((32, 32, 4), (64, 64, 8), (16, 64, 4), (64, 16, 4))]  # fmt: skip
+                for a, b, w in shapes]  # fmt: skip
     if not meta["reduction"]:
-        return [{"XBLOCK": min(1024, next_pow2(x)), "num_warps": 4},
-                {"XBLOCK": min(256, next_pow2(x)), "num_warps": 2},
-                {"XBLOCK": min(2048, next_pow2(x)), "num_warps": 8}]  # fmt: skip
+        configs = [{"XBLOCK": min(1024, next_pow2(x)), "num_warps": 4},
+                   {"XBLOCK": min(256, next_pow2(x)), "num_warps": 2}]  # fmt: skip
+        return configs + ([{"XBLOCK": min(2048, next_pow2(x)), "num_warps": 8}] if wide else [])
     if meta["persistent"]:
         rb = next_pow2(r)
-        configs = [{"XBLOCK": max(1, min(8, 4096 // rb, next_pow2(x))), "RBLOCK": rb, "num_warps": w}
-                   for w in (4, 8, 2)]  # fmt: skip
+        default = max(1, min(8, 4096 // rb, next_pow2(x)))
+        configs = [{"XBLOCK": default, "RBLOCK": rb, "num_warps": w}
+                   for w in ((4, 8, 2) if wide else (4, 8))]  # fmt: skip
         # Short rows (a thin product's K of 4, a softmax over 49 window positions): 8 rows a
         # program left each a few dozen elements, millions of programs; wider blocks are tried
-        for rows in (4096 // rb, 1024 // rb):
+        # (narrow: one, of at least 16 rows and at most 4096 elements)
+        wider = (4096 // rb, 1024 // rb) if wide else (max(16, 1024 // rb),)
+        for rows in wider:
             rows = min(rows, 256, next_pow2(x))
-            if rows > 8 and all(c["XBLOCK"] != rows for c in configs):
+            if rows > 8 and rows * rb <= 4096 and all(c["XBLOCK"] != rows for c in configs):
                 configs.append({"XBLOCK": rows, "RBLOCK": rb, "num_warps": 4})
         return configs
     if meta.get("columns"):
         # x walks memory: 8 or 16 columns of 16-bit values already fill a 32-byte sector, and
         # narrow blocks leave more programs; wider ones are tried
+        shapes = ((16, 64), (32, 32)) + (((8, 128), (64, 16)) if wide else ())
         return [{"XBLOCK": min(c, next_pow2(x)), "RBLOCK": min(rb, next_pow2(r)), "num_warps": 4}
-                for c, rb in ((16, 64), (8, 128), (32, 32), (64, 16))]  # fmt: skip
-    return [{"XBLOCK": 1, "RBLOCK": 2048, "num_warps": 8}, {"XBLOCK": 8, "RBLOCK": 256, "num_warps": 4},
-            {"XBLOCK": 1, "RBLOCK": 512, "num_warps": 4}]  # fmt: skip
+                for c, rb in shapes]  # fmt: skip
+    configs = [{"XBLOCK": 1, "RBLOCK": 2048, "num_warps": 8},
+               {"XBLOCK": 1, "RBLOCK": 512, "num_warps": 4}]  # fmt: skip
+    return configs + ([{"XBLOCK": 8, "RBLOCK": 256, "num_warps": 4}] if wide else [])
 
 
 def grid_of(src: KernelSource, cfg: dict) -> tuple:

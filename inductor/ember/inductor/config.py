@@ -7,6 +7,8 @@ Overrides (read once at import):
                                   testing the Triton renderer with TRITON_INTERPRET=1)
   EMBER_INDUCTOR_AUTOTUNE=0       disable Triton block-size autotuning (`autotune`)
   EMBER_AUTOTUNE_MS=W,R           each config's warm-up and timing budget in ms (`autotune_ms`)
+  EMBER_AUTOTUNE_WIDE=1           every candidate launch config of a Triton kernel, not the
+                                  two or three likeliest (`autotune_wide`; max-autotune sets it)
   EMBER_TRITON_BINARIES=0         always go through Triton's JIT (`triton_binaries`)
   EMBER_ISA=avx2|avx512|generic   force the C++ vector ISA instead of ember.ir.toolchain.cpu_isa()
   EMBER_LOGS=output_code          print each generated wrapper and its kernels
@@ -114,6 +116,11 @@ class Config:
     # and size (the choice is remembered on disk). Each config timed alone by triton's do_bench
     # for (5, 20) cost 10.9 of a cold GPT-2 training compile's 28.9 s on an H100 (session 17).
     autotune_ms: tuple = (2, 10)
+    # The candidate launch configs of a Triton kernel (codegen_triton.launch_configs): the two
+    # or three that won nearly all of the time (within 1-2% of the best of the wide set, summed
+    # over ten models' training kernels, session 19), or with this on, the wide set (three to
+    # five each: each candidate is one more Triton compile). Mode "max-autotune" turns it on.
+    autotune_wide: bool = False
     # Matmuls (mm, addmm, bmm, baddbmm) as generated Triton GEMM templates with their pointwise
     # readers fused as an epilogue, each chosen against the library call by timing on the real
     # shapes in a subprocess (gemm_template.py, autotune.py). compile_fx turns it on for
@@ -166,6 +173,8 @@ def _from_env(cfg: Config) -> Config:
         cfg.autotune = False
     if env.get("EMBER_AUTOTUNE_MS"):
         cfg.autotune_ms = _autotune_ms(env["EMBER_AUTOTUNE_MS"])
+    if env.get("EMBER_AUTOTUNE_WIDE") == "1":
+        cfg.autotune_wide = True
     if env.get("EMBER_TRITON_BINARIES") == "0":
         cfg.triton_binaries = False
     if env.get("EMBER_PERSISTENT_MAX"):

@@ -136,17 +136,18 @@ compile_fx.ember_supports_dynamic = True
 
 
 def _with_gemm_templates(compile):
-    """`compile` with config.max_autotune_gemm on while it runs (under the compile lock, so a
-    default-mode compile on another thread never sees it; the backward compiles later, through
-    this same function)."""
+    """`compile` with config.max_autotune_gemm and autotune_wide on while it runs (under the
+    compile lock, so a default-mode compile on another thread never sees them; the backward
+    compiles later, through this same function)."""
 
     def compile_with_templates(gm, inputs):
         with COMPILE_LOCK:
-            saved, config.max_autotune_gemm = config.max_autotune_gemm, True
+            saved = config.max_autotune_gemm, config.autotune_wide
+            config.max_autotune_gemm = config.autotune_wide = True
             try:
                 return compile(gm, inputs)
             finally:
-                config.max_autotune_gemm = saved
+                config.max_autotune_gemm, config.autotune_wide = saved
 
     return compile_with_templates
 

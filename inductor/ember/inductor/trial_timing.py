@@ -9,25 +9,48 @@ Here all configs of one kernel are timed together, in rounds: each round launche
 once, in an order that turns from round to round, each launch after the L2 cache is flushed, and
 timed by CUDA events; the host waits once per phase, not per launch. A first phase of a few rounds
 drops the configs that are clearly slower (`KEEP_WITHIN` of the best); only the close ones get
-the rest of the rounds. A config's time is the median of its samples.
+the rest of the rounds. A config's time is the lower quartile of its samples.
+
+A launch's events time the GPU, but the GPU only runs what the host has queued: a host late to
+launch (another thread holding the interpreter: in a training step, the backward's kernels load
+on the build threads while the forward's kernels autotune) left the GPU idle between a launch's
+start event and its kernel. The first kernels of a Swin transformer's step measured 1 to 14 ms
+for a few microseconds of work, and the slowest config was picked for some. So each phase is
+queued behind a spin kernel that holds the GPU for longer than the host took to queue the
+previous phase (per launch, times the launches of this one), and the lower quartile leaves out
+the samples a longer stall still reached (a stall only ever lengthens a sample).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Sequence
 
 # Rounds in the first phase, which every config takes part in.
 FIRST_ROUNDS = 5
 # Rounds in all, at least and at most (the budget decides between them).
 MIN_ROUNDS, MAX_ROUNDS = 5, 40
-# A config whose first-phase median is within this factor of the best goes on being timed.
+# A config whose first-phase time is within this factor of the best goes on being timed.
 KEEP_WITHIN = 1.15
+
+
+# The spin that holds the GPU while the host queues a phase: this many times the host's time per
+# launch in the phase before (at first HOLD_FIRST_S), at most HOLD_MAX_S.
+HOLD_MARGIN = 2.0
+HOLD_FIRST_S = 200e-6
+HOLD_MAX_S = 1.0
 
 
 def median(samples: Sequence[float]) -> float:
     s = sorted(samples)
     mid = len(s) // 2
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def low_quartile(samples: Sequence[float]) -> float:
+    """The median of the lower half of the samples (the lone sample when there is one)."""
+    s = sorted(samples)
+    return median(s[: max(1, (len(s) + 1) // 2)])
 
 
 def plan(estimates: Sequence[float], warm_ms: float, rep_ms: float) -> tuple[int, int]:
@@ -41,20 +64,20 @@ def plan(estimates: Sequence[float], warm_ms: float, rep_ms: float) -> tuple[int
 
 def choose(measure: Callable, n: int, warm_ms: float, rep_ms: float) -> list[float]:
     """Each config's time in ms (configs dropped after the first phase keep that phase's
-    median). `measure(indices, rounds, warm)` launches the configs of `indices` for `warm`
+    lower quartile). `measure(indices, rounds, warm)` launches the configs of `indices` for `warm`
     untimed rounds, then `rounds` timed ones, and returns each one's samples in order; called
     with rounds=1, warm=1 first for the estimates."""
     estimates = [s[0] for s in measure(list(range(n)), 1, 1)]
     warm, rounds = plan(estimates, warm_ms, rep_ms)
     first = min(FIRST_ROUNDS, rounds)
     samples = measure(list(range(n)), first, warm)
-    times = [median(s) for s in samples]
+    times = [low_quartile(s) for s in samples]
     best = min(times)
     close = [i for i in range(n) if times[i] <= best * KEEP_WITHIN]
     if len(close) > 1 and rounds > first:
         more = measure(close, rounds - first, 0)
         for i, extra in zip(close, more):
-            times[i] = median(samples[i] + extra)
+            times[i] = low_quartile(samples[i] + extra)
     return times
 
 
@@ -63,11 +86,14 @@ def cuda_measure(launches: Sequence[Callable[[], object]]) -> Callable:
     import torch
 
     flush = _flush_buffer()
+    per_launch = [HOLD_FIRST_S]  # the host's seconds per launch in the last phase
 
     def measure(indices, rounds, warm):
         for _ in range(warm):
             for i in indices:
                 launches[i]()
+        _hold_gpu(min(HOLD_MAX_S, HOLD_MARGIN * per_launch[0] * rounds * len(indices)))
+        queued = time.perf_counter()
         events = []
         for r in range(rounds):
             shift = r % len(indices)  # no config always runs first, or right after another
@@ -80,6 +106,7 @@ def cuda_measure(launches: Sequence[Callable[[], object]]) -> Callable:
                 launches[i]()
                 end.record()
                 events.append((i, start, end))
+        per_launch[0] = (time.perf_counter() - queued) / max(1, len(events))
         torch.cuda.synchronize()
         samples = {i: [] for i in indices}
         for i, start, end in events:
@@ -90,6 +117,29 @@ def cuda_measure(launches: Sequence[Callable[[], object]]) -> Callable:
 
 
 _FLUSH: dict = {}
+_CYCLES_PER_S: dict = {}  # device -> the spin kernel's clock cycles per second
+
+
+def _hold_gpu(seconds: float) -> None:
+    """Queue a kernel that keeps the current GPU busy for about `seconds` (torch's spin kernel,
+    calibrated once per device; nothing where this torch has none)."""
+    import torch
+
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None or seconds <= 0:
+        return
+    device = torch.cuda.current_device()
+    if device not in _CYCLES_PER_S:
+        cycles = 1_000_000
+        sleep(cycles)  # (its first launch loads it)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        sleep(cycles)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_S[device] = cycles / max(start.elapsed_time(end) / 1e3, 1e-6)
+    sleep(int(seconds * _CYCLES_PER_S[device]))
 
 
 def _flush_buffer():
