@@ -98,3 +98,67 @@ def test_what_the_device_decides_is_traced_on_real_values(fn, monkeypatch, real_
     assert "meta" not in str(out.device)
     if fn is not _dropout:
         torch.testing.assert_close(out, fn(x, w), atol=1e-2, rtol=1e-2)
+
+
+def test_a_real_trace_reads_the_parameters_where_they_are(monkeypatch, real_clones):
+    """On real values only the inputs that are not parameters are copied: a copy of each
+    parameter doubled a model's weights for as long as the trace ran."""
+    monkeypatch.setattr(meta_trace.config, "metadata_trace", True)
+    x, w = torch.randn(2, 5, 8), torch.randn(8, 6, requires_grad=True)
+    before = w.detach().clone()
+    out = aot_function(_autocast, run_as_fx)(x, w)
+    assert real_clones == [x.shape]  # x copied, w read in place
+    torch.testing.assert_close(w.detach(), before)
+    out.float().sum().backward()
+    w2 = before.clone().requires_grad_()
+    _autocast(x, w2).float().sum().backward()
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
+def _scales_its_weight(x, w):
+    with torch.no_grad():
+        w.mul_(0.5)  # a parameter written where grad is off (an in-place rescale)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return x @ w
+
+
+def test_a_program_that_writes_a_parameter_leaves_the_callers_tensor_as_it_was(monkeypatch):
+    """aot_autograd refuses the program (an input that requires grad, written in place); the
+    trace, which read the parameter where it is, wrote nothing to it on the way."""
+    monkeypatch.setattr(meta_trace.config, "metadata_trace", True)
+    x, w = torch.randn(2, 5, 8), torch.randn(8, 6, requires_grad=True)
+    before = w.detach().clone()
+    with pytest.raises(NotImplementedError, match="mutates an input that requires grad"):
+        aot_function(_scales_its_weight, run_as_fx)(x, w)
+    torch.testing.assert_close(w.detach(), before, rtol=0, atol=0)
+
+
+def test_a_lent_input_is_never_written():
+    """The tracer raises before an op writes a tensor it was lent (an inference trace: grad off,
+    the program may write a parameter)."""
+    from ember.primtorch import LentInputWritten
+
+    w = torch.randn(8, requires_grad=True)
+    before = w.detach().clone()
+
+    def program(w):
+        w.add_(1.0)
+        return w * 2
+
+    with torch.no_grad(), pytest.raises(LentInputWritten):
+        joint.trace(program, [w], lend=True)
+    torch.testing.assert_close(w.detach(), before, rtol=0, atol=0)
+
+
+def test_an_inference_program_that_writes_a_parameter_writes_it_once(monkeypatch, real_clones):
+    """Grad off, the program may write a parameter: traced again on a copy, it is halved once."""
+    monkeypatch.setattr(meta_trace.config, "metadata_trace", True)
+    x = torch.randn(2, 5, 8)
+    w = torch.randn(8, 6, requires_grad=True)
+    w_eager = w.detach().clone().requires_grad_()
+    with torch.no_grad():
+        out = aot_function(_scales_its_weight, run_as_fx)(x, w)
+        expected = _scales_its_weight(x, w_eager)
+    assert (8, 6) in real_clones  # the second trace copied w
+    torch.testing.assert_close(w.detach(), w_eager.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(out, expected)

@@ -61,3 +61,25 @@ def test_two_hundred_compile_reset_cycles_do_not_grow_host_memory(backend):
     assert end <= base * 1.05, f"RSS grew from {base >> 20} MiB to {end >> 20} MiB"
     # finer than RSS: torch.fx's source cache kept 3 objects (and 1 KiB) per compiled graph
     assert end_objects - base_objects < 90, (base_objects, end_objects)
+
+
+def test_the_backend_compiles_with_no_activation_of_the_capture_alive():
+    """The capture runs the program on example values with grad on (to learn which results
+    require grad); the autograd graph that made saved the forward's activations. When the
+    backend is called (and traces a whole step of its own) none of that graph is alive."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.Tanh())
+    x = torch.randn(32, 64)
+    joined = []
+
+    def backend(gm, example_inputs):
+        gc.collect()
+        joined.extend(o for o in gc.get_objects()
+                      if isinstance(o, torch.Tensor) and o.grad_fn is not None)  # fmt: skip
+        return gm.forward
+
+    out = ember.compile(model, backend=backend)(x)
+    assert joined == []
+    assert out.requires_grad  # the program's own result is still joined to autograd
+    torch.testing.assert_close(out, model(x))
+    ember.reset()

@@ -98,7 +98,7 @@ def clone_input(t: torch.Tensor) -> torch.Tensor:
 
 
 def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None,
-          clone: Callable = clone_input, *, overwritten=()) -> Traced:  # fmt: skip
+          clone: Callable = clone_input, *, overwritten=(), lend=False) -> Traced:  # fmt: skip
     """Trace `flat_fn(*inputs) -> flat outputs` into a joint graph, or an inference graph.
 
     `symbolic`: (a TensorMeta or None per input, a primtorch ShapeEnv) to trace with symbolic
@@ -106,11 +106,16 @@ def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None,
     `clone`: the private copy the program runs on (meta_trace.py passes meta-device ones).
     `overwritten`: positions of inputs the caller writes after the call (not the program):
     partitioners save none of them, as for inputs the program mutates.
+    `lend`: parameters (`lendable`) are traced as they are, not copied; a program that would
+    write one raises LentInputWritten, having written nothing (trace it again without `lend`).
     """
-    copies = [clone(t) for t in inputs]
+    lent = lendable(inputs, symbolic, overwritten) if lend else set()
+    copies = [t if i in lent else clone(t) for i, t in enumerate(inputs)]
     clones = copies
     needs_grad = torch.is_grad_enabled() and any(c.requires_grad for c in clones)
     tracer = new_tracer()
+    for i in lent:
+        tracer.lend(inputs[i])
     if symbolic is not None:
         metas, tracer.shape_env = symbolic
         clones = [symbolic_tensor(c, m, tracer.shape_env) if m is not None else c
@@ -149,6 +154,25 @@ def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None,
     )
     # Compilers see the inputs' metadata only; the trace's copies of the inputs die here.
     return Traced(gm, plan, is_joint, [metadata_only(t) for t in (*copies, *constants)])
+
+
+def lendable(inputs: list, symbolic, overwritten=()) -> set:
+    """Positions of the inputs a trace may read without copying them: parameters (plain leaf
+    tensors that require grad, static sizes) whose memory no other input shares. A copy of each
+    doubled a model's weights for as long as the trace ran (a trace on real values computes a
+    whole training step besides); eager autograd refuses to write such a tensor in place where
+    grad is on, so a program that writes one is rare (and is traced again on copies)."""
+    metas = symbolic[0] if symbolic is not None else [None] * len(inputs)
+    keys = [t.untyped_storage()._cdata if isinstance(t, torch.Tensor) else None for t in inputs]
+    out = set()
+    for i, (t, meta) in enumerate(zip(inputs, metas)):
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or i in overwritten:
+            continue
+        if not (t.is_leaf and t.requires_grad) or t.is_meta or keys.count(keys[i]) != 1:
+            continue
+        if meta is None or meta.is_static():
+            out.add(i)
+    return out
 
 
 def _composites(symbolic):

@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, TensorMeta
 from ember.ir.example import MetadataOnly
+from ember.primtorch import LentInputWritten
 
 from .joint import Traced, trace
 
@@ -94,6 +95,10 @@ def trace_program(flat_fn: Callable, inputs: list, symbolic=None, program=None,
             return _on_device(traced, device)
         except Exception as e:  # noqa: BLE001  (any failure: the real trace decides)
             log.debug("aot_autograd: tracing on real values: %s: %s", type(e).__name__, e)
+    try:  # the parameters read where they are, not copied (joint.lendable)
+        return trace(flat_fn, inputs, symbolic, overwritten=overwritten, lend=True)
+    except LentInputWritten as e:
+        log.debug("aot_autograd: tracing on copies of the parameters: %s", e)
     return trace(flat_fn, inputs, symbolic, overwritten=overwritten)
 
 

@@ -296,6 +296,7 @@ def finish(tx, output, code, backend, reason):
     env = output.shape_env
     if has_graph:
         example_inputs = [vt.example for _, _, vt in output.inputs]
+        output.cut_example_history()
         if env is not None and env.symbols:
             gm.meta["ember_symbols"] = env.specs()
         try:

@@ -230,6 +230,20 @@ class OutputGraph:
                 sym = shapes.infer(self.shape_env, kind, target, args, kwargs, result)
         return self.wrap_result(node, result, sym)
 
+    def cut_example_history(self) -> None:
+        """Detach every example value the capture still holds from the autograd graph it ran
+        (ops run with grad on to learn which results require grad; that graph saved the
+        forward's activations, as eager's does). Held, they stayed alive through the backend's
+        compile, where the backend's own trace computes a step besides: a GPT-2-style model's
+        first training step grew the process by 3442 MiB against eager's 1926 (CPU, float32),
+        2137 with them cut. A view cannot be detached in place and keeps its part of the graph.
+        Nodes keep their own metadata (requires_grad included); nothing runs on these values
+        after the capture."""
+        for value in list(self._values.values()):
+            tensor = isinstance(value, torch.Tensor)
+            if tensor and value.grad_fn is not None and not value._is_view():
+                value.detach_()
+
     def value_of(self, node: fx.Node):
         """The value `node` has in this trace, while the program still holds it; else the
         metadata-only example on the node."""

@@ -341,7 +341,7 @@ def accumulate_into_addend(gm: fx.GraphModule) -> fx.GraphModule:
     and a matmul (GPT-2's tied lm_head) gets the sum of two gradients, and index_put (no
     lowering) runs its reference, which copies its first argument: the zeros, their copy and
     the matmul's gradient were alive at once (three vocabulary-sized float32 buffers at the
-    backward's peak, where torch.compile holds two)."""
+    backward's peak, where PyTorch's own compiler holds two)."""
     from ember.ir import target_name
 
     matches = {}

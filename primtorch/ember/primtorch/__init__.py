@@ -8,7 +8,7 @@ __version__ = component_version("primtorch", __file__)
 from . import prims, utils  # noqa: E402
 from .config import config  # noqa: E402
 from .errors import (  # noqa: E402
-    DataDependentError, MetaMismatchError, NotDecomposableError, TraceError,
+    DataDependentError, LentInputWritten, MetaMismatchError, NotDecomposableError, TraceError,
 )  # fmt: skip
 from .prims.core import is_extern, is_prim  # noqa: E402
 from .trace import Tracer, trace_to_prims  # noqa: E402

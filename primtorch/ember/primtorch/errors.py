@@ -13,5 +13,10 @@ class TraceError(RuntimeError):
     """The program does something the tracer cannot record faithfully."""
 
 
+class LentInputWritten(RuntimeError):
+    """The traced program would write a tensor the tracer was lent (`Tracer.lent`): the caller's
+    own, traced without a copy; nothing was written (trace again on a copy)."""
+
+
 class MetaMismatchError(AssertionError):
     """A meta rule or decomposition disagrees with the real computation (check mode)."""

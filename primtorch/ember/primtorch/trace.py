@@ -45,7 +45,7 @@ from .attention import (
     cudnn_inference_arguments,
     without_unread_rng_state,
 )
-from .errors import DataDependentError, NotDecomposableError, TraceError
+from .errors import DataDependentError, LentInputWritten, NotDecomposableError, TraceError
 from .prims import core
 from .prims.custom import is_custom_op, record_custom_op
 from .prims.extern import ATEN_TO_EXTERN, rng_state_of
@@ -118,6 +118,9 @@ class Tracer(TorchDispatchMode):
         self._storage_ids: dict[int, set[int]] = {}
         self._stale: set[int] = set()
         self._suspended = 0
+        # Storages (`_storage_key`) of tensors the caller lent rather than copied: read, never
+        # written (a write raises LentInputWritten before anything is written).
+        self.lent: set = set()
         # Set (a symbolic.ShapeEnv) when inputs are SymbolicTensors: sizes are then symbolic.
         self.shape_env = None
 
@@ -147,6 +150,11 @@ class Tracer(TorchDispatchMode):
             self.inputs[node] = tensor
             return node
         return self._new_input(lambda: self.graph.placeholder(name), tensor)
+
+    def lend(self, tensor: torch.Tensor) -> None:
+        """Trace `tensor` (the caller's own, not a copy) read-only: an op that would write its
+        storage raises LentInputWritten before anything is written."""
+        self.lent.add(_storage_key(tensor))
 
     def node_of(self, tensor: torch.Tensor) -> fx.Node:
         """The node whose value `tensor` is (an unknown tensor is lifted per `unknown_tensors`)."""
@@ -399,6 +407,7 @@ class Tracer(TorchDispatchMode):
         it writes take their new values as for an in-place ATen op."""
         outs, written, new_values = record_custom_op(self.record_prim, func, args, kwargs,
                                                      self.node_of)  # fmt: skip
+        self._check_not_lent(func, written)
         with self._suspend(), torch.no_grad():
             for t, value in zip(written, new_values):
                 t.copy_(value)
@@ -577,6 +586,7 @@ class Tracer(TorchDispatchMode):
                 f"{func} mutates its arguments and has no functional variant to record"
             )
         written = mutated_arguments(func, args, kwargs)
+        self._check_not_lent(func, written)
         for t in written:
             self.node_of(t)  # stale or unknown tensors are dealt with before anything runs
         f_args, f_kwargs = args, kwargs
@@ -608,6 +618,11 @@ class Tracer(TorchDispatchMode):
         if returned is not None:
             return tuple(returned) if len(returned) != 1 else returned[0]
         return written[0] if len(written) == 1 else tuple(written)
+
+    def _check_not_lent(self, func, written) -> None:
+        for t in written:
+            if self.lent and isinstance(t, torch.Tensor) and _storage_key(t) in self.lent:
+                raise LentInputWritten(f"{func} writes a tensor the tracer was lent, not given")
 
     def _inplace_view(self, func, args, kwargs):
         """`as_strided_`, `transpose_`, `squeeze_`...: only the tensor's metadata changes. Record
