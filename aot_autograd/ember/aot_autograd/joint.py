@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import weakref
+from collections import Counter
 from typing import Callable, Optional
 
 import torch
@@ -163,16 +164,14 @@ def lendable(inputs: list, symbolic, overwritten=()) -> set:
     whole training step besides); eager autograd refuses to write such a tensor in place where
     grad is on, so a program that writes one is rare (and is traced again on copies)."""
     metas = symbolic[0] if symbolic is not None else [None] * len(inputs)
-    keys = [t.untyped_storage()._cdata if isinstance(t, torch.Tensor) else None for t in inputs]
-    out = set()
-    for i, (t, meta) in enumerate(zip(inputs, metas)):
-        if type(t) not in (torch.Tensor, torch.nn.Parameter) or i in overwritten:
-            continue
-        if not (t.is_leaf and t.requires_grad) or t.is_meta or keys.count(keys[i]) != 1:
-            continue
-        if meta is None or meta.is_static():
-            out.add(i)
-    return out
+    storages = [_storage_ptr(t) if isinstance(t, torch.Tensor) else None for t in inputs]
+    sharing = Counter(storages)
+    return {
+        i for i, (t, meta) in enumerate(zip(inputs, metas))
+        if type(t) in (torch.Tensor, torch.nn.Parameter) and i not in overwritten
+        and t.is_leaf and t.requires_grad and sharing[storages[i]] == 1
+        and (meta is None or meta.is_static())
+    }  # fmt: skip
 
 
 def _composites(symbolic):

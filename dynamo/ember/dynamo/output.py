@@ -236,7 +236,7 @@ class OutputGraph:
         forward's activations, as eager's does). Held, they stayed alive through the backend's
         compile, where the backend's own trace computes a step besides: a GPT-2-style model's
         first training step grew the process by 3442 MiB against eager's 1926 (CPU, float32),
-        2137 with them cut. A view cannot be detached in place and keeps its part of the graph.
+        2312 with them cut. A view cannot be detached in place and keeps its part of the graph.
         Nodes keep their own metadata (requires_grad included); nothing runs on these values
         after the capture."""
         for value in list(self._values.values()):

@@ -493,8 +493,9 @@ def launch_configs(src: KernelSource) -> list[dict]:
 
 
 def _launch_configs(src: KernelSource) -> list[dict]:
-    """The candidates of `launch_configs`: with config.autotune_wide the wide set, else its first
-    two (or three) entries, which won nearly all of the time (config.autotune_wide says how)."""
+    """The candidates of `launch_configs`: with config.autotune_wide the wide set, else two (three
+    for short persistent rows) of them, the wide set's first among them (config.autotune_wide
+    says how they were picked)."""
     meta = dict(src.meta)
     x, r = meta["xnumel"], meta["rnumel"]
     wide = config.autotune_wide

@@ -116,10 +116,11 @@ class Config:
     # and size (the choice is remembered on disk). Each config timed alone by triton's do_bench
     # for (5, 20) cost 10.9 of a cold GPT-2 training compile's 28.9 s on an H100 (session 17).
     autotune_ms: tuple = (2, 10)
-    # The candidate launch configs of a Triton kernel (codegen_triton.launch_configs): the two
-    # or three that won nearly all of the time (within 1-2% of the best of the wide set, summed
-    # over ten models' training kernels, session 19), or with this on, the wide set (three to
-    # five each: each candidate is one more Triton compile). Mode "max-autotune" turns it on.
+    # The candidate launch configs of a Triton kernel (codegen_triton.launch_configs): two (or
+    # three) per kind, whose best came within 0.8-3.4% of the wide set's best, summed over the
+    # kernel times of ten models' training steps (H200, session 19), or with this on, the wide
+    # set (three to five each: each candidate is one more Triton compile). Mode "max-autotune"
+    # turns it on.
     autotune_wide: bool = False
     # Matmuls (mm, addmm, bmm, baddbmm) as generated Triton GEMM templates with their pointwise
     # readers fused as an epilogue, each chosen against the library call by timing on the real

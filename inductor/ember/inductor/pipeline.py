@@ -91,7 +91,7 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
     runtime_cache = fx_cache.runtime_cache_for(gm, options_text, rebuild)
     prims_compiler = compile_prims
     if templates:
-        prims_compiler = _with_gemm_templates(compile_prims)
+        prims_compiler = _with_max_autotune(compile_prims)
     if runtime_cache is not None:
         compile_graph = runtime_cache.compiler(prims_compiler, finish)
     else:
@@ -135,12 +135,12 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
 compile_fx.ember_supports_dynamic = True
 
 
-def _with_gemm_templates(compile):
+def _with_max_autotune(compile):
     """`compile` with config.max_autotune_gemm and autotune_wide on while it runs (under the
     compile lock, so a default-mode compile on another thread never sees them; the backward
     compiles later, through this same function)."""
 
-    def compile_with_templates(gm, inputs):
+    def compile_max_autotune(gm, inputs):
         with COMPILE_LOCK:
             saved = config.max_autotune_gemm, config.autotune_wide
             config.max_autotune_gemm = config.autotune_wide = True
@@ -149,7 +149,7 @@ def _with_gemm_templates(compile):
             finally:
                 config.max_autotune_gemm, config.autotune_wide = saved
 
-    return compile_with_templates
+    return compile_max_autotune
 
 
 def _as_is(compiled: CompiledGraph) -> CompiledGraph:

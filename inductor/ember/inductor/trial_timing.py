@@ -86,13 +86,14 @@ def cuda_measure(launches: Sequence[Callable[[], object]]) -> Callable:
     import torch
 
     flush = _flush_buffer()
-    per_launch = [HOLD_FIRST_S]  # the host's seconds per launch in the last phase
+    per_launch = HOLD_FIRST_S  # the host's seconds per launch in the last phase
 
     def measure(indices, rounds, warm):
+        nonlocal per_launch
         for _ in range(warm):
             for i in indices:
                 launches[i]()
-        _hold_gpu(min(HOLD_MAX_S, HOLD_MARGIN * per_launch[0] * rounds * len(indices)))
+        _hold_gpu(min(HOLD_MAX_S, HOLD_MARGIN * per_launch * rounds * len(indices)))
         queued = time.perf_counter()
         events = []
         for r in range(rounds):
@@ -106,7 +107,7 @@ def cuda_measure(launches: Sequence[Callable[[], object]]) -> Callable:
                 launches[i]()
                 end.record()
                 events.append((i, start, end))
-        per_launch[0] = (time.perf_counter() - queued) / max(1, len(events))
+        per_launch = (time.perf_counter() - queued) / max(1, len(events))
         torch.cuda.synchronize()
         samples = {i: [] for i in indices}
         for i, start, end in events:

@@ -14,7 +14,7 @@ class TraceError(RuntimeError):
 
 
 class LentInputWritten(RuntimeError):
-    """The traced program would write a tensor the tracer was lent (`Tracer.lent`): the caller's
+    """The traced program would write a tensor the tracer was lent (`Tracer.lend`): the caller's
     own, traced without a copy; nothing was written (trace again on a copy)."""
 
 

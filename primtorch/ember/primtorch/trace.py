@@ -118,9 +118,8 @@ class Tracer(TorchDispatchMode):
         self._storage_ids: dict[int, set[int]] = {}
         self._stale: set[int] = set()
         self._suspended = 0
-        # Storages (`_storage_key`) of tensors the caller lent rather than copied: read, never
-        # written (a write raises LentInputWritten before anything is written).
-        self.lent: set = set()
+        # Storages (`_storage_key`) of the tensors the caller lent (`lend`)
+        self._lent: set = set()
         # Set (a symbolic.ShapeEnv) when inputs are SymbolicTensors: sizes are then symbolic.
         self.shape_env = None
 
@@ -154,7 +153,7 @@ class Tracer(TorchDispatchMode):
     def lend(self, tensor: torch.Tensor) -> None:
         """Trace `tensor` (the caller's own, not a copy) read-only: an op that would write its
         storage raises LentInputWritten before anything is written."""
-        self.lent.add(_storage_key(tensor))
+        self._lent.add(_storage_key(tensor))
 
     def node_of(self, tensor: torch.Tensor) -> fx.Node:
         """The node whose value `tensor` is (an unknown tensor is lifted per `unknown_tensors`)."""
@@ -620,8 +619,10 @@ class Tracer(TorchDispatchMode):
         return written[0] if len(written) == 1 else tuple(written)
 
     def _check_not_lent(self, func, written) -> None:
+        if not self._lent:
+            return
         for t in written:
-            if self.lent and isinstance(t, torch.Tensor) and _storage_key(t) in self.lent:
+            if isinstance(t, torch.Tensor) and _storage_key(t) in self._lent:
                 raise LentInputWritten(f"{func} writes a tensor the tracer was lent, not given")
 
     def _inplace_view(self, func, args, kwargs):
