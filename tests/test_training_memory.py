@@ -126,7 +126,8 @@ def _can_reset_peak_rss() -> bool:
 # the first step runs. Measured (2 cores, cold cache, compiler code warmed; RSS varies by about
 # 15 MiB from run to run): transformer eager 121-129 MiB, Ember 145-161 (441 before: example
 # values on nodes, the capture's cyclic garbage, a trace on real values; 223 with all but the
-# meta trace); CNN eager 128, Ember 126-130 (366 before).
+# meta trace); CNN eager 128, Ember 126-130 (366 before). With the capture saving nothing for
+# backward (dynamo/convert.py `_SavedNothing`): transformer 145 (163 saving), CNN 92 (126).
 _COMPILE_MARGIN = (1.25, 16)  # at most eager * 1.25 + 16 MiB
 
 

@@ -87,3 +87,65 @@ def test_the_backend_compiles_with_no_activation_of_the_capture_alive():
     assert out.requires_grad  # the program's own result is still joined to autograd
     torch.testing.assert_close(out, model(x))
     ember.reset()
+
+
+def _saves_before_backend(model, x) -> tuple:
+    """(tensors saved for backward before the backend was called, the compiled result)."""
+    saved = []
+    at_backend = []
+
+    def backend(gm, example_inputs):
+        at_backend.append(len(saved))
+        return gm.forward
+
+    def pack(t):
+        saved.append(t.shape)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = ember.compile(model, backend=backend)(x)
+    ember.reset()
+    return at_backend[0], out
+
+
+def test_the_capture_saves_no_activation_for_a_backward_it_never_runs(monkeypatch):
+    """Its ops run with grad on (results must say whether they require grad), but what they
+    would save for backward is not kept: the capture's peak is an inference forward's."""
+    from ember.dynamo.config import config
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.Tanh())
+    x = torch.randn(32, 64)
+    saves, out = _saves_before_backend(model, x)
+    assert saves == 0
+    assert out.requires_grad
+    out.sum().backward()  # the compiled code's own graph saved what its backward needs
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    for got, want in zip(grads, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(got, want)
+    monkeypatch.setattr(config, "capture_saves_nothing", False)
+    saves, _ = _saves_before_backend(model, x)
+    assert saves > 0  # the switch works: eager's saves are seen
+
+
+def test_a_capture_that_reads_a_saved_value_is_redone_saving_it(monkeypatch):
+    from ember.dynamo import interpreter
+
+    run_root = interpreter.RootTranslator.run_root
+    attempts, reads = [], []
+
+    def reading(self):
+        attempts.append(self)
+        leaf = torch.ones(3, requires_grad=True)
+        reads.append(torch.sin(leaf).grad_fn._saved_self)  # refused while nothing is saved
+        return run_root(self)
+
+    monkeypatch.setattr(interpreter.RootTranslator, "run_root", reading)
+    model = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    out = ember.compile(model, backend=lambda gm, ex: gm.forward)(x)
+    ember.reset()
+    torch.testing.assert_close(out, model(x))
+    assert len(attempts) == 2 and len(reads) == 1  # the second capture, saving, read it

@@ -47,6 +47,11 @@ class DynamoConfig:
     # stay alive until Python's cyclic collector happens to run, through the compile and the
     # first call. Below it, the collection would cost more time than the memory is worth.
     collect_after_capture_bytes: int = 16 << 20
+    # The capture's ops save nothing for backward (convert._SavedNothing): its peak is an
+    # inference forward's, not eager training's. Env EMBER_CAPTURE_SAVES_NOTHING=0 turns it off.
+    capture_saves_nothing: bool = dataclasses.field(
+        default_factory=lambda: _env_flag("EMBER_CAPTURE_SAVES_NOTHING", True)
+    )
 
 
 config = DynamoConfig()

@@ -7,6 +7,7 @@ for a new cache entry; a transformed function of None runs the original code und
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -246,6 +247,7 @@ def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic, captured):
     policy = None
     if dynamic is not False and code not in static_codes:
         policy = DynamicPolicy(dynamic, code)
+    saved = _SavedNothing(config.capture_saves_nothing)
     while True:
         output = OutputGraph(code, lambda: "?", policy)
         output.root_globals = f_globals
@@ -253,8 +255,16 @@ def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic, captured):
         tx = RootTranslator(output, builder, code, fn, f_globals, args, break_at)
         output.where = tx.innermost_where
         try:
-            tx.run_root()
-            return finish(tx, output, code, backend, reason)
+            try:
+                with saved.hooks():
+                    tx.run_root()
+            except Exception:
+                if not saved.asked:
+                    raise
+                log.debug("a capture read what its ops saved for backward", exc_info=True)
+                saved = _SavedNothing(False)  # capture again, saving as eager does
+            else:
+                return finish(tx, output, code, backend, reason)
         except RestartAnalysis as r:
             if fullgraph:
                 raise Unsupported(r.reason.msg, r.reason.where) from None
@@ -268,6 +278,33 @@ def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic, captured):
             captured.append(output.example_bytes)  # a number: the capture itself must die
         torch._C._set_grad_enabled(grad)
         restore_autocast_state(autocast)
+
+
+class _SavedNothing:
+    """What the capture's ops save for backward: nothing. The capture runs the program on
+    example values with grad on, only to learn which results require grad; their autograd graph
+    is never run (a backward or autograd.grad in the program breaks the graph, and the capture's
+    values are dropped before the compiled code runs). Saved, the activations made the
+    capture's peak the eager forward's: GPT-2 (train-amp, H200) 4727 MiB where the compiled
+    forward peaks at 2338. A capture that does read a saved value (`asked`) is redone with
+    saving as eager does."""
+
+    def __init__(self, active: bool):
+        self.active = active
+        self.asked = False
+
+    def hooks(self):
+        if not self.active:
+            return contextlib.nullcontext()
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    @staticmethod
+    def _pack(tensor):
+        return None
+
+    def _unpack(self, _):
+        self.asked = True
+        raise RuntimeError("ember: the capture saved nothing for backward; capturing again")
 
 
 def finish(tx, output, code, backend, reason):
