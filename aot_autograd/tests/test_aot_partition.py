@@ -131,3 +131,51 @@ def test_partitioned_graphs_serialise_as_ir(gpt2_block_joint):
         )  # only placeholders and vocabulary ops cross over
         back = graph_from_ir(ir)
         assert [x.name for x in back.graph.nodes] == [x.name for x in gm.graph.nodes]
+
+
+def _longest_rebuilt_chain(bw: fx.GraphModule) -> tuple:
+    """(ops, reductions) of the longest chain the backward runs from saved values alone."""
+    from ember.aot_autograd.partition import is_recomputable
+
+    depth = {}
+    for n in bw.graph.nodes:
+        if n.op == "placeholder":
+            depth[n] = None if is_tangent(n) else (0, 0)
+            continue
+        ins = [depth.get(a) for a in n.all_input_nodes]
+        if n.op != "call_function" or not is_recomputable(n) or None in ins:
+            depth[n] = None
+            continue
+        tags = op_tags(n)
+        depth[n] = (max([i[0] for i in ins] + [0]) + ("view" not in tags),
+                    max([i[1] for i in ins] + [0]) + ("reduction" in tags))  # fmt: skip
+    found = [d for d in depth.values() if d is not None]
+    return max(d[0] for d in found), max(d[1] for d in found)
+
+
+def test_min_cut_rebuilds_no_chain_through_the_whole_network(monkeypatch):
+    """A residual stream whose layer norms run in float32 between bfloat16 matmuls (autocast's
+    pattern): the cut alone saves the cheaper bf16 products and rebuilds every layer's float32
+    stream from them, a chain through all layers run at the backward's start."""
+    from ember.aot_autograd.partition import config
+
+    torch.manual_seed(0)
+    layers = 8
+    ws = [torch.randn(32, 32, requires_grad=True) for _ in range(layers)]
+    x = torch.randn(64, 32, requires_grad=True)
+
+    def fn(x, *ws):
+        h = x
+        for w in ws:
+            h = torch.nn.functional.layer_norm(h + (h.bfloat16() @ w.bfloat16()).float(), (32,))
+        return h.sum()
+
+    joint, n = _joint_of(fn, x, *ws)
+    _, bw = min_cut_partition(joint, num_fwd_outputs=n)
+    ops, reductions = _longest_rebuilt_chain(bw)
+    assert reductions <= config.max_recompute_reductions
+    assert ops <= config.max_recompute_ops + 2  # the count above also counts getitems
+    monkeypatch.setattr(config, "max_recompute_ops", 10**6)
+    monkeypatch.setattr(config, "max_recompute_reductions", 10**6)
+    _, bw = min_cut_partition(joint, num_fwd_outputs=n)
+    assert _longest_rebuilt_chain(bw)[1] >= layers  # unbounded: a chain through every layer

@@ -53,6 +53,13 @@ class PartitionConfig:
     """Knobs of the min-cut partitioner, in one place."""
 
     recompute_reductions: bool = True  # reductions are cheap next to what saving them costs
+    # The longest chain of ops (views free) and of reductions the backward may run to rebuild a
+    # value from saved ones (`_chain_ends`). The cut prices bytes, not chains: on BERT-base
+    # (train-amp) it saved each layer's bf16 matmul outputs and rebuilt the float32 residual
+    # stream through all 24 layer norms at the backward's start, every rebuilt value alive
+    # from there on, in one kernel of 99 outputs that took 16 s to compile.
+    max_recompute_ops: int = 20
+    max_recompute_reductions: int = 2
     # Size used for a dynamic dimension when weighing a value whose size is symbolic.
     symbolic_size_hint: int = 4096
 
@@ -215,6 +222,7 @@ def min_cut_partition(joint_gm: fx.GraphModule, *, num_fwd_outputs: int):
     tangent_dependent = _descendants(j.tangents)
     fw_inputs = set(j.fw_inputs)
     overwritten = _overwritten_aliases(joint_gm)
+    chain_ends = _chain_ends(joint_gm, bw_needed - tangent_dependent)
 
     net = FlowNetwork()
     net.vertex("source")
@@ -226,7 +234,8 @@ def min_cut_partition(joint_gm: fx.GraphModule, *, num_fwd_outputs: int):
             net.add_edge((n, "in"), "sink", INF)
             continue
         checkpointed = is_checkpointed(n)
-        if n in fw_inputs or (n in in_forward and not (checkpointed or is_recomputable(n))):
+        rebuilt = checkpointed or (is_recomputable(n) and n not in chain_ends)
+        if n in fw_inputs or (n in in_forward and not rebuilt):
             net.add_edge("source", (n, "in"), INF)
         elif n.op == "placeholder":
             raise ValueError(f"joint graph input {n.name} is neither a forward input nor a tangent")
@@ -247,6 +256,32 @@ def min_cut_partition(joint_gm: fx.GraphModule, *, num_fwd_outputs: int):
         raise RuntimeError("min-cut partition found no finite cut (an unsavable value is needed)")
     saved = {u[0] for u, v in cut if isinstance(u, tuple) and u[1] == "in" and v == (u[0], "out")}
     return _build(j, _in_graph_order(joint_gm, saved))
+
+
+def _chain_ends(gm: fx.GraphModule, forward: set) -> set[fx.Node]:
+    """The recomputable forward nodes the backward may not rebuild: where a chain of rebuilt ops
+    would pass `config.max_recompute_ops` ops or `max_recompute_reductions` reductions. Counted
+    as if everything recomputable were rebuilt (the cut is not known yet); a node that ends a
+    chain is kept from the forward (saved, or rebuilt from what is), and chains through it
+    start again at zero. Checkpointed nodes are the user's choice and are not counted."""
+    depth: dict[fx.Node, tuple[int, int]] = {}  # rebuildable node -> (ops, reductions)
+    ends: set[fx.Node] = set()
+    for n in gm.graph.nodes:
+        if n not in forward or is_checkpointed(n) or not is_recomputable(n):
+            continue
+        ops = reductions = 0
+        for a in n.all_input_nodes:
+            o, r = depth.get(a, (0, 0))
+            ops, reductions = max(ops, o), max(reductions, r)
+        tags = op_tags(n)
+        counted = n.op == "call_function" and "view" not in tags
+        ops += counted and target_name_or_none(n) != "getitem"
+        reductions += "reduction" in tags
+        if ops > config.max_recompute_ops or reductions > config.max_recompute_reductions:
+            ends.add(n)
+        else:
+            depth[n] = (ops, reductions)
+    return ends
 
 
 def _in_graph_order(gm: fx.GraphModule, nodes: set) -> list[fx.Node]:
