@@ -294,10 +294,11 @@ def test_an_addmm_read_by_another_matmul_keeps_its_bias():
 
 def test_an_operand_with_unaligned_rows_is_computed_into_padded_rows(pad_on):
     # a loss gradient of 1001 columns (fp32: 4-element rows are 16 bytes) into both matmuls of
-    # the output layer's backward: rows padded to 1004, read as they are and transposed
+    # the output layer's backward: rows padded to 1004, read transposed by the second; the
+    # first pads its inner dim to 1004 (zeros in a's last columns and w's last rows, 512 wide)
     g, w, x = torch.randn(M * 8, N), torch.randn(N, K), torch.randn(M * 8, 48)
     fn = lambda g, w, x: ((g * 2) @ w, (g * 2).T @ x)  # noqa: E731
-    assert _matmul_operands(fn, g, w, x) == {"extern.mm": [(1004, 1), (1, 1004)]}
+    assert _matmul_operands(fn, g, w, x) == {"extern.mm": [(1004, 1), (512, 1), (1, 1004)]}
     check(fn, g, w, x, atol=1e-3, rtol=1e-4)
     small = torch.randn(8, N)  # below ALIGN_MIN_NUMEL: dense rows
     assert _matmul_operands(lambda g, w: (g * 2) @ w, small, w) == {"extern.mm": [(N, 1)]}
@@ -316,3 +317,25 @@ def test_a_stored_operand_with_unaligned_rows_is_copied_into_padded_rows(pad_on)
     check(fn, g, w, x, atol=1e-3, rtol=1e-4)
     # a narrow product (64 columns): cuBLAS's unaligned kernels cost less than the copy
     assert _matmul_operands(lambda g, w: g @ w, g, torch.randn(N, 64)) == {"extern.mm": []}
+
+
+def _matmul_sizes(fn, *args) -> list:
+    """The sizes of each matrix every extern mm of fn's graph multiplies."""
+    low = lower_graph(trace_to_prims(fn, *args), list(args))
+    return [tuple(tuple(int(n) for n in m.layout.sizes) for m in b.args[:2])
+            for b in low.buffers if isinstance(b, ExternBuffer) and b.op == "extern.mm"]  # fmt: skip
+
+
+def test_an_unaligned_inner_dim_is_zero_padded_in_both_operands(pad_on):
+    # the output layer's backward into its input (a loss gradient of 1001 columns times the
+    # 1001 x 320 weight): K padded to 1004 with zeros on both sides, so the product is exact
+    g, w = torch.randn(512, N), torch.randn(N, 320)
+    fn = lambda g, w: g @ w  # noqa: E731
+    assert _matmul_sizes(fn, g, w) == [((512, 1004), (1004, 320))]
+    check(fn, g, w, atol=1e-3, rtol=1e-4)
+    g[:, -1] = float("inf")  # a padded column is never read as data: inf stays in its own rows
+    check(fn, g, w, atol=1e-3, rtol=1e-4)
+    # one outer side narrow (64 columns), or an aligned K: multiplied as it is
+    assert _matmul_sizes(fn, g, torch.randn(N, 64)) == [((512, N), (N, 64))]
+    assert _matmul_sizes(fn, torch.randn(512, 1000), torch.randn(1000, 320)) == [
+        ((512, 1000), (1000, 320))]

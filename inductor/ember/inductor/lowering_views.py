@@ -482,6 +482,9 @@ def _matmul(name):
             # the bias (a cast under autocast, a kernel of its own per Linear) is read there
             product = _MATMUL_LOWERINGS["extern.mm"](L, args[1], args[2])
             return make_pointwise(L, lambda p, b: ops.add(p, b), (product, args[0]))
+        k_pad = _padded_inner(name, args)
+        if k_pad:
+            args = _pad_inner(L, name, args, k_pad)
         n_pad = _padded_columns(name, args)
         if n_pad:
             n = args[_MATRICES[name][1]].sizes[1]
@@ -592,6 +595,59 @@ def _padded_columns(name, args) -> int:
     return -(-n // align) * align
 
 
+def _padded_inner(name, args) -> int:
+    """The padded length of an mm/addmm's inner dim K when it is unaligned for cuBLAS's fast
+    kernels and the product is large on its three sides (config.pad_mm), else 0. Aligned rows
+    alone do not do: their kernels also want K a multiple of 16 bytes. H200, GPT-2's output
+    layer's backward (bf16, a 4096 x 50257 loss gradient times the 50257 x 768 weight): 2.53 ms
+    in a CUTLASS kernel for one-element alignment, where torch.compile's padded product took
+    0.35 ms."""
+    if name not in ("extern.mm", "extern.addmm"):
+        return 0
+    a, b = (args[p] for p in _MATRICES[name])
+    if a.dtype not in (torch.float16, torch.bfloat16, torch.float32) or b.dtype != a.dtype:
+        return 0
+    if not on_for(config.pad_mm, a.device) or len(a.sizes) != 2 or len(b.sizes) != 2:
+        return 0
+    if not all(S(n).is_Integer for n in (*a.sizes, b.sizes[1])):
+        return 0
+    (m, k), n = (int(v) for v in a.sizes), int(b.sizes[1])
+    align = 16 // a.dtype.itemsize
+    if k % align == 0 or min(m, n) < PAD_K_MIN_SIDE or m * n * k < PAD_MM_MIN_WORK:
+        return 0
+    return -(-k // align) * align
+
+
+# Neither of an mm's outer sides is padded along K below this: the copies of both operands that
+# padding writes would cost about what the unaligned kernel loses.
+PAD_K_MIN_SIDE = 256
+
+
+def _pad_inner(L, name, args, k_pad) -> list:
+    """The args with a's columns and b's rows zero-padded to `k_pad` (the products of the padding
+    are zeros); each realized in the order it reads its source (a loss gradient row-major, a
+    weight as stored)."""
+    args = list(args)
+    pa, pb = _MATRICES[name]
+    a, b = args[pa], args[pb]
+    k = S(a.sizes[1])
+
+    def b_rows(idx):
+        inside = ops.lt(ops.index_expr(idx[0], torch.int64), ops.index_expr(k, torch.int64))
+        return ops.masked(inside, lambda: b.load(idx), 0)
+
+    # a stored gradient shares its zero-gapped copy with the product that reads it transposed
+    copy = _zero_padded_copy(L, a) if isinstance(a, View) else None
+    if copy is not None and tuple(int(n) for n in copy.sizes) == (int(a.sizes[0]), k_pad):
+        args[pa] = copy
+    else:
+        padded_a = pad_last_dim(a, k_pad)
+        args[pa] = L.realize(padded_a, read_order_strides(padded_a))
+    padded_b = Lazy((S(k_pad), b.sizes[1]), b.dtype, b.device, b_rows)
+    args[pb] = L.realize(padded_b, read_order_strides(padded_b))
+    return args
+
+
 # A matmul operand computed here with fewer elements than this keeps dense rows.
 ALIGN_MIN_NUMEL = 2**18
 
@@ -637,24 +693,47 @@ def _aligned_copy(L, name, args, pos):
     other = args[second].sizes[-1] if pos == first else args[first].sizes[-2]
     try:
         big = int(sympy.Mul(*a.sizes)) >= COPY_MIN_NUMEL and int(other) >= COPY_MIN_OTHER
+    except TypeError:  # symbolic sizes
+        return a
+    padded = _zero_padded_copy(L, a) if big else None
+    return a if padded is None else View(padded.buffer, a.sizes, padded.strides, padded.offset)
+
+
+def _zero_padded_copy(L, a) -> View | None:
+    """A stored matrix `a` copied into row-padded storage (`_aligned_rows`) whose gaps hold
+    zeros, as a View of the padded sizes (a's own sizes, its stride-1 dim padded); None when its
+    rows are aligned already. Read as it is by one product, transposed by another (the loss
+    gradient into dX and dW), and with its zero gaps as the padded inner dim of a third
+    (`_pad_inner`), one region is copied once: the copy is kept per (buffer, offset, dims by
+    stride), and a later reader views it in its own dim order."""
+    try:
         strides = tuple(int(st) for st in a.strides)
+        sizes = tuple(int(n) for n in a.sizes)
     except TypeError:  # symbolic sizes or strides
-        return a
-    aligned = _aligned_rows(a, strides) if big else None
+        return None
+    aligned = _aligned_rows(a, strides)
     if aligned is None:
-        return a
-    # Read as it is by one product and transposed by another (the loss gradient into dX and
-    # dW), one region is copied once: its copy is kept per (buffer, offset, dims by stride),
-    # and a later reader views it in its own dim order.
-    dims = tuple(sorted((st, int(n)) for st, n in zip(strides, a.sizes) if int(n) != 1))
+        return None
+    dims = tuple(sorted((st, n) for st, n in zip(strides, sizes) if n != 1))
     key = (S(a.offset), dims)
     copies = _ALIGNED_COPIES.setdefault(a.buffer, {})
     if key in copies and len({st for st, _ in dims}) == len(dims):
-        copy, padded = copies[key]
-        new = [padded.get(st, 0) if int(n) != 1 else 1 for st, n in zip(strides, a.sizes)]
-        return View(copy.buffer, a.sizes, tuple(new), copy.offset)
-    copy = L.realize(Lazy(a.sizes, a.dtype, a.device, a.load), aligned, padded=True)
-    copies[key] = (copy, dict(zip(strides, aligned)))
+        copy, by_stride = copies[key]  # stride -> (padded stride, padded size)
+        new = [by_stride[st] if n != 1 else (1, 1) for st, n in zip(strides, sizes)]
+        return View(copy.buffer, [n for _, n in new], [st for st, _ in new], copy.offset)
+    inner = next(d for d, st in enumerate(strides) if st == 1 and sizes[d] > 1)
+    align = 16 // a.dtype.itemsize
+    padded_sizes = list(sizes)
+    padded_sizes[inner] = -(-sizes[inner] // align) * align
+
+    def fn(idx):
+        inside = ops.lt(ops.index_expr(idx[inner], torch.int64), ops.index_expr(S(sizes[inner]),
+                                                                                torch.int64))
+        return ops.masked(inside, lambda: a.load(idx), 0)
+
+    lazy = Lazy(tuple(S(n) for n in padded_sizes), a.dtype, a.device, fn)
+    copy = L.realize(lazy, aligned, padded=True)
+    copies[key] = (copy, {st: (pst, pn) for st, pst, pn in zip(strides, aligned, padded_sizes)})
     return copy
 
 
