@@ -1,5 +1,7 @@
-"""Traces on meta-device copies of the inputs: the same graphs as on real values, no
-activations held, and the real trace wherever the meta device could change what is recorded."""
+"""Traces on values without data that report the inputs' device: the same graphs as on real
+values, no activations held, and the real trace where one needs values."""
+
+import contextlib
 
 import pytest
 import torch
@@ -30,7 +32,7 @@ def _graph_text(gm):
 
 @pytest.fixture
 def real_clones(monkeypatch):
-    """Counts the real copies traces make (a trace on meta makes none)."""
+    """Counts the real copies traces make (a trace without data makes none)."""
     made = []
     real = joint.clone_input
 
@@ -50,7 +52,7 @@ def _traced(fn, inputs, metadata: bool, monkeypatch):
     return compiled, out
 
 
-def test_a_meta_trace_records_the_real_traces_graph_and_computes_what_eager_does(
+def test_a_trace_without_data_records_the_real_traces_graph_and_computes_what_eager_does(
         monkeypatch, real_clones):  # fmt: skip
     ours = _inputs()
     on_meta, out = _traced(_block, ours, True, monkeypatch)
@@ -77,6 +79,13 @@ def _attention(x, w):
     return F.scaled_dot_product_attention(q, q, q)
 
 
+def _attention_constant_mask(x, w):
+    """A mask the program builds from sizes alone: its values choose the kernel (causal)."""
+    q = (x @ w).view(2, 5, 2, 4).transpose(1, 2)
+    mask = torch.ones(5, 5, dtype=torch.bool, device=x.device).tril()
+    return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
 def _autocast(x, w):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         return x @ w
@@ -86,24 +95,109 @@ def _to_bf16(x, w):
     return F.layer_norm((x @ w).to(torch.bfloat16), (8,))
 
 
-@pytest.mark.parametrize("fn", [_dropout, _attention, _autocast, _to_bf16])
-def test_what_the_device_decides_is_traced_on_real_values(fn, monkeypatch, real_clones):
+def _batch_norm(x, w):
+    h = (x @ w).transpose(1, 2)
+    return F.batch_norm(h, torch.zeros(8), torch.ones(8), w[0], w[1], training=True)
+
+
+@pytest.mark.parametrize("fn", [_dropout, _attention, _attention_constant_mask, _autocast,
+                                _to_bf16, _batch_norm])  # fmt: skip
+def test_what_the_device_decides_is_traced_without_data_as_on_real_values(
+        fn, monkeypatch, real_clones):  # fmt: skip
     """Random seeds, attention kernels, autocast and the dtype of low-precision statistics are
-    chosen by device: those programs are traced on real copies."""
-    monkeypatch.setattr(meta_trace.config, "metadata_trace", True)
+    chosen by device: values without data that report the real device record what real values
+    record (plain meta tensors did not, and these programs were traced on real copies)."""
     x, w = torch.randn(2, 5, 8), torch.randn(8, 8, requires_grad=True)
     torch.manual_seed(1)
-    out = aot_function(fn, run_as_fx)(x, w)
-    assert real_clones, "traced on meta"
-    assert "meta" not in str(out.device)
+    without_data, out = _traced(fn, (x, w), True, monkeypatch)
+    assert real_clones == []
+    torch.manual_seed(1)
+    on_real, expected = _traced(fn, (x, w), False, monkeypatch)
+    assert real_clones
+    for part in ("joint", "forward", "backward"):
+        text = _graph_text(without_data.last_graphs[part])
+        assert text == _graph_text(on_real.last_graphs[part])
+        assert "meta" not in text
+    torch.testing.assert_close(out, expected)  # the same seed drew the same dropout mask
     if fn is not _dropout:
         torch.testing.assert_close(out, fn(x, w), atol=1e-2, rtol=1e-2)
+
+
+def _bf16_step(ours, autocast: bool):
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with ctx:
+        out = _block(*ours)
+    out.float().sum().backward()
+    return out, [t.grad for t in ours[1:]]
+
+
+@pytest.mark.parametrize("autocast", [True, False], ids=["autocast", "bf16_values"])
+def test_a_bf16_program_is_traced_without_data(autocast, monkeypatch, real_clones):
+    """Under CPU autocast, and on bfloat16 values: the graphs of a trace on real values, no
+    real copy made, and eager's values and gradients within bfloat16's precision."""
+    dtype = torch.float32 if autocast else torch.bfloat16
+    compiled = {}
+    for metadata in (True, False):
+        monkeypatch.setattr(meta_trace.config, "metadata_trace", metadata)
+        aot = aot_function(_block, run_as_fx)
+        compiled[metadata] = aot
+        with (torch.autocast("cpu", dtype=torch.bfloat16) if autocast
+              else contextlib.nullcontext()):  # fmt: skip
+            aot(*_inputs(dtype))
+        assert (real_clones == []) == metadata
+    for part in ("joint", "forward", "backward"):
+        assert _graph_text(compiled[True].last_graphs[part]) == _graph_text(
+            compiled[False].last_graphs[part])  # fmt: skip
+    out, grads = _bf16_step(_inputs(dtype), autocast)
+    monkeypatch.setattr(meta_trace.config, "metadata_trace", True)
+    aot = aot_function(_block, run_as_fx)
+    ours = _inputs(dtype)
+    with (torch.autocast("cpu", dtype=torch.bfloat16) if autocast
+          else contextlib.nullcontext()):  # fmt: skip
+        compiled_out = aot(*ours)
+    compiled_out.float().sum().backward()
+    assert compiled_out.dtype == out.dtype
+    torch.testing.assert_close(compiled_out, out, atol=5e-2, rtol=2e-2)
+    torch.testing.assert_close([t.grad for t in ours[1:]], grads, atol=1e-1, rtol=2e-2)
+
+
+def test_what_needs_values_is_traced_on_real_values(monkeypatch, real_clones):
+    """A trace without data that needs a value falls back to real values and computes what
+    eager does: here attention's constant mask, were it not computed again from its prims."""
+    from ember.primtorch import attention
+
+    monkeypatch.setattr(attention, "_constant_value", lambda tracer, t: t)
+    x, w = torch.randn(2, 5, 8), torch.randn(8, 8, requires_grad=True)
+    compiled, out = _traced(_attention_constant_mask, (x, w), True, monkeypatch)
+    assert real_clones
+    torch.testing.assert_close(out, _attention_constant_mask(x, w))
+
+
+def test_a_value_read_by_the_program_is_refused_in_either_trace(monkeypatch):
+    """`.item()` stops the trace without data, and the real trace refuses it as before."""
+    from ember.primtorch import DataDependentError
+
+    def reads(x, w):
+        return (x @ w) * (x.sum().item() > 0)
+
+    monkeypatch.setattr(meta_trace.config, "metadata_trace", True)
+    with pytest.raises(DataDependentError):
+        aot_function(reads, run_as_fx)(torch.randn(2, 8), torch.randn(8, 8, requires_grad=True))
+
+
+def test_value_checks_trace_on_real_values(monkeypatch, real_clones):
+    """EMBER_PRIMTORCH_CHECK compares decompositions with eager on values."""
+    from ember.primtorch.config import config as primtorch_config
+
+    monkeypatch.setattr(primtorch_config, "check", True)
+    _traced(_block, _inputs(), True, monkeypatch)
+    assert real_clones
 
 
 def test_a_real_trace_reads_the_parameters_where_they_are(monkeypatch, real_clones):
     """On real values only the inputs that are not parameters are copied: a copy of each
     parameter doubled a model's weights for as long as the trace ran."""
-    monkeypatch.setattr(meta_trace.config, "metadata_trace", True)
+    monkeypatch.setattr(meta_trace.config, "metadata_trace", False)  # the real trace lends
     x, w = torch.randn(2, 5, 8), torch.randn(8, 6, requires_grad=True)
     before = w.detach().clone()
     out = aot_function(_autocast, run_as_fx)(x, w)
@@ -141,7 +235,7 @@ def test_a_lent_input_is_never_written():
 
 def test_an_inference_program_that_writes_a_parameter_writes_it_once(monkeypatch, real_clones):
     """Grad off, the program may write a parameter: traced again on a copy, it is halved once."""
-    monkeypatch.setattr(meta_trace.config, "metadata_trace", True)
+    monkeypatch.setattr(meta_trace.config, "metadata_trace", False)  # the real trace lends
     x = torch.randn(2, 5, 8)
     w = torch.randn(8, 6, requires_grad=True)
     w_eager = w.detach().clone().requires_grad_()

@@ -20,7 +20,7 @@ from ember.ir.locks import COMPILE_LOCK
 
 from .control_flow import compile_with_control_flow, has_control_flow
 from .dynamic import SYMBOLS_META, dynamic_module_call, runnable_graph
-from .meta_trace import trace_program as trace  # on meta copies where it can
+from .meta_trace import trace_program as trace  # on values without data where it can
 from .module_call import GUARDED_INPUTS_META, module_caller
 from .partition import min_cut_partition
 from .plan_codec import build_runtime
@@ -148,7 +148,7 @@ class AOTFunction:
         program = getattr(self.fn, "program", self.fn)
         with progress.stage("trace"):
             traced = trace(_flat_program(self.fn, flat, in_spec), tensors, self.symbolic,
-                           program=program, overwritten=_written_after_call(program, flat))
+                           overwritten=_written_after_call(program, flat))
         check_mutated_aliasing(traced.plan, tensors)
         example = list(traced.example_inputs)
         example += [torch.zeros((), dtype=torch.int64, device=d) for d in traced.plan.rng_devices]
@@ -240,7 +240,7 @@ class AOTModule(nn.Module):
 
 def _functional(module: nn.Module) -> Callable:
     """`module` as a function of (params, buffers, *args); `.program` is the module (its graph
-    is looked at before a metadata trace)."""
+    tags the inputs the caller overwrites after the call)."""
     if _has_recompute_regions(module):
         runner = _RegionRunner(module)
 

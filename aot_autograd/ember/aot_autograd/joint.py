@@ -1,7 +1,7 @@
 """Tracing a program (and its backward) into one functional prim graph, plus the runtime plan.
 
-The program runs once on copies of the caller's tensors (meta-device ones where meta_trace.py
-allows) under three layers, outermost first:
+The program runs once on copies of the caller's tensors (values without data that report the
+inputs' devices, where meta_trace.py allows) under three layers, outermost first:
 `ember.primtorch.trace.Tracer` (records every dispatched ATen op, decomposed into prims, and
 functionalises the in-place ops that reach it), our `_Observer` (notes which inputs get new values
 and which storages views share), and `torch.func.functionalize` (turns in-place ops into
@@ -83,8 +83,9 @@ def _storage_ptr(t: torch.Tensor) -> int:
     if type(t) is SymbolicTensor:
         t = t.value
     storage = t.untyped_storage()
-    # Meta storages (a metadata trace, meta_trace.py) have no data pointer: their identity.
-    return storage._cdata if t.is_meta else storage.data_ptr()
+    # Meta storages (a metadata trace's values, device_meta.py) have no data pointer: their
+    # identity.
+    return storage._cdata if storage.device.type == "meta" else storage.data_ptr()
 
 
 def clone_input(t: torch.Tensor) -> torch.Tensor:
@@ -104,7 +105,7 @@ def trace(flat_fn: Callable, inputs: list[torch.Tensor], symbolic=None,
 
     `symbolic`: (a TensorMeta or None per input, a primtorch ShapeEnv) to trace with symbolic
     sizes: inputs with a meta become SymbolicTensors, and the graph's sizes are expressions.
-    `clone`: the private copy the program runs on (meta_trace.py passes meta-device ones).
+    `clone`: the private copy the program runs on (meta_trace.py passes ones without data).
     `overwritten`: positions of inputs the caller writes after the call (not the program):
     partitioners save none of them, as for inputs the program mutates.
     `lend`: parameters (`lendable`) are traced as they are, not copied; a program that would
@@ -277,10 +278,11 @@ def _trace_backward(tracer, graph_outs, diff, clones, grad_inputs) -> list:
 
 def _zeros_like_sizes(o: torch.Tensor, env) -> torch.Tensor:
     """A contiguous zero tangent for `o` (a SymbolicTensor with o's sizes when o has symbolic ones)."""
+    # new_zeros: a tangent of a value without data (device_meta.py) holds none either
     if type(o) is not SymbolicTensor:
-        return torch.zeros(o.shape, dtype=o.dtype, device=o.device)
+        return o.new_zeros(o.shape)
     sizes = [to_expr(s) for s in o.shape]
-    value = torch.zeros(o.value.shape, dtype=o.dtype, device=o.device)
+    value = o.value.new_zeros(o.value.shape)
     return symbolic_tensor(value, TensorMeta(o.dtype, sizes, contiguous_strides(sizes),
                                              device=str(o.device)), env)  # fmt: skip
 

@@ -199,6 +199,15 @@ def _depends_on_inputs(node) -> bool:
     return False
 
 
+def _kind_of_constant(tracer, mask, length, source):
+    """`_constant_mask_kind` of a constant of the traced program, read with every mode off: no
+    mode records, or makes values without data of, what the reading computes."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return _constant_mask_kind(_constant_value(tracer, mask), length, source)
+
+
 def _constant_mask_kind(bias, length, source):
     """"none" when the bias (additive, or a boolean mask) adds nothing, "causal" when it is the
     causal mask, else None."""
@@ -219,6 +228,39 @@ def _a_constant(tracer, t) -> bool:
     return tracer.is_traced(t) and not _depends_on_inputs(tracer.node_of(t))
 
 
+def _constant_value(tracer, t: torch.Tensor) -> torch.Tensor:
+    """The values of `t`, a constant of the traced program (`_a_constant`; called with every
+    mode off). A trace on values without data (meta storage: aot_autograd's metadata trace)
+    computes them again here from the prims it recorded for `t`, on real tensors: a mask of
+    L*S elements, where the whole trace would otherwise run again on real values to read it."""
+    if t.untyped_storage().device.type != "meta":
+        return t
+    from torch.fx.node import map_arg
+
+    from .prims import core
+
+    wanted, stack = set(), [tracer.node_of(t)]
+    while stack:
+        n = stack.pop()
+        if n not in wanted:
+            wanted.add(n)
+            stack.extend(n.all_input_nodes)
+    values = {}
+    core.push_recorder(None)  # prims run their references, unrecorded
+    try:
+        for n in tracer.graph.nodes:
+            if n not in wanted:
+                continue
+            if n.op == "get_attr":
+                values[n] = tracer.constants[n.target]
+                continue
+            args, kwargs = map_arg((n.args, n.kwargs), values.__getitem__)
+            values[n] = n.target(*args, **kwargs)
+    finally:
+        core.pop_recorder(None)
+    return values[tracer.node_of(t)]
+
+
 _CPU_FLASH_ARGS = ("query", "key", "value", "dropout_p", "is_causal")
 
 
@@ -235,7 +277,7 @@ def constant_cpu_mask_kind(tracer, bound: dict):
         return None
     if tracer.shape_env is not None or mask.dim() < 2 or not _a_constant(tracer, mask):
         return None
-    return _constant_mask_kind(mask, q.shape[2], k.shape[2])
+    return _kind_of_constant(tracer, mask, q.shape[2], k.shape[2])
 
 
 def constant_mask_kind(tracer, args, kwargs):
@@ -254,7 +296,7 @@ def constant_mask_kind(tracer, args, kwargs):
         return None
     if v.shape[-1] != q.shape[-1] or not _a_constant(tracer, bias):
         return None
-    return _constant_mask_kind(bias, q.shape[2], k.shape[2])
+    return _kind_of_constant(tracer, bias, q.shape[2], k.shape[2])
 
 
 def training_without_constant_mask(func, tracer, query, key, value, attn_mask=None,
@@ -379,13 +421,10 @@ def cudnn_bias(attn_mask, dtype):
 def _constant_kind_of(tracer, attn_mask, query, key):
     """attention's constant-mask verdict ("none", "causal" or None) for a mask the traced
     program computes from no input (see constant_mask_kind)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     mask = recorded(attn_mask)
     if tracer.shape_env is not None or mask.dim() < 2 or not _a_constant(tracer, mask):
         return None
-    with _disable_current_modes():  # reading the values records nothing
-        return _constant_mask_kind(mask, query.shape[2], key.shape[2])
+    return _kind_of_constant(tracer, mask, query.shape[2], key.shape[2])
 
 
 def cudnn_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
