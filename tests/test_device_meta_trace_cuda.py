@@ -104,9 +104,15 @@ def _traced_step(model, x, autocast, metadata, monkeypatch):
     monkeypatch.setattr(joint.trace, "__defaults__", (None, counting))
     monkeypatch.setattr(api, "trace", measured)
     compiled = aot_module(model, run_as_fx)
+    _step(compiled, x, autocast)
+    monkeypatch.undo()
+    # Values from a second step, of a seed set after the trace: a trace on real values draws
+    # its own random numbers (dropout) from the device's generator, one without data does not,
+    # so the first steps' dropout masks differ between the two (as the first step's of eager
+    # and a real trace do).
+    model.zero_grad()
     loss = _step(compiled, x, autocast)
     grads = [p.grad.clone() for p in model.parameters()]
-    monkeypatch.undo()
     return compiled, loss, grads, copies, peak[0]
 
 

@@ -341,6 +341,18 @@ def batch_norm_backward(
     )
 
 
+# cuDNN's batch norm backward, which autograd calls for a cudnn_batch_norm run in training: its
+# saved statistics are the mean and the inverse standard deviation (the forward's decomposition
+# above returns them so), its reserve buffer is cuDNN's own. A fp32 conv + batch-norm step on
+# CUDA reached it while tracing (H200) and had no decomposition.
+@register_decomposition(aten.cudnn_batch_norm_backward)
+def cudnn_batch_norm_backward(input, grad_output, weight, running_mean, running_var, save_mean,
+                              save_var, epsilon, reserveSpace):  # noqa: N803 (the schema's)
+    everything = [True, True, True]
+    return native_batch_norm_backward(grad_output, input, weight, running_mean, running_var,
+                                      save_mean, save_var, True, epsilon, everything)
+
+
 # --- embedding -----------------------------------------------------------------------------------
 
 
