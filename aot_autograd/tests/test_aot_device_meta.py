@@ -91,6 +91,20 @@ def test_tensors_made_on_a_traced_device_hold_no_data():
     assert x.add_(1.0) is x  # in place: the same tensor
 
 
+def test_writing_a_real_tensor_it_does_not_return_raises():
+    """Batch norm writes its running statistics and returns other tensors: real statistics would
+    keep their values while the trace went on as if updated."""
+    x = without_data(torch.randn(4, 3, 5))
+    weight, bias = without_data(torch.ones(3)), without_data(torch.zeros(3))
+    mean, var = torch.zeros(3), torch.ones(3)
+    with MetaCompute([torch.device("cpu")]), pytest.raises(NeedsRealValues):
+        aten._native_batch_norm_legit.default(x, weight, bias, mean, var, True, 0.1, 1e-5)
+    traced = [without_data(t) for t in (mean, var)]
+    with MetaCompute([torch.device("cpu")]):
+        out = aten._native_batch_norm_legit.default(x, weight, bias, *traced, True, 0.1, 1e-5)
+    assert all(type(t) is DeviceMeta for t in out)
+
+
 def test_changing_a_values_sizes_in_place_raises():
     with pytest.raises(NeedsRealValues):
         without_data(torch.randn(4, 8)).t_()

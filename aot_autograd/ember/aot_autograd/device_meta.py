@@ -13,7 +13,8 @@ traced devices (`torch.arange(n, device=x.device)`, a decomposition's `full`) De
 turns real tensors that meet DeviceMeta ones into meta tensors for the op (a lifted constant);
 a real CPU scalar is passed as it is (its value and its "wrapped number" type promotion).
 Anything that needs data raises `NeedsRealValues`: reading a value (`.item()`, `nonzero`), an
-op writing a real tensor from one without data, an op changing a tensor's sizes in place.
+op writing a real tensor (any argument its schema marks written, returned or not), an op changing
+a tensor's sizes in place.
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def on_meta(func, args, kwargs):
             return value
         return x
 
+    if func._schema.is_mutable:
+        _refuse_writing_real(func, args, kwargs)
     m_args, m_kwargs = _tmap(meta_of, (args, kwargs))
     device = kwargs.get("device")
     if device is not None or func in _FACTORIES:
@@ -158,8 +161,6 @@ def on_meta(func, args, kwargs):
         source = sources.get(id(x))
         if source is None:
             return DeviceMeta(x, device)
-        if type(source) is not DeviceMeta and func._schema.is_mutable:
-            raise NeedsRealValues(f"{func} writes a real tensor from one without data")
         return source  # the op returned an argument (in place, out=): the tensor it stands for
 
     return _tmap(wrap, out)
@@ -171,6 +172,22 @@ def _common_device(devices: list) -> torch.device:
         if d.type != "cpu":
             return d
     return devices[0] if devices else torch.get_default_device()
+
+
+def _refuse_writing_real(func, args, kwargs) -> None:
+    """Raise before `func` writes a real tensor: its meta stand-in would take the write, so the
+    real one would keep stale values while the trace goes on as if written (a batch norm's
+    running statistics, an `out=` buffer, a foreach op's list, returned or not)."""
+    for i, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        if argument.kwarg_only or i >= len(args):
+            value = kwargs.get(argument.name)
+        else:
+            value = args[i]
+        for x in _leaves(value):
+            if isinstance(x, torch.Tensor) and type(x) is not DeviceMeta and not x.is_meta:
+                raise NeedsRealValues(f"{func} writes a real tensor from one without data")
 
 
 def _check_written(func, args, kwargs) -> None:
