@@ -113,3 +113,32 @@ def test_dropout_masks_agree_between_replayed_forward_and_backward(monkeypatch):
         masks.append(kept)
     assert not torch.equal(masks[-1], masks[-2])  # each call draws anew
     assert metrics.cudagraph_replays > 0, metrics.cudagraph_skips
+
+
+class _HostScalars(nn.Module):
+    """Scalars built on the CPU from numbers, read by GPU ops as DeBERTa's attention does:
+    `x / sqrt(tensor(d) * 3)`, `log(tensor(max / mid))` in a log bucket, `tensor(k).type_as(x)`."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = self.proj(x)
+        scale = torch.sqrt(torch.tensor(h.size(-1), dtype=torch.float) * 3)
+        h = h / scale.to(dtype=h.dtype)
+        bucket = torch.log(h.abs() + 1) / torch.log(torch.tensor(511 / 128))
+        floor = torch.tensor(0.25).type_as(h)
+        return torch.where(bucket > floor, bucket, h)
+
+
+def test_scalars_built_on_the_host_keep_training_on_cuda_graphs():
+    torch.manual_seed(0)
+    eager = _HostScalars().cuda()
+    compiled_model = copy.deepcopy(eager)
+    metrics.reset()
+    _train(ember.compile(compiled_model), _batches(6))
+    _train(eager, _batches(6))
+    _same_parameters(compiled_model, eager)
+    assert not metrics.cudagraph_skips, metrics.cudagraph_skips
+    assert metrics.cudagraph_replays >= 8, metrics.cudagraph_replays  # forward and backward

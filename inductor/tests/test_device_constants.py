@@ -119,3 +119,37 @@ def test_an_aten_kernel_takes_its_host_scalars_where_they_are():
     buffers = {b.name: b for b in [*low.inputs, *low.buffers] if b is not None}
     program = generate(low, steps, render_kernels(steps, buffers, low.device))
     assert host_work(program.artifact)
+
+
+def _implicit_read_graph(source):
+    """x (on the GPU) / a CPU value broadcast to x's shape, read with no device_put: the
+    lowering would copy it to the GPU at every call."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    x.meta[NODE_META_KEY] = TensorMeta(torch.float32, (4, 8), (8, 1), 0, "cuda")
+    cpu = source(g)
+    rank = len(cpu.meta[NODE_META_KEY].sizes)
+    wide = _call(g, prims.broadcast_in_dim, cpu, (4, 8), tuple(range(2 - rank, 2)))
+    out = g.call_function(prims.div, (x, wide))
+    out.meta[NODE_META_KEY] = x.meta[NODE_META_KEY]  # the GPU's result
+    g.output((out,))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def test_a_constant_the_gpu_reads_directly_is_made_there():
+    def scale(g):
+        return _call(g, prims.sqrt, _call(g, prims.full, (), 48.0, torch.float32, CPU))
+
+    folded = fold_device_constants(_implicit_read_graph(scale))
+    assert _targets(folded) == ["prims.full", "prims.div"]
+    full = next(n for n in folded.graph.nodes if n.target is prims.full)
+    assert full.args == ((4, 8), torch.sqrt(torch.tensor(48.0)).item(), torch.float32, GPU)
+    assert str(full.meta[NODE_META_KEY].device) == "cuda"
+
+
+def test_a_cpu_value_of_several_numbers_read_on_the_gpu_stays():
+    def ramp(g):
+        return _call(g, prims.iota, 8, 0, 1, torch.float32, CPU)
+
+    gm = _implicit_read_graph(ramp)
+    assert fold_device_constants(gm) is gm

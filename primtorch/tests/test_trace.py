@@ -269,6 +269,28 @@ def test_unknown_tensors():
         trace(fn, x, unknown_tensors="error")
 
 
+def test_a_tensor_made_from_a_number_is_a_constant_of_the_graph():
+    """`torch.tensor(number)` is traced as a prims.full of its value (its passes can fold what is
+    computed from it); a tensor the program closes over stays an input, read at each call."""
+    w = torch.tensor(2.0)
+
+    def fn(x):
+        return x / torch.sqrt(torch.tensor(x.shape[-1], dtype=torch.float32) * 3) + w
+
+    x = torch.randn(3)
+    tracer = Tracer(decompositions=decomps(), unknown_tensors="placeholder")
+    tracer.placeholder(x, "x")
+    with tracer:
+        out = fn(x)
+    gm = tracer.output(out)
+    fulls = [n for n in gm.graph.nodes if n.target is prims.full]
+    assert [f.args[:3] for f in fulls] == [((), 3.0, torch.float32)]
+    assert [t for _, t in tracer.lifted] == [w]  # the closed-over tensor only
+    torch.testing.assert_close(gm(x, w), fn(x))
+    w.fill_(5.0)
+    torch.testing.assert_close(gm(x, w), fn(x))
+
+
 def test_check_mode_catches_a_wrong_decomposition():
     table = {**decomps(), aten.relu.default: lambda a: prims.abs(a)}
     with pytest.raises(MetaMismatchError, match="aten.relu.default"):

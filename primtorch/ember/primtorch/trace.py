@@ -46,6 +46,7 @@ from .attention import (
     without_unread_rng_state,
 )
 from .errors import DataDependentError, LentInputWritten, NotDecomposableError, TraceError
+from .fresh_constants import LIFT_FRESH, fresh_constant
 from .prims import core
 from .prims.custom import is_custom_op, record_custom_op
 from .prims.extern import ATEN_TO_EXTERN, rng_state_of
@@ -283,6 +284,8 @@ class Tracer(TorchDispatchMode):
         if is_custom_op(func) and func not in self.keep and func not in self.decompositions:
             return self._record_custom_op(func, args, kwargs)
         self._check_data_dependence(func)
+        if func in LIFT_FRESH and (made := fresh_constant(self, args[0])) is not None:
+            return made  # torch.tensor(number): a constant of the graph, not an input
         if func._schema.is_mutable:
             return self._functionalize(func, args, kwargs)
         if not self.decompose or func in self.keep:
