@@ -117,19 +117,22 @@ def test_dropout_masks_agree_between_replayed_forward_and_backward(monkeypatch):
 
 class _HostScalars(nn.Module):
     """Scalars built on the CPU from numbers, read by GPU ops as DeBERTa's attention does:
-    `x / sqrt(tensor(d) * 3)`, `log(tensor(max / mid))` in a log bucket, `tensor(k).type_as(x)`."""
+    `x / sqrt(tensor(d) * 3)`, `log(tensor(max / mid))` in a log bucket, `tensor(k).type_as(x)`;
+    six blocks, so each program has launches enough to be replayed (MIN_GRAPHED_STEPS)."""
 
     def __init__(self):
         super().__init__()
-        self.proj = nn.Linear(64, 64)
+        self.projs = nn.ModuleList(nn.Linear(64, 64) for _ in range(6))
 
     def forward(self, x):
-        h = self.proj(x)
-        scale = torch.sqrt(torch.tensor(h.size(-1), dtype=torch.float) * 3)
-        h = h / scale.to(dtype=h.dtype)
-        bucket = torch.log(h.abs() + 1) / torch.log(torch.tensor(511 / 128))
-        floor = torch.tensor(0.25).type_as(h)
-        return torch.where(bucket > floor, bucket, h)
+        for proj in self.projs:
+            h = proj(x)
+            scale = torch.sqrt(torch.tensor(h.size(-1), dtype=torch.float) * 3)
+            h = h / scale.to(dtype=h.dtype)
+            bucket = torch.log(h.abs() + 1) / torch.log(torch.tensor(511 / 128))
+            floor = torch.tensor(0.25).type_as(h)
+            x = torch.where(bucket > floor, bucket, h) + x
+        return x
 
 
 def test_scalars_built_on_the_host_keep_training_on_cuda_graphs():

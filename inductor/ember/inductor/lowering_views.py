@@ -600,7 +600,7 @@ def _padded_inner(name, args) -> int:
     kernels and the product is large on its three sides (config.pad_mm), else 0. Aligned rows
     alone do not do: their kernels also want K a multiple of 16 bytes. H200, GPT-2's output
     layer's backward (bf16, a 4096 x 50257 loss gradient times the 50257 x 768 weight): 2.53 ms
-    in a CUTLASS kernel for one-element alignment, where torch.compile's padded product took
+    in a CUTLASS kernel for one-element alignment, where torch's own compiler's padded product took
     0.35 ms."""
     if name not in ("extern.mm", "extern.addmm"):
         return 0
