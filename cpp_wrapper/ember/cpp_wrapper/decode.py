@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
+import sympy
 import torch
 
 from ember.ir import CompiledArtifact, StepIR
@@ -35,6 +36,7 @@ from .exported import compile_exported, resolve_entry
 from .package import package
 
 DECODE_KEY = "decode"
+NEW_TOKENS = "new_tokens"  # the dynamic size of a prefill-capable step's tokens and positions
 
 
 class _ClonedCaches(torch.nn.Module):
@@ -56,13 +58,18 @@ class _ClonedCaches(torch.nn.Module):
 
 def decode_step_artifact(model, example_inputs: Sequence[torch.Tensor], *, tokens: int,
                          positions: int, caches: Sequence[int], logits: int = 0,
+                         max_new_tokens: int = 1,
                          device: str = "cpu") -> tuple[CompiledArtifact, dict, dict]:  # fmt: skip
     """The compiled step with its caches updated in place, its constants, and the manifest's
     "decode" entry (what `package_decode_step` packages; see there for the arguments)."""
     example_inputs = list(example_inputs)
     caches = [int(c) for c in caches]
     _check_roles(example_inputs, tokens, positions, caches)
-    exported = resolve_entry("export")(_ClonedCaches(model, caches), tuple(example_inputs))
+    dims = None
+    if max_new_tokens > 1:
+        example_inputs, dims = _prefill_example(example_inputs, tokens, positions, max_new_tokens)
+    exported = resolve_entry("export")(_ClonedCaches(model, caches), tuple(example_inputs),
+                                       dynamic_shapes=dims)  # fmt: skip
     n_out = len(exported.outputs) - len(caches)
     if not 0 <= logits < n_out:
         raise ValueError(f"logits={logits}, but the model returns {n_out} tensors")
@@ -72,21 +79,72 @@ def decode_step_artifact(model, example_inputs: Sequence[torch.Tensor], *, token
     artifact, lengths = donate_index_puts(artifact, donated, artifact.outputs[n_out:])
     spec = {"tokens": tokens, "positions": positions, "caches": caches, "logits": logits,
             "max_positions": min(lengths)}  # fmt: skip
+    if max_new_tokens > 1:
+        if max_new_tokens > spec["max_positions"]:
+            raise ValueError(f"max_new_tokens={max_new_tokens} exceeds the caches' length "
+                             f"{spec['max_positions']}")  # fmt: skip
+        artifact = _allow_one_new_token(artifact, tokens)
+        spec["max_new_tokens"] = max_new_tokens
     return artifact, consts, spec
+
+
+def _prefill_example(inputs: list, tokens: int, positions: int, most: int) -> tuple[list, list]:
+    """The example inputs with two new tokens (a Dim's example size must be at least 2) and the
+    dynamic_shapes giving the tokens' and positions' length the range [2, `most`]."""
+    inputs = list(inputs)
+    tok, pos = inputs[tokens], inputs[positions]
+    inputs[tokens] = tok[:, :1].repeat(1, 2)
+    inputs[positions] = torch.arange(2, dtype=pos.dtype, device=pos.device)
+    new = resolve_entry("Dim")(NEW_TOKENS, min=2, max=most)
+    dims: list = [None] * len(inputs)
+    dims[tokens], dims[positions] = {1: new}, {0: new}
+    return inputs, dims
+
+
+def _allow_one_new_token(artifact: CompiledArtifact, tokens: int) -> CompiledArtifact:
+    """`artifact` whose new-token count (the tokens input's dimension 1) runs from 1, not 2
+    (export's least dynamic size).
+
+    The program was traced for T >= 2 new tokens; at T = 1 it computes the same formulas with a
+    length-1 dimension, which equals eager for a step written for any number of new tokens (one
+    that never branches on T == 1: an attention whose mask comes from the positions). A guard
+    that T = 1 breaks is refused here rather than failing at run time."""
+    size = artifact.buffer(artifact.inputs[tokens]).meta.sizes[1]
+    symbols = [s for s in artifact.symbols if s.symbol == size or s.name == str(size)]
+    if len(symbols) != 1:
+        raise UnsupportedArtifactError(f"the compiled step's new tokens have the size {size}, "
+                                       "not one of its dynamic sizes")  # fmt: skip
+    name = symbols[0].name
+    for g in artifact.guards:
+        sym = [x for x in g.free_symbols if x.name == name]
+        if sym and g.subs(sym[0], 1) is sympy.false:
+            raise UnsupportedArtifactError(f"the step's shape guard {g} excludes one new token; "
+                                           "write the step for any number of new tokens")
+    one = dataclasses.replace(symbols[0], lower=1)
+    return dataclasses.replace(artifact, symbols=tuple(
+        one if s.name == name else s for s in artifact.symbols))  # fmt: skip
 
 
 def package_decode_step(model, example_inputs: Sequence[torch.Tensor], path, *, tokens: int,
                         positions: int, caches: Sequence[int], logits: int = 0,
-                        device: str = "cpu", include_dirs: Sequence[str] = (),
+                        max_new_tokens: int = 1, device: str = "cpu",
+                        include_dirs: Sequence[str] = (),
                         defines: Sequence[str] = ()) -> Path:  # fmt: skip
     """Package one decoder step whose caches are updated in place; returns the package path.
 
     `tokens`, `positions` and `caches` are indices into `example_inputs` (every input is one of
     them), `logits` the index of the logits among the model's outputs. The package runs with
-    `ember_model_run` (the caches are written in place) and with `ember_generate`."""
+    `ember_model_run` (the caches are written in place) and with `ember_generate`.
+
+    `max_new_tokens` > 1 exports the tokens (B, T) and positions (T,) with T dynamic in
+    [1, max_new_tokens] (a step attending causally within the new tokens and to the cache's
+    earlier rows, its mask computed from the positions): `ember_generate` then runs a prompt of
+    up to that many tokens in one call, then one token per call. 1 (the default) is the static
+    one-token step, whose prompts `ember_generate` feeds token by token."""
     artifact, consts, spec = decode_step_artifact(model, example_inputs, tokens=tokens,
                                                   positions=positions, caches=caches,
-                                                  logits=logits, device=device)  # fmt: skip
+                                                  logits=logits, max_new_tokens=max_new_tokens,
+                                                  device=device)  # fmt: skip
     path = package((artifact, consts), path, device, include_dirs=include_dirs, defines=defines)
     manifest_path = Path(path) / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
@@ -141,6 +199,13 @@ def _layout(artifact: CompiledArtifact, views: dict, name: str) -> tuple:
             int(m.storage_offset))  # fmt: skip
 
 
+def _is_static(layout) -> bool:
+    """Are a view's sizes, strides and offset all integers (not the new tokens' count)?"""
+    sizes, strides, offset = layout
+    return all(isinstance(x, int) or getattr(x, "is_Integer", False)
+               for x in (*sizes, *strides, offset))  # fmt: skip
+
+
 def _same_elements(a: tuple, b: tuple) -> bool:
     """Do two layouts address the same elements (a size-1 dimension's stride is free)?"""
     return a[0] == b[0] and a[2] == b[2] and all(
@@ -184,8 +249,8 @@ def donate_index_puts(
         if step.kind == "view":
             src = _ref(step.args[0])
             roots[step.outputs[0]] = roots.get(src, src)
-            if step.args[1] is not None:
-                sizes, strides, offset = step.args[1]
+            if step.args[1] is not None and _is_static(step.args[1]):
+                sizes, strides, offset = step.args[1]  # (a cache's views are static)
                 views[step.outputs[0]] = (tuple(map(int, sizes)), tuple(map(int, strides)),
                                           int(offset))  # fmt: skip
         target = _in_place_target(step, roots, donated)
@@ -239,6 +304,11 @@ def _in_place_target(step, roots: dict, donated: Sequence[str]) -> Optional[str]
         return None
     root = roots.get(_ref(args[0]))
     return root if root in donated else None
+
+
+def run_count(model) -> int:
+    """Runs of a loaded package since loading (`ember_model_run_count`): one per step call."""
+    return int(getattr(model, "_native", model).run_count())
 
 
 def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int = 1,

@@ -39,6 +39,7 @@ _ENTRIES = {
     "attach_cubins": "ember.inductor.triton_aot:attach_cubins",
     "decompose_externs": "ember.primtorch:decompose_externs",
     "export": "ember.dynamo:export",  # decode.py exports the user's step itself
+    "Dim": "ember.dynamo:Dim",  # and gives a prefill step's new tokens a dynamic length
     "load_exported": "ember.dynamo:load_exported",
     "packaging": "ember.inductor.config:for_package",
 }

@@ -150,6 +150,10 @@ EMBER_API void ember_model_free(EmberModel* model);
 EMBER_API size_t ember_model_num_inputs(const EmberModel* model);
 EMBER_API size_t ember_model_num_outputs(const EmberModel* model);
 EMBER_API DLDevice ember_model_device(const EmberModel* model);
+/* Runs of the model since it was loaded: each ember_model_run and each step run of
+ * ember_generate (a prefill-capable decode step runs a prompt once). 0 for NULL. For tests and
+ * profiling; a new function, no layout changed. */
+EMBER_API uint64_t ember_model_run_count(const EmberModel* model);
 EMBER_API EmberStatus ember_model_input_info(const EmberModel* model, size_t index,
                                              EmberTensorInfo* out);
 EMBER_API EmberStatus ember_model_output_info(const EmberModel* model, size_t index,
@@ -174,10 +178,13 @@ EMBER_API EmberStatus ember_tensor_copy(const DLTensor* src, const DLTensor* dst
 /* ---- Decoding -------------------------------------------------------------------------------
  * A decode-step package (ember.cpp_wrapper.package_decode_step) runs one step of an
  * autoregressive decoder with a static KV cache. Its manifest's "decode" entry says which input
- * holds the token ids (int64 or int32, shape (B, 1)), which the positions (int64 or int32, shape
- * (1,)), which are the caches (floating point, static shapes) and which output holds the logits
- * (floating point, shape (B, V) or (B, 1, V): the last dimension is the vocabulary); every input
- * is one of those. One ember_model_run of such a package writes the new tokens' keys and values
+ * holds the token ids (int64 or int32, shape (B, T)), which the positions (int64 or int32, shape
+ * (T,)), which are the caches (floating point, static shapes) and which output holds the logits
+ * (floating point, shape (B, V) or (B, T, V): the last dimension is the vocabulary); every input
+ * is one of those. T is 1, or (when the entry's max_new_tokens is above 1) a dynamic size in
+ * [1, max_new_tokens]: ember_generate then runs the whole prompt (at most max_new_tokens long)
+ * in one step and reads the last new token's logits; with T = 1 it runs the prompt token by
+ * token. One ember_model_run of such a package writes the new tokens' keys and values
  * into the caller's cache tensors in place, at `positions` (O(new tokens), no copy of a cache);
  * `max_positions` is the caches' length. Added in ABI 1 (no existing layout changed).
  *

@@ -2,6 +2,7 @@
 #ifndef EMBER_DETAIL_MODEL_H_
 #define EMBER_DETAIL_MODEL_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,6 +31,10 @@ struct DecodeSpec {
   int64_t tokens = -1, positions = -1, logits = -1;
   std::vector<int64_t> caches;
   int64_t max_positions = 0;  // the caches' length: positions run from 0 to this - 1
+  // The most new tokens one run takes: 1 for a static one-token step (prompts go token by
+  // token); more for a step whose tokens (B, T) and positions (T,) share a dynamic size T in
+  // [1, max_new_tokens] (a prompt goes in one run).
+  int64_t max_new_tokens = 1;
 };
 
 class Model {
@@ -51,6 +56,9 @@ class Model {
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
+
+  // Runs started since the model was loaded (ember_model_run and each step of ember_generate).
+  uint64_t run_count() const { return run_count_.load(std::memory_order_relaxed); }
 
   // Run once; thread-safe. Throws Error.
   void run(DLManagedTensor* const* inputs, size_t num_inputs, DLManagedTensor** outputs,
@@ -87,6 +95,7 @@ class Model {
   std::vector<EmberTensorInfo> input_infos_, output_infos_;
   std::string cublas_path_;
   DecodeSpec decode_;
+  std::atomic<uint64_t> run_count_{0};
 };
 
 // Extern ops (externs.cc): run `op` for `model` on the call's stream. Throws Error.

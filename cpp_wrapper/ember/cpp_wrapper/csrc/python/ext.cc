@@ -110,6 +110,8 @@ class Model {
     return out;
   }
 
+  uint64_t run_count() const { return ember_model_run_count(m_); }
+
   nb::dict info() const {
     nb::list ins, outs;
     EmberTensorInfo info;
@@ -182,6 +184,7 @@ NB_MODULE(_C, m) {
       .def("run", &Model::run, nb::arg("inputs"), nb::arg("stream") = 0,
            "Run on DLPack capsules; returns output capsules.")
       .def("info", &Model::info, "Names, dtypes and shapes of inputs and outputs.")
+      .def("run_count", &Model::run_count, "Runs since loading (ember_model_run_count).")
       .def("generate", &Model::generate, nb::arg("prompt"), nb::arg("max_new_tokens"),
            nb::arg("top_k") = 1, nb::arg("temperature") = 1.0f, nb::arg("seed") = 0,
            "ember_generate on a decode-step package: the new tokens, flat and row-major.");

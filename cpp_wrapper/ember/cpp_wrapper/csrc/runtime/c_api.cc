@@ -160,6 +160,10 @@ EMBER_API DLDevice ember_model_device(const EmberModel* model) {
   return model ? model->model->device() : DLDevice{kDLCPU, 0};
 }
 
+EMBER_API uint64_t ember_model_run_count(const EmberModel* model) {
+  return model ? model->model->run_count() : 0;
+}
+
 EMBER_API EmberStatus ember_model_input_info(const EmberModel* model, size_t index,
                                              EmberTensorInfo* out) {
   return guarded([&] {

@@ -1,5 +1,6 @@
-// ember_generate: greedy and top-k decoding with a decode-step package (token-by-token prefill,
-// then one token per step), its caches allocated per call and updated in place by each run.
+// ember_generate: greedy and top-k decoding with a decode-step package (the prompt in one run
+// when the step takes a dynamic number of new tokens, else token by token; then one token per
+// run), its caches allocated per call and updated in place by each run.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -22,17 +23,21 @@ struct TensorDeleter {
 };
 using Owned = std::unique_ptr<DLManagedTensor, TensorDeleter>;
 
-Owned empty(DLDevice device, const EmberTensorInfo& info, const std::string& what) {
-  for (int i = 0; i < info.ndim; ++i) {
-    if (info.shape[i] < 0) {
+// An uninitialised tensor of `info`'s shape, its dynamic sizes (the new tokens') set to `t`.
+Owned empty(DLDevice device, const EmberTensorInfo& info, const std::string& what,
+            int64_t t = -1) {
+  std::vector<int64_t> shape(info.shape, info.shape + info.ndim);
+  for (int64_t& n : shape) {
+    if (n < 0 && t < 0) {
       fail(EMBER_ERR_UNSUPPORTED, "ember_generate: the " + what + " input '" + info.name +
-                                      "' has a dynamic size; decode-step packages are static");
+                                      "' has a dynamic size; only the new tokens' count may be");
     }
+    if (n < 0) n = t;
   }
-  DLManagedTensor* t = nullptr;
-  EmberStatus st = ember_tensor_empty(device, info.dtype, info.ndim, info.shape, &t);
+  DLManagedTensor* out = nullptr;
+  EmberStatus st = ember_tensor_empty(device, info.dtype, info.ndim, shape.data(), &out);
   if (st != EMBER_OK) fail(st, ember_last_error());
-  return Owned(t);
+  return Owned(out);
 }
 
 int64_t numel(const DLTensor& t) {
@@ -130,15 +135,16 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
   const EmberTensorInfo& tok = model.input_info(size_t(spec.tokens));
   const EmberTensorInfo& pos = model.input_info(size_t(spec.positions));
   const EmberTensorInfo& lg = model.output_info(size_t(spec.logits));
-  if (tok.ndim != 2 || tok.shape[1] != 1 || pos.ndim != 1 || pos.shape[0] != 1) {
+  const bool prefill = spec.max_new_tokens > 1;  // package.cc checked the shapes then
+  if (!prefill && (tok.ndim != 2 || tok.shape[1] != 1 || pos.ndim != 1 || pos.shape[0] != 1)) {
     fail(EMBER_ERR_UNSUPPORTED, "ember_generate feeds one token per step: the package's tokens "
                                 "input must be (B, 1) and its positions (1,); export the step "
                                 "with one new token");
   }
-  bool logits_ok = lg.ndim == 2 || (lg.ndim == 3 && lg.shape[1] == 1);
+  bool logits_ok = lg.ndim == 2 || (lg.ndim == 3 && (lg.shape[1] == 1 || prefill));
   logits_ok = logits_ok && lg.shape[lg.ndim - 1] > 0;
   if (!logits_ok) {
-    fail(EMBER_ERR_UNSUPPORTED, "ember_generate: the logits output must be (B, V) or (B, 1, V)");
+    fail(EMBER_ERR_UNSUPPORTED, "ember_generate: the logits output must be (B, V) or (B, T, V)");
   }
   if (int64_t(batch) != tok.shape[0]) {
     fail(EMBER_ERR_INVALID_ARGUMENT, "ember_generate: batch " + std::to_string(batch) +
@@ -146,14 +152,20 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
                                          std::to_string(tok.shape[0]));
   }
   if (prompt_len == 0) fail(EMBER_ERR_INVALID_ARGUMENT, "ember_generate: the prompt is empty");
+  if (prefill && prompt_len > size_t(spec.max_new_tokens)) {
+    fail(EMBER_ERR_INVALID_ARGUMENT,
+         "ember_generate: the prompt has " + std::to_string(prompt_len) +
+             " tokens; the package takes at most " + std::to_string(spec.max_new_tokens) +
+             " new tokens per run (package_decode_step's max_new_tokens)");
+  }
   if (n_new == 0) return;
   size_t limit = size_t(spec.max_positions);  // checked first: the sum below cannot wrap
-  size_t steps = prompt_len > limit || n_new > limit ? limit + 1 : prompt_len + n_new - 1;
-  if (steps > limit) {
+  size_t needed = prompt_len > limit || n_new > limit ? limit + 1 : prompt_len + n_new - 1;
+  if (needed > limit) {
     fail(EMBER_ERR_INVALID_ARGUMENT,
          "ember_generate: " + std::to_string(prompt_len) + " prompt tokens and " +
-             std::to_string(n_new) + " new ones need one position less than that (one run "
-             "per token but the last); the caches hold " + std::to_string(spec.max_positions) +
+             std::to_string(n_new) + " new ones need one position less than that (the last "
+             "new token is not run); the caches hold " + std::to_string(spec.max_positions) +
              " positions");
   }
   if (!(o.temperature > 0) || !std::isfinite(o.temperature)) {
@@ -171,8 +183,14 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
   void* stream = device.device_type == kDLCPU ? nullptr : o.stream;
   size_t n_in = size_t(model.desc().num_inputs), n_out = size_t(model.desc().num_outputs);
   std::vector<Owned> inputs(n_in);
-  inputs[size_t(spec.tokens)] = empty(device, tok, "tokens");
-  inputs[size_t(spec.positions)] = empty(device, pos, "positions");
+  // The first run takes `first` tokens (the whole prompt with a prefill step), later runs one.
+  const size_t first = prefill ? prompt_len : 1;
+  Owned one_tok = empty(device, tok, "tokens", 1), one_pos = empty(device, pos, "positions", 1);
+  Owned first_tok, first_pos;
+  if (first > 1) {
+    first_tok = empty(device, tok, "tokens", int64_t(first));
+    first_pos = empty(device, pos, "positions", int64_t(first));
+  }
   for (int64_t c : spec.caches) {  // zeros: unwritten slots are masked, and 0 * NaN is NaN
     Owned t = empty(device, model.input_info(size_t(c)), "cache");
     std::vector<char> zeros(size_t(numel(t->dl_tensor) * itemsize(t->dl_tensor.dtype)), 0);
@@ -182,21 +200,32 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
   std::vector<DLManagedTensor*> in(n_in);
   for (size_t i = 0; i < n_in; ++i) in[i] = inputs[i].get();
   uint64_t rng = o.seed;
-  std::vector<int64_t> current(batch);
+  std::vector<int64_t> current, where;
   std::vector<double> row(static_cast<size_t>(vocab));
   std::vector<char> host;
-  for (size_t s = 0; s < steps; ++s) {
-    for (size_t b = 0; b < batch; ++b) {
-      current[b] = s < prompt_len ? prompt[b * prompt_len + s]
-                                  : out_tokens[b * n_new + (s - prompt_len)];
+  auto token_at = [&](size_t b, size_t s) {  // the sequence so far: prompt, then new tokens
+    return s < prompt_len ? prompt[b * prompt_len + s] : out_tokens[b * n_new + (s - prompt_len)];
+  };
+  for (size_t done = 0;;) {  // `done`: positions the caches hold
+    size_t t = done == 0 ? first : 1;
+    DLManagedTensor* tok_in = t > 1 ? first_tok.get() : one_tok.get();
+    DLManagedTensor* pos_in = t > 1 ? first_pos.get() : one_pos.get();
+    current.assign(batch * t, 0);
+    where.assign(t, 0);
+    for (size_t j = 0; j < t; ++j) {
+      where[j] = int64_t(done + j);
+      for (size_t b = 0; b < batch; ++b) current[b * t + j] = token_at(b, done + j);
     }
-    upload(inputs[size_t(spec.tokens)]->dl_tensor, ids_as(tok, current).data(), stream);
-    upload(inputs[size_t(spec.positions)]->dl_tensor, ids_as(pos, {int64_t(s)}).data(), stream);
+    upload(tok_in->dl_tensor, ids_as(tok, current).data(), stream);
+    upload(pos_in->dl_tensor, ids_as(pos, where).data(), stream);
+    in[size_t(spec.tokens)] = tok_in;
+    in[size_t(spec.positions)] = pos_in;
     std::vector<DLManagedTensor*> raw(n_out, nullptr);
     model.run(in.data(), n_in, raw.data(), n_out, stream);
     std::vector<Owned> outputs;
-    for (DLManagedTensor* t : raw) outputs.emplace_back(t);
-    if (s + 1 < prompt_len) continue;  // prefill: the logits of a prompt token are not needed
+    for (DLManagedTensor* r : raw) outputs.emplace_back(r);
+    done += t;
+    if (done < prompt_len) continue;  // token-by-token prefill: a prompt token's logits unused
     const DLTensor& l = outputs[size_t(spec.logits)]->dl_tensor;
     const char* base = static_cast<const char*>(l.data) + l.byte_offset;
     std::vector<int64_t> strides(static_cast<size_t>(l.ndim), 1);  // dense row-major
@@ -216,11 +245,14 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
       base = host.data();
     }
     int64_t isz = itemsize(l.dtype), vs = strides[size_t(l.ndim - 1)];
+    if (l.ndim == 3) base += (l.shape[1] - 1) * strides[1] * isz;  // the last new token's row
+    size_t k = done - prompt_len;  // the new token these logits choose
     for (size_t b = 0; b < batch; ++b) {
       const char* r = base + int64_t(b) * strides[0] * isz;
       for (int64_t v = 0; v < vocab; ++v) row[size_t(v)] = load_float(r + v * vs * isz, l.dtype);
-      out_tokens[b * n_new + (s + 1 - prompt_len)] = choose(row, o, &rng);
+      out_tokens[b * n_new + k] = choose(row, o, &rng);
     }
+    if (k + 1 == n_new) return;
   }
 }
 

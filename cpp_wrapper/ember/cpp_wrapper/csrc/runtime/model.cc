@@ -377,6 +377,7 @@ void Model::run(DLManagedTensor* const* inputs, size_t num_inputs, DLManagedTens
                                  describe_device(device_));
     }
   }
+  run_count_.fetch_add(1, std::memory_order_relaxed);
   ember_abi::Call call;
   call.model = this;
   call.stream = device_.device_type == kDLCPU ? nullptr : stream;

@@ -445,6 +445,32 @@ std::vector<ConstantArg> constants_of(const Json& manifest, const ember_abi::Mod
   return out;
 }
 
+// A prefill-capable decode step (max_new_tokens > 1): tokens (B, T) and positions (T,) share one
+// dynamic size T whose range is [1, max_new_tokens], so ember_generate may run a whole prompt
+// (T = prompt length) and then single tokens through the same library.
+void check_prefill(const Json& manifest, const ember_abi::ModelDesc& d, const DecodeSpec& spec) {
+  const std::string where = "manifest.decode.max_new_tokens";
+  const ember_abi::TensorDesc& tok = d.inputs[spec.tokens];
+  const ember_abi::TensorDesc& pos = d.inputs[spec.positions];
+  bool ok = tok.ndim == 2 && pos.ndim == 1 && tok.shape[0] >= 0 && tok.shape[1] < 0 &&
+            pos.shape[0] < 0 && tok.dim_names && pos.dim_names && tok.dim_names[1] &&
+            pos.dim_names[0] && std::string(tok.dim_names[1]) == pos.dim_names[0];
+  if (!ok) {
+    bad(where + " > 1 needs tokens (B, T) and positions (T,) sharing a dynamic size T");
+  }
+  const std::string name = tok.dim_names[1];
+  for (const Json& s : array_member(manifest, "symbols", kMaxEntries, "manifest")) {
+    if (str_member(s, "name", "symbols") != name) continue;
+    const Json& upper = s["upper"];
+    if (s["lower"].as_int() > 1 || !upper.is_integer() || upper.as_int() != spec.max_new_tokens) {
+      bad(where + ": the range of " + shown(name) + " must be [1, " +
+          std::to_string(spec.max_new_tokens) + "]");
+    }
+    return;
+  }
+  bad(where + ": symbols does not list " + shown(name));
+}
+
 // The optional "decode" entry (package_decode_step): input and output indices in range, distinct,
 // and of the kinds ember_generate needs (integer tokens/positions, floating caches and logits).
 DecodeSpec decode_spec(const Json& manifest, const ember_abi::ModelDesc& d) {
@@ -481,6 +507,10 @@ DecodeSpec decode_spec(const Json& manifest, const ember_abi::ModelDesc& d) {
     if (!is_float(d.inputs[c].dtype)) bad(where + ": cache inputs must be floating point");
   }
   if (!is_float(d.outputs[spec.logits].dtype)) bad(where + ": the logits must be floating point");
+  if (e.has("max_new_tokens")) {
+    spec.max_new_tokens = int_member(e, "max_new_tokens", 1, spec.max_positions, where);
+  }
+  if (spec.max_new_tokens > 1) check_prefill(manifest, d, spec);
   return spec;
 }
 

@@ -102,6 +102,7 @@ int main() {
              EMBER_ERR_PACKAGE,
          "a missing library is EMBER_ERR_PACKAGE");
   expect(ember_model_num_inputs(nullptr) == 0, "NULL model has no inputs");
+  expect(ember_model_run_count(nullptr) == 0, "NULL model has run no steps");
   ember_model_free(nullptr);
 
   EmberGenerateOptions gen;
