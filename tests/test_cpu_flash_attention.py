@@ -69,7 +69,8 @@ def test_scale():
     _check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.37), q, k, v)
 
 
-@pytest.mark.parametrize("shape", [(33, 40), (2, 1, 33, 40), (1, 4, 1, 40)])
+@pytest.mark.parametrize("shape", [(33, 40), (2, 1, 33, 40), (1, 4, 1, 40), (2, 1, 1, 40),
+                                   (2, 4, 33, 40)])  # fmt: skip
 def test_additive_masks_broadcast_over_batch_and_heads(shape):
     q, k, v = _qkv(2, 4, 33, 40, 32)
     mask = torch.randn(shape, generator=torch.Generator().manual_seed(1))
@@ -144,6 +145,21 @@ def test_avx2_build(monkeypatch):
     fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
     compiled = _check(fn, q, k, v, mask)
     assert "ember::flash::attention" in _attention_kernels(compiled)[0].source
+
+
+@pytest.mark.parametrize("isa", ["avx2", "generic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(45, 77), (3, 1, 1, 77), (3, 2, 45, 77)])
+def test_masks_by_isa(monkeypatch, isa, dtype, shape):
+    # the mask is copied into the scores' transposed layout in 8 x 8 register tiles (AVX2, every
+    # mask dtype; 45 x 77 leaves partial tiles), one value per key when it is broadcast over
+    # queries, and 8 queries at a time in the generic build
+    monkeypatch.setattr(config, "isa", isa)
+    q, k, v = _qkv(3, 2, 45, 77, 32, dtype=dtype)
+    mask = torch.randn(shape, generator=torch.Generator().manual_seed(8)).to(dtype)
+    fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
+    tol = FP32 if dtype == torch.float32 else BF16
+    _check(fn, q, k, v, mask, tol=tol)
 
 
 def test_no_buffer_holds_the_scores():
