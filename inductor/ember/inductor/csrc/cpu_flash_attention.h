@@ -124,15 +124,20 @@ inline void mask_block(const MT* m, int64_t ms2, int64_t nq, int64_t nqt, int64_
 }
 
 struct Dims {
-  int64_t B, L, S, QS0, QS1, QS2, KS0, KS1, KS2, VS0, VS1, VS2, OS0, OS1, OS2, MS0, MS1, MS2;
+  int64_t B, L, S, QS0, QS1, QS2, KS0, KS1, KS2, VS0, VS1, VS2, OS0, OS1, OS2, MS0, MS1, MS2,
+      LS0, LS1, LS2;
 };
 
 constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 constexpr int RI = W >= 16 ? 8 : 4;  // keys per score tile, queries per p*V tile (AVX512: 8)
 
-template <class P, class T, bool BF16, class MT, bool MBF16>
+// OT: the output's storage type (T, or float where a training graph's half-precision output
+// is rounded by a kernel of its own); lse: the log-sum-exp of each query row's scores (B, H, L
+// at strides LS0-2) for the backward, or null.
+template <class P, class T, bool BF16, class MT, bool MBF16, class OT = T>
 void attention(const Dims d, const T* __restrict q, const T* __restrict k,
-               const T* __restrict v, const MT* __restrict mask, T* __restrict out) {
+               const T* __restrict v, const MT* __restrict mask, OT* __restrict out,
+               float* __restrict lse = nullptr) {
   constexpr int64_t BQ = P::BQ, BK = P::BK, E = P::E, EV = P::EV;
   constexpr int64_t EVP = round_up(EV, W);     // value rows padded to whole vectors
   constexpr int RQ = 2;                        // query vectors per register tile of scores
@@ -273,11 +278,14 @@ void attention(const Dims d, const T* __restrict q, const T* __restrict k,
           }
         }
         // a row no key reaches (every score masked) is zero, as eager's kernel gives
-        T* oh = out + b * d.OS0 + h * d.OS1;
+        OT* oh = out + b * d.OS0 + h * d.OS1;
         for (int64_t i = 0; i < nq; ++i) {
           const float inv = lrow[i] > 0.0f ? 1.0f / lrow[i] : 0.0f;
           for (int64_t e = 0; e < EV; ++e)
-            st<T, BF16>(oh + (q0 + i) * d.OS2 + e * P::OS3, acc[i * EVP + e] * inv);
+            st<OT, BF16>(oh + (q0 + i) * d.OS2 + e * P::OS3, acc[i * EVP + e] * inv);
+          if (lse)  // such a row's is 0, as eager's (its backward then gives it no gradient)
+            lse[b * d.LS0 + h * d.LS1 + (q0 + i) * d.LS2] =
+                lrow[i] > 0.0f ? mrow[i] + std::log(lrow[i]) : 0.0f;
         }
       }
     }
