@@ -105,3 +105,28 @@ def test_switched_off_keeps_torch_s_kernels(monkeypatch):
     q, k, v, m, grad = _inputs(1, 2, 20, 24, 16, torch.float32)
     with pytest.raises(AssertionError, match="flash_attention_buf"):
         _check(monkeypatch, _sdpa(True), q, k, v, m, grad)
+
+
+def test_dynamic_batch_and_lengths(monkeypatch):
+    # the second size makes batch and lengths symbols: both kernels read them at run time, the
+    # backward's scratch is sized by them, and later sizes reuse the programs
+    fn = _sdpa(causal=True, gqa=True)
+    sources = []
+    monkeypatch.setattr(config, "output_code", True)
+    monkeypatch.setattr("builtins.print", lambda *a, **kw: sources.append(" ".join(map(str, a))))
+    ember.dynamo.reset()
+    compiled = ember.compile(fn)
+    for b, length, source in ((2, 33, 40), (3, 70, 21), (4, 5, 130)):
+        q, k, v, _, grad = _inputs(b, 4, length, source, 32, torch.float32, hkv=2, seed=b)
+        out = compiled(q, k, v, None)
+        out.backward(grad)
+        got = [out.detach()] + [t.grad for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        out = fn(q, k, v, None)
+        out.backward(grad)
+        for a, w in zip(got, [out.detach()] + [t.grad for t in (q, k, v)]):
+            torch.testing.assert_close(a, w, **FP32)
+    backward = [s for s in sources if "flash_attention_backward_" in s]
+    assert len(backward) == 2 and "const int64_t s0 = " in backward[1], sources
+    assert not any("extern_sdpa" in s for s in sources)

@@ -44,10 +44,25 @@ inline vf splat(float x) {
   return vbcast(x);
 #endif
 }
-// exp that is exactly 0 far below the range (a masked score, -inf) and never takes vexp's slow
-// lanes: exp(-87) is 1.6e-38, below which eager's results are subnormal too.
+// exp of a score minus its row's max (or log-sum-exp): at most about 0, exactly 0 far below
+// the range (a masked score, -inf; exp(-87) is 1.6e-38, below which eager's results are
+// subnormal too). vexp's reduction and polynomial without its lanes for NaN inputs, overflow
+// and subnormal results, which cost a compare, a test and a blend per vector in the softmax.
+// (A NaN score stays NaN: the reduction and the polynomial carry it.)
 inline vf vexp_masked(vf x) {
-  return vwhere(x < -87.0f, vbcast(0.0f), vexp(vmax(x, vbcast(-87.0f))));
+  const vm dead = x < -87.0f;
+  x = vmax(x, vbcast(-87.0f));
+  const vm n = __builtin_convertvector(x * 1.44269504088896341f + 128.5f, vm) - 128;
+  const vf nf = __builtin_convertvector(n, vf);
+  const vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  vf y = vbcast(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  return vwhere(dead, vbcast(0.0f), y * (vf)((n + 127) << 23));
 }
 
 #if defined(__AVX2__)
