@@ -130,3 +130,37 @@ def test_dynamic_batch_and_lengths(monkeypatch):
     backward = [s for s in sources if "flash_attention_backward_" in s]
     assert len(backward) == 2 and "const int64_t s0 = " in backward[1], sources
     assert not any("extern_sdpa" in s for s in sources)
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, dim=64, heads=4):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.heads = heads
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2)
+                   for z in self.qkv(x).split(d, dim=-1))  # fmt: skip
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(att.transpose(1, 2).reshape(b, t, d))
+
+
+def test_training_step_of_a_projected_attention(monkeypatch):
+    # q, k, v are (B, L, H, E) views of one projection; a padding mask; parameter gradients
+    torch.manual_seed(0)
+    model, x = Attention(), torch.randn(3, 37, 64)
+    mask = torch.zeros(3, 1, 1, 37)
+    mask[1, ..., 30:] = float("-inf")
+    sources = []
+    monkeypatch.setattr(config, "output_code", True)
+    monkeypatch.setattr("builtins.print", lambda *a, **kw: sources.append(" ".join(map(str, a))))
+    ember.dynamo.reset()
+    ember.compile(model)(x, mask).square().sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x, mask).square().sum().backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad, **FP32)
+    text = "\n".join(sources)
+    assert "flash_attention_backward_" in text and "extern_sdpa" not in text
