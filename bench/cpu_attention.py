@@ -2,7 +2,7 @@
 scaled_dot_product_attention call at a time, on the same threads.
 
     python bench/cpu_attention.py --threads 16 [--batch 1 --heads 16 --length 4096 --head-dim 128
-                                               --dtype float32,bfloat16 --mask none,causal,float]
+                              --dtype float32,bfloat16 --mask none,causal,float,padding,full]
 
 Both sides get the thread count (OMP_NUM_THREADS, set before torch loads, and
 torch.set_num_threads). Ember's side is the traced call compiled by ember.inductor.compile_prims
@@ -57,8 +57,10 @@ def case(dtype, mask_kind):
     q, k, v = (torch.randn(b, h, n, e, generator=g).to(dtype) for _ in range(3))
     if mask_kind == "causal":
         return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), (q, k, v)
-    if mask_kind == "float":  # one additive (L, S) mask shared by every batch and head
-        m = torch.randn(n, n, generator=g).to(dtype)
+    if mask_kind in ("float", "padding", "full"):  # additive: (L, S), (B, 1, 1, S), (B, H, L, S)
+        shape = dict(float=(n, n), padding=(b, 1, 1, n), full=(b, h, n, n))[mask_kind]
+        m = torch.randn(shape, generator=g).to(dtype)
+
         def masked(q, k, v, m):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
 

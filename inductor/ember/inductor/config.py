@@ -87,9 +87,9 @@ class Config:
     split_reductions: Union[bool, str] = "auto"
     # scaled_dot_product_attention on the CPU (extern.sdpa_flash_cpu, torch's flash kernel) as a
     # generated C++ flash-attention kernel (cpu_attention.py): never stores the (L, S) scores and
-    # runs in the C++ wrapper and packages, which cannot call torch. "auto" and True: wherever it
-    # applies (inference, no dropout, static sizes, fp32/bf16/fp16; else the extern call stays);
-    # False: always torch's kernel.
+    # runs in the C++ wrapper and packages, which cannot call torch; in training, its backward
+    # too (cpu_attention_backward.py). "auto" and True: wherever it applies (no dropout, static
+    # heads and head dims, fp32/bf16/fp16; else the extern call stays); False: torch's kernels.
     cpu_flash_attention: Union[bool, str] = "auto"
     # CUDA's attention externs (extern.sdpa_flash, sdpa_efficient, sdpa_cudnn: torch's kernels)
     # as Ember's own Triton flash-attention kernel (triton_attention.py), which packages launch

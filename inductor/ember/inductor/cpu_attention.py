@@ -11,11 +11,15 @@ carried in the artifact, so the C++ wrapper and packages run it without torch. I
 of query rows against blocks of keys with an online softmax, parallel over batch x heads x query
 blocks, and never stores the (L, S) scores.
 
-It applies to inference calls (the log-sum-exp, which a backward reads, is unused) without
-dropout, with static heads and head dims, float32/bfloat16/float16 tensors and a floating mask
-(torch turns a boolean one into an additive one before this call) broadcastable to (B, H, L, S),
-and K/V with as many heads as the query or a divisor of them (GQA/MQA). Anything else raises
-NotImplementedError, which keeps today's extern call.
+In a training graph the log-sum-exp, which the backward reads, is read too: the kernel then
+writes the output and it into one float32 buffer (the output first, as its strides lay it out;
+a half-precision output is rounded from there by a kernel of its own), and the backward
+(cpu_attention_backward.py) is Ember's kernel as well.
+
+It applies to calls without dropout, with static heads and head dims, float32/bfloat16/float16
+tensors and a floating mask (torch turns a boolean one into an additive one before this call)
+broadcastable to (B, H, L, S), and K/V with as many heads as the query or a divisor of them
+(GQA/MQA). Anything else raises NotImplementedError, which keeps today's extern call.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ import torch
 
 from .codegen_common import KernelSource, buffer_ptr_type, code_text, size_symbols_in
 from .config import config
-from .lowering import View, register
-from .loop_ir import Layout, TemplateBuffer
+from .lowering import Lazy, View, register
+from .loop_ir import Layout, TemplateBuffer, ops
 from .runtime import CSRC
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -78,19 +82,23 @@ def _why_not(L, q, k, v, dropout_p, mask, scale) -> str | None:
     """Why the kernel does not take this call, or None when it does."""
     if not enabled(L.device):
         return "config.cpu_flash_attention is off, or the graph is not a C++ CPU graph"
-    return unsupported(L, q, k, v, dropout_p, mask, scale, MAX_HEAD_DIM)
+    return unsupported(L, q, k, v, dropout_p, mask, scale, MAX_HEAD_DIM, lse_ok=True)
+
+
+def lse_read(L) -> bool:
+    """Whether the node being lowered has its log-sum-exp (output 1) read: a training graph."""
+    users = list(L.current.users) if L.current is not None else []
+    return any(u.target is not operator.getitem or u.args[1] != 0 for u in users)
 
 
 def unsupported(L, q, k, v, dropout_p, mask, scale, max_head_dim: int,
-                single_output: bool = False) -> str | None:  # fmt: skip
-    """Why a flash kernel of Ember's (this one, or triton_attention's) cannot run this inference
-    call, or None: dropout, a read log-sum-exp (`single_output`: the op returns only the
-    output), dtypes, sizes and masks it does not take."""
+                single_output: bool = False, lse_ok: bool = False) -> str | None:  # fmt: skip
+    """Why a flash kernel of Ember's (this one, or triton_attention's) cannot run this call, or
+    None: dropout, a read log-sum-exp (unless `lse_ok`; `single_output`: the op returns only
+    the output), dtypes, sizes and masks it does not take."""
     if dropout_p != 0.0:
         return "dropout"
-    users = list(L.current.users) if L.current is not None else []
-    if not single_output and any(u.target is not operator.getitem or u.args[1] != 0
-                                 for u in users):  # fmt: skip
+    if not single_output and not lse_ok and lse_read(L):
         return "the log-sum-exp is read (a training graph's backward)"
     if q.dtype not in _DTYPES or not q.dtype == k.dtype == v.dtype:
         return f"dtype {q.dtype}"
@@ -145,15 +153,12 @@ def _float_literal(x: float) -> str:
 
 # what the kernel reads at run time (sizes that may be dynamic and the strides built from them)
 RUNTIME = ("B", "L", "S", "QS0", "QS1", "QS2", "KS0", "KS1", "KS2", "VS0", "VS1", "VS2", "OS0",
-           "OS1", "OS2", "MS0", "MS1", "MS2")  # fmt: skip
+           "OS1", "OS2", "MS0", "MS1", "MS2", "LS0", "LS1", "LS2")  # fmt: skip
 
 
-def render_source(kernel: str, params: dict, dims: dict, n_buffers: int, dtype,
-                  mask_dtype) -> tuple[str, list]:  # fmt: skip
-    """(the kernel's C++ source, the size symbols it takes after its buffers): the template,
-    one struct of the compile-time `params`, and the packed entry, which computes the run-time
-    `dims` (sympy expressions over the program's size symbols)."""
-    template = (CSRC / "cpu_flash_attention.h").read_text()
+def param_struct(params: dict, salt: str) -> tuple[str, list]:
+    """(the name of a struct of the compile-time `params`, its lines): a name of its own per
+    value set, so several kernels' structs can share one translation unit."""
     fields = []
     for key, value in params.items():
         if isinstance(value, bool):
@@ -162,27 +167,55 @@ def render_source(kernel: str, params: dict, dims: dict, n_buffers: int, dtype,
             fields.append(f"static constexpr float {key} = {_float_literal(value)};")
         else:
             fields.append(f"static constexpr int64_t {key} = {int(value)};")
-    body = "\n".join(fields)
-    tag = hashlib.sha256(f"{body}{dtype}{mask_dtype}".encode()).hexdigest()[:16]
+    tag = hashlib.sha256(("\n".join(fields) + salt).encode()).hexdigest()[:16]
     struct = f"FlashParams_{tag}"
-    t, bf = _CTYPE[dtype], "true" if dtype == torch.bfloat16 else "false"
-    mt = "void" if mask_dtype is None else _CTYPE[mask_dtype]
-    mbf = "true" if mask_dtype == torch.bfloat16 else "false"
-    mask_arg = "nullptr" if mask_dtype is None else f"static_cast<const {mt}*>(args[3])"
-    values = [code_text(sympy.sympify(dims[n])) for n in RUNTIME]
+    lines = [f"#ifndef EMBER_{struct}", f"#define EMBER_{struct}", f"struct {struct} {{",
+             *("  " + f for f in fields), "};", "#endif", ""]  # fmt: skip
+    return struct, lines
+
+
+def size_reads(values: list, n_buffers: int) -> tuple[list, list]:
+    """(the size symbols that `values`' code uses, the entry's lines reading them from the
+    arguments after the kernel's `n_buffers` buffers)."""
     syms = size_symbols_in(values)
     reads = [f"  const int64_t {s} = *static_cast<const int64_t*>(args[{n_buffers + j}]);"
              for j, s in enumerate(syms)]  # fmt: skip
+    return syms, reads
+
+
+def dtype_args(dtype, mask_dtype) -> tuple[str, str, str, str]:
+    """The C++ template arguments T, BF16, MT, MBF16 for these tensor and mask dtypes."""
+    t, bf = _CTYPE[dtype], "true" if dtype == torch.bfloat16 else "false"
+    mt = "void" if mask_dtype is None else _CTYPE[mask_dtype]
+    return t, bf, mt, "true" if mask_dtype == torch.bfloat16 else "false"
+
+
+def render_source(kernel: str, params: dict, dims: dict, n_buffers: int, dtype, mask_dtype,
+                  n_out=None) -> tuple[str, list]:  # fmt: skip
+    """(the kernel's C++ source, the size symbols it takes after its buffers): the template,
+    one struct of the compile-time `params`, and the packed entry, which computes the run-time
+    `dims` (sympy expressions over the program's size symbols). `n_out`: for a training graph,
+    the output's element count, after which the float32 output buffer holds the log-sum-exp."""
+    template = (CSRC / "cpu_flash_attention.h").read_text()
+    struct, struct_lines = param_struct(params, f"{dtype}{mask_dtype}")
+    t, bf, mt, mbf = dtype_args(dtype, mask_dtype)
+    mask_arg = "nullptr" if mask_dtype is None else f"static_cast<const {mt}*>(args[3])"
+    values = [code_text(sympy.sympify(dims[n])) for n in RUNTIME]
+    n_out_text = None if n_out is None else code_text(sympy.sympify(n_out))
+    syms, reads = size_reads(values + ([n_out_text] if n_out_text else []), n_buffers)
+    ot = t if n_out is None else "float"
+    out = f"static_cast<{ot}*>(args[{n_buffers - 1}])"
+    lse = "nullptr"
+    if n_out is not None:
+        lse = f"static_cast<float*>(args[{n_buffers - 1}]) + {n_out_text}"
     source = "\n".join([
-        '#include "ember_cpu.h"', template.rstrip("\n"), "",
-        f"#ifndef EMBER_{struct}", f"#define EMBER_{struct}",
-        f"struct {struct} {{", *("  " + f for f in fields), "};", "#endif", "",
+        '#include "ember_cpu.h"', template.rstrip("\n"), "", *struct_lines,
         f"EMBER_EXPORT void {kernel}(void** args) {{", *reads,
         "  const ember::flash::Dims dims{" + ", ".join(values) + "};",
-        f"  ember::flash::attention<{struct}, {t}, {bf}, {mt}, {mbf}>(dims,",
+        f"  ember::flash::attention<{struct}, {t}, {bf}, {mt}, {mbf}, {ot}>(dims,",
         f"      static_cast<const {t}*>(args[0]), static_cast<const {t}*>(args[1]),",
         f"      static_cast<const {t}*>(args[2]), {mask_arg},",
-        f"      static_cast<{t}*>(args[{n_buffers - 1}]));",
+        f"      {out}, {lse});",
         "}", "",
     ])  # fmt: skip
     return source, syms
@@ -197,11 +230,41 @@ def _hint(L, x) -> int:
     return int(x.subs(subs))
 
 
-def _reference(query, key, value, mask=None, *, is_causal=False, scale=None):
-    """What the kernel computes, by torch (the loop-IR interpreter runs this)."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+def _reference(query, key, value, mask=None, *, is_causal=False, scale=None, packed=None):
+    """What the kernel computes, by torch (the loop-IR interpreter runs this). `packed`: the
+    float32 buffer's (output strides, element count) of a training graph, which holds the
+    output and after it the log-sum-exp."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, 0.0, is_causal, attn_mask=mask, scale=scale
-    )[0]
+    )
+    if packed is None:
+        return out
+    buf = torch.empty(out.numel() + lse.numel(), dtype=torch.float32)
+    buf.as_strided(out.shape, out.stride()).copy_(out)
+    buf.as_strided(lse.shape, lse.stride(), out.numel()).copy_(lse)
+    return buf
+
+
+def _numel(sizes):
+    return sympy.Mul(*[sympy.sympify(n) for n in sizes])
+
+
+def _flash_dims(strides: dict) -> tuple[dict, dict]:
+    """(compile-time last-dim strides by name, run-time strides of dims 0-2 by name) of the
+    tensors' 4-d `strides` by letter; NotImplementedError for a symbolic last-dim stride."""
+    last = _ints([st[3] for st in strides.values()])
+    if last is None:
+        raise NotImplementedError("generated CPU flash attention: a symbolic last-dim stride")
+    return ({f"{t}S3": n for t, n in zip(strides, last)},
+            {f"{t}S{i}": st[i] for t, st in strides.items() for i in range(3)})  # fmt: skip
+
+
+def mask_size_pairs(mask, want) -> list:
+    """(mask size, size it stands for) for each mask dim that is not broadcast."""
+    if mask is None:
+        return []
+    lead = [1] * (4 - len(mask.layout.sizes)) + list(mask.layout.sizes)
+    return [(n, w) for n, w in zip(lead, want) if n != 1]
 
 
 @register("extern.sdpa_flash_cpu")
@@ -222,39 +285,49 @@ def sdpa_flash_cpu(L, query, key, value, dropout_p=0.0, is_causal=False, *, attn
     b, h, length, e = q.layout.sizes
     hkv, source, ev = k.layout.sizes[1], k.layout.sizes[2], v.layout.sizes[3]
     mask = None if attn_mask is None else L.realize_as_buffer(attn_mask)
-    out_meta = L.meta()[0]
+    out_meta, lse_meta = L.meta()
+    train = lse_read(L)
+    n_out = _numel(out_meta.sizes)
     name = L.new_name()
-    layout = Layout(out_meta.dtype, L.device, out_meta.sizes, out_meta.strides)
+    if train:  # the output (float32), then the log-sum-exp
+        layout = Layout(torch.float32, L.device, (n_out + _numel(lse_meta.sizes),), (1,))
+    else:
+        layout = Layout(out_meta.dtype, L.device, out_meta.sizes, out_meta.strides)
     bq, bk = block_sizes(_hint(L, b) * int(h), _hint(L, length), _hint(L, source))
     strides = dict(Q=_strides4(q), K=_strides4(k), V=_strides4(v), O=list(out_meta.strides),
-                   M=[0] * 4 if mask is None else _strides4(mask, (b, h, length, source)))
-    last = _ints([st[3] for st in strides.values()])
-    if last is None:
-        raise NotImplementedError("generated CPU flash attention: a symbolic last-dim stride")
-    params = dict(H=int(h), HKV=int(hkv), E=int(e), EV=int(ev), BQ=bq, BK=bk,
-                  **{f"{t}S3": n for t, n in zip(strides, last)}, CAUSAL=bool(is_causal),
+                   M=[0] * 4 if mask is None else _strides4(mask, (b, h, length, source)),
+                   L=[*lse_meta.strides, 1] if train else [0] * 4)  # fmt: skip
+    last, run_time = _flash_dims(strides)
+    last.pop("LS3")
+    params = dict(H=int(h), HKV=int(hkv), E=int(e), EV=int(ev), BQ=bq, BK=bk, **last,
+                  CAUSAL=bool(is_causal),
                   SCALE=float(scale) if scale is not None else 1.0 / math.sqrt(int(e)))
-    dims = dict(B=b, L=length, S=source,
-                **{f"{t}S{i}": st[i] for t, st in strides.items() for i in range(3)})
+    dims = dict(B=b, L=length, S=source, **run_time)
     inputs = (q, k, v) if mask is None else (q, k, v, mask)
     mask_dtype = None if mask is None else mask.dtype
     pairs = [(b, k.layout.sizes[0]), (b, v.layout.sizes[0]), (source, v.layout.sizes[2])]
-    if mask is not None:
-        lead = [1] * (4 - len(mask.layout.sizes)) + list(mask.layout.sizes)
-        pairs += [(n, w) for n, w in zip(lead, (b, h, length, source)) if n != 1]
+    pairs += mask_size_pairs(mask, (b, h, length, source))
 
     def render(kernel: str) -> KernelSource:
-        src, syms = render_source(kernel, params, dims, len(inputs) + 1, q.dtype, mask_dtype)
+        src, syms = render_source(kernel, params, dims, len(inputs) + 1, q.dtype, mask_dtype,
+                                  n_out if train else None)  # fmt: skip
         names = tuple(x.name for x in inputs) + (name,)
-        types = tuple(buffer_ptr_type(x.dtype) for x in inputs) + (buffer_ptr_type(q.dtype),)
+        types = tuple(buffer_ptr_type(x.dtype) for x in inputs) + (buffer_ptr_type(layout.dtype),)
         return KernelSource(kernel, "cpp", src, (*names, *syms), (*types, *("i64",) * len(syms)))
 
     def fn(*tensors):
         return _reference(*tensors[:3], tensors[3] if len(tensors) > 3 else None,
-                          is_causal=bool(is_causal), scale=scale)  # fmt: skip
+                          is_causal=bool(is_causal), scale=scale, packed=train or None)  # fmt: skip
 
     buf = TemplateBuffer(name, layout, op="extern.sdpa_flash_cpu", fn=fn, args=inputs,
                          kernel=f"flash_attention_{name}", render=render,
                          checks=_run_time_checks(pairs))  # fmt: skip
     L.buffers.append(buf)
-    return View.of(buf), None
+    if not train:
+        return View.of(buf), None
+    out = View(buf, out_meta.sizes, out_meta.strides)
+    if out_meta.dtype != torch.float32:  # rounded by a pointwise kernel of its own
+        f32 = out
+        out = Lazy(f32.sizes, out_meta.dtype, L.device,
+                   lambda idx: ops.to_dtype(f32.load(idx), out_meta.dtype))  # fmt: skip
+    return out, View(buf, lse_meta.sizes, lse_meta.strides, n_out)

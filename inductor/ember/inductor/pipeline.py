@@ -24,6 +24,7 @@ from ember.ir.locks import COMPILE_LOCK
 from . import (
     cache,
     cpu_attention,  # noqa: F401  (registers the generated CPU flash attention's lowering)
+    cpu_attention_backward,  # noqa: F401  (and its backward's)
     fx_cache,
     gemm_template,
     lowering_random,  # noqa: F401  (registers the random prims' lowerings)

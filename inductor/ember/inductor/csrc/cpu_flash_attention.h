@@ -44,22 +44,115 @@ inline vf splat(float x) {
   return vbcast(x);
 #endif
 }
-// exp that is exactly 0 far below the range (a masked score, -inf) and never takes vexp's slow
-// lanes: exp(-87) is 1.6e-38, below which eager's results are subnormal too.
+// exp of a score minus its row's max (or log-sum-exp): at most about 0, exactly 0 far below
+// the range (a masked score, -inf; exp(-87) is 1.6e-38, below which eager's results are
+// subnormal too). vexp's reduction and polynomial without its lanes for NaN inputs, overflow
+// and subnormal results, which cost a compare, a test and a blend per vector in the softmax.
+// (A NaN score stays NaN: the reduction and the polynomial carry it.)
 inline vf vexp_masked(vf x) {
-  return vwhere(x < -87.0f, vbcast(0.0f), vexp(vmax(x, vbcast(-87.0f))));
+  const vm dead = x < -87.0f;
+  x = vmax(x, vbcast(-87.0f));
+  const vm n = __builtin_convertvector(x * 1.44269504088896341f + 128.5f, vm) - 128;
+  const vf nf = __builtin_convertvector(n, vf);
+  const vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  vf y = vbcast(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  return vwhere(dead, vbcast(0.0f), y * (vf)((n + 127) << 23));
+}
+
+#if defined(__AVX2__)
+// 8 consecutive elements of a mask as floats (AVX512 builds use it too: a mask tile is 8 x 8)
+template <class MT, bool MBF16> inline __m256 load8(const MT* p) {
+  if constexpr (sizeof(MT) == 4) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (!MBF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+// r[i][j] <- r[j][i] for an 8 x 8 tile in registers
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+#endif
+
+// The mask's (nq, nk) block at m (rows ms2 apart, keys MS3 apart) written transposed into the
+// scores' layout, t[j * BQP + i], columns nq..nqt zero; the score tiles then start from it.
+// Added in place, key after key for each query, the stores ran BQP floats apart: 64 keys a row,
+// all in a few L1 sets (BQP * 4 bytes is a multiple of 1 KiB), so nearly every add missed. A
+// mask broadcast over queries (ms2 == 0, a padding mask) is one value per key; otherwise 8 x 8
+// tiles are loaded as rows and transposed in registers (AVX2), or copied 8 queries at a time.
+template <class MT, bool MBF16, int64_t MS3, int64_t BQP>
+inline void mask_block(const MT* m, int64_t ms2, int64_t nq, int64_t nqt, int64_t nk, float* t) {
+  if (ms2 == 0) {
+    for (int64_t j = 0; j < nk; ++j) {
+      const vf x = splat(ld<MT, MBF16>(m + j * MS3));
+      for (int64_t i = 0; i < nqt; i += W) vstore(t + j * BQP + i, x);
+    }
+    return;
+  }
+  int64_t i0 = 0;
+#if defined(__AVX2__)
+  if constexpr (MS3 == 1) {
+    for (; i0 + 8 <= nq; i0 += 8) {
+      int64_t j0 = 0;
+      for (; j0 + 8 <= nk; j0 += 8) {
+        __m256 r[8];
+        for (int ii = 0; ii < 8; ++ii) r[ii] = load8<MT, MBF16>(m + (i0 + ii) * ms2 + j0);
+        transpose8(r);
+        for (int jj = 0; jj < 8; ++jj) _mm256_storeu_ps(t + (j0 + jj) * BQP + i0, r[jj]);
+      }
+      for (int64_t j = j0; j < nk; ++j)
+        for (int ii = 0; ii < 8; ++ii)
+          t[j * BQP + i0 + ii] = ld<MT, MBF16>(m + (i0 + ii) * ms2 + j);
+    }
+  }
+#endif
+  for (; i0 < nq; i0 += 8) {
+    const int64_t n = std::min<int64_t>(8, nq - i0);
+    for (int64_t j = 0; j < nk; ++j)
+      for (int64_t ii = 0; ii < n; ++ii)
+        t[j * BQP + i0 + ii] = ld<MT, MBF16>(m + (i0 + ii) * ms2 + j * MS3);
+  }
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t i = nq; i < nqt; ++i) t[j * BQP + i] = 0.0f;
 }
 
 struct Dims {
-  int64_t B, L, S, QS0, QS1, QS2, KS0, KS1, KS2, VS0, VS1, VS2, OS0, OS1, OS2, MS0, MS1, MS2;
+  int64_t B, L, S, QS0, QS1, QS2, KS0, KS1, KS2, VS0, VS1, VS2, OS0, OS1, OS2, MS0, MS1, MS2,
+      LS0, LS1, LS2;
 };
 
 constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 constexpr int RI = W >= 16 ? 8 : 4;  // keys per score tile, queries per p*V tile (AVX512: 8)
 
-template <class P, class T, bool BF16, class MT, bool MBF16>
+// OT: the output's storage type (T, or float where a training graph's half-precision output
+// is rounded by a kernel of its own); lse: the log-sum-exp of each query row's scores (B, H, L
+// at strides LS0-2) for the backward, or null.
+template <class P, class T, bool BF16, class MT, bool MBF16, class OT = T>
 void attention(const Dims d, const T* __restrict q, const T* __restrict k,
-               const T* __restrict v, const MT* __restrict mask, T* __restrict out) {
+               const T* __restrict v, const MT* __restrict mask, OT* __restrict out,
+               float* __restrict lse = nullptr) {
   constexpr int64_t BQ = P::BQ, BK = P::BK, E = P::E, EV = P::EV;
   constexpr int64_t EVP = round_up(EV, W);     // value rows padded to whole vectors
   constexpr int RQ = 2;                        // query vectors per register tile of scores
@@ -121,12 +214,25 @@ void attention(const Dims d, const T* __restrict q, const T* __restrict k,
           }
           const int64_t nkt = round_up(nk, RI);
           std::fill(kf + nk * E, kf + nkt * E, 0.0f);
+          constexpr bool MASKED = !std::is_void_v<MT>;
+          if constexpr (MASKED) {  // the mask first: the score tiles add to it
+            const MT* mb = mask + b * d.MS0 + h * d.MS1 + q0 * d.MS2 + k0 * P::MS3;
+            if (k0 + BK < s_end)  // rows of the mask stride far apart: fetch the next block's
+              for (int64_t i = 0; i < (d.MS2 ? nq : 1); ++i) {
+                const char* next = reinterpret_cast<const char*>(mb + i * d.MS2 + BK * P::MS3);
+                for (int64_t c = 0; c < BK * P::MS3 * (int64_t)sizeof(MT); c += 64)
+                  __builtin_prefetch(next + c);
+              }
+            mask_block<MT, MBF16, P::MS3, BQP>(mb, d.MS2, nq, nqt, nk, sc);
+          }
           // scores: a tile of RI keys by RQ vectors of queries, over the head dim
           for (int64_t j0 = 0; j0 < nkt; j0 += RI) {
             for (int64_t i0 = 0; i0 < nqt; i0 += RQ * W) {
               vf t[RI][RQ];
               for (int jj = 0; jj < RI; ++jj)
-                for (int r = 0; r < RQ; ++r) t[jj][r] = vbcast(0.0f);
+                for (int r = 0; r < RQ; ++r)
+                  t[jj][r] = MASKED && j0 + jj < nk ? vload(sc + (j0 + jj) * BQP + i0 + r * W)
+                                                    : vbcast(0.0f);
               for (int64_t e = 0; e < E; ++e) {
                 vf qv[RQ];
                 for (int r = 0; r < RQ; ++r) qv[r] = vload(qt + e * BQP + i0 + r * W);
@@ -139,16 +245,7 @@ void attention(const Dims d, const T* __restrict q, const T* __restrict k,
                 for (int r = 0; r < RQ; ++r) vstore(sc + (j0 + jj) * BQP + i0 + r * W, t[jj][r]);
             }
           }
-          // the mask, the causal cut and the block's padding keys
-          if constexpr (!std::is_void_v<MT>) {
-            for (int64_t i = 0; i < nq; ++i) {
-              const MT* mr = mask + b * d.MS0 + h * d.MS1 + (q0 + i) * d.MS2 + k0 * P::MS3;
-              if (k0 + BK < s_end)  // rows of the mask stride far apart: fetch the next block's
-                for (int64_t c = 0; c < BK * P::MS3 * (int64_t)sizeof(MT); c += 64)
-                  __builtin_prefetch(reinterpret_cast<const char*>(mr + BK * P::MS3) + c);
-              for (int64_t j = 0; j < nk; ++j) sc[j * BQP + i] += ld<MT, MBF16>(mr + j * P::MS3);
-            }
-          }
+          // the causal cut and the block's padding keys
           if (P::CAUSAL && k0 + nk - 1 > q0)  // a block crossing the diagonal
             for (int64_t j = 0; j < nk; ++j)
               for (int64_t i = 0; i < std::min<int64_t>(nq, k0 + j - q0); ++i)
@@ -196,11 +293,14 @@ void attention(const Dims d, const T* __restrict q, const T* __restrict k,
           }
         }
         // a row no key reaches (every score masked) is zero, as eager's kernel gives
-        T* oh = out + b * d.OS0 + h * d.OS1;
+        OT* oh = out + b * d.OS0 + h * d.OS1;
         for (int64_t i = 0; i < nq; ++i) {
           const float inv = lrow[i] > 0.0f ? 1.0f / lrow[i] : 0.0f;
           for (int64_t e = 0; e < EV; ++e)
-            st<T, BF16>(oh + (q0 + i) * d.OS2 + e * P::OS3, acc[i * EVP + e] * inv);
+            st<OT, BF16>(oh + (q0 + i) * d.OS2 + e * P::OS3, acc[i * EVP + e] * inv);
+          if (lse)  // such a row's is 0, as eager's (its backward then gives it no gradient)
+            lse[b * d.LS0 + h * d.LS1 + (q0 + i) * d.LS2] =
+                lrow[i] > 0.0f ? mrow[i] + std::log(lrow[i]) : 0.0f;
         }
       }
     }
