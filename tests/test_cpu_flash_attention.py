@@ -14,6 +14,12 @@ import ember.dynamo
 from ember.inductor import compile_prims, config
 from ember.primtorch.trace import trace_to_prims
 
+@pytest.fixture(autouse=True)
+def _the_generated_kernel(monkeypatch):
+    """These tests are of Ember's kernel: "auto" would leave bf16 to torch on a CPU with AMX."""
+    monkeypatch.setattr(config, "cpu_flash_attention", True)
+
+
 FP32 = dict(atol=2e-5, rtol=1e-4)
 BF16 = dict(atol=2e-2, rtol=2e-2)
 
@@ -252,3 +258,21 @@ def test_dynamic_batch_and_lengths(monkeypatch):
     q, k, v = _qkv(3, 4, 9, 50, 32, hkv=2)
     with pytest.raises(RuntimeError):  # as eager: batch sizes that differ
         compiled(q, k[:2], v[:2], torch.zeros(3, 1, 9, 50))
+
+
+@pytest.mark.parametrize("flags, packaging, dtype, generated", [
+    ({"avx2"}, False, torch.bfloat16, True),  # no 16-bit hardware: Ember's kernel
+    ({"amx_bf16"}, False, torch.bfloat16, False),  # AMX: torch's bf16 kernel
+    ({"amx_bf16"}, False, torch.float32, True),
+    ({"amx_bf16"}, True, torch.bfloat16, True),  # a package cannot call torch
+])
+def test_auto_leaves_16_bit_floats_to_torch_where_the_cpu_multiplies_them(
+        monkeypatch, flags, packaging, dtype, generated):  # fmt: skip
+    from ember.ir import toolchain
+
+    monkeypatch.setattr(config, "cpu_flash_attention", "auto")
+    monkeypatch.setattr(config, "packaging", packaging)
+    monkeypatch.setattr(toolchain, "cpu_flags", lambda: frozenset(flags))  # (and the cache key)
+    q, k, v = _qkv(1, 2, 40, 40, 32, dtype)
+    compiled = _compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, v)
+    assert bool(_attention_kernels(compiled)) == generated, compiled.source

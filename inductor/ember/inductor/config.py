@@ -32,6 +32,8 @@ import math
 from typing import Optional, Union
 import os
 
+from ember.ir import toolchain
+
 
 @dataclasses.dataclass
 class Config:
@@ -88,8 +90,10 @@ class Config:
     # scaled_dot_product_attention on the CPU (extern.sdpa_flash_cpu, torch's flash kernel) as a
     # generated C++ flash-attention kernel (cpu_attention.py): never stores the (L, S) scores and
     # runs in the C++ wrapper and packages, which cannot call torch; in training, its backward
-    # too (cpu_attention_backward.py). "auto" and True: wherever it applies (no dropout, static
-    # heads and head dims, fp32/bf16/fp16; else the extern call stays); False: torch's kernels.
+    # too (cpu_attention_backward.py). True: wherever it applies (no dropout, static heads and
+    # head dims, fp32/bf16/fp16; else the extern call stays); "auto": the same, except bf16/fp16
+    # in process on a CPU that multiplies them in hardware (AMX, AVX512-BF16/FP16), where
+    # torch's kernel is faster; False: torch's kernels.
     cpu_flash_attention: Union[bool, str] = "auto"
     # CUDA's attention externs (extern.sdpa_flash, sdpa_efficient, sdpa_cudnn: torch's kernels)
     # as Ember's own Triton flash-attention kernel (triton_attention.py), which packages launch
@@ -229,4 +233,9 @@ def fingerprint() -> str:
     fields.pop("fx_cache")  # which cache levels are on does not change what a compile makes
     fields.pop("triton_binaries")
     fields.pop("autotune_ms")  # how long configs are timed; the choice is kept apart
+    # what the host multiplies 16-bit floats with decides who runs CPU attention ("auto")
+    fields["cpu_16bit"] = sorted(toolchain.cpu_flags() & CPU_16BIT_FLAGS)
     return repr(sorted(fields.items()))
+
+
+CPU_16BIT_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "amx_fp16", "avx512_fp16"})

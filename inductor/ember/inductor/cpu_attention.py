@@ -31,6 +31,8 @@ import operator
 import sympy
 import torch
 
+from ember.ir import toolchain
+
 from .codegen_common import KernelSource, buffer_ptr_type, code_text, size_symbols_in
 from .config import config
 from .lowering import Lazy, View, register
@@ -43,12 +45,25 @@ MAX_HEAD_DIM = 512  # bounds each thread's scratch (a block of queries, keys and
 BLOCK_K = 64  # keys per block: a multiple of every ISA's vector width (16 at most)
 
 
-def enabled(device: str) -> bool:
-    """Whether config.cpu_flash_attention asks for the generated kernel on `device`."""
+# CPU features with which torch's kernels multiply 16-bit floats in hardware (AMX tiles, or
+# AVX512 dot products: oneDNN's), where Ember's kernel widens them to float32 FMAs: on an AMX
+# host its bf16 attention ran at about 0.3x of torch's (2 cores, L = S = 2048, E = 128).
+_HARDWARE_16BIT = {torch.bfloat16: {"amx_bf16", "avx512_bf16"},
+                   torch.float16: {"amx_fp16", "avx512_fp16"}}  # fmt: skip
+
+
+def enabled(device: str, dtype=None) -> bool:
+    """Whether config.cpu_flash_attention asks for the generated kernel on `device` (for
+    `dtype`: "auto" leaves 16-bit floats to torch's kernels where the CPU multiplies them in
+    hardware, except in a package, which cannot call torch)."""
     on = config.cpu_flash_attention
     if on is False or on in ("0", "off", "false"):
         return False
-    return device == "cpu" and config.cpu_backend == "cpp"
+    if device != "cpu" or config.cpu_backend != "cpp":
+        return False
+    if on == "auto" and not config.packaging and dtype in _HARDWARE_16BIT:
+        return not (_HARDWARE_16BIT[dtype] & toolchain.cpu_flags())
+    return True
 
 
 def _ints(xs):
@@ -80,8 +95,9 @@ def _run_time_checks(pairs) -> tuple:
 
 def _why_not(L, q, k, v, dropout_p, mask, scale) -> str | None:
     """Why the kernel does not take this call, or None when it does."""
-    if not enabled(L.device):
-        return "config.cpu_flash_attention is off, or the graph is not a C++ CPU graph"
+    if not enabled(L.device, q.dtype):
+        return ("config.cpu_flash_attention is off, the graph is not a C++ CPU graph, or torch's "
+                f"kernel multiplies {q.dtype} in this CPU's hardware")
     return unsupported(L, q, k, v, dropout_p, mask, scale, MAX_HEAD_DIM, lse_ok=True)
 
 

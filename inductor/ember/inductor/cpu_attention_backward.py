@@ -94,8 +94,9 @@ def sdpa_flash_cpu_backward(L, grad_out, query, key, value, out, logsumexp, drop
     """The generated flash-attention backward for this call (see the module doc), or
     NotImplementedError, which keeps the extern call into torch."""
     why = None
-    if not enabled(L.device):
-        why = "config.cpu_flash_attention is off, or the graph is not a C++ CPU graph"
+    if not enabled(L.device, query.dtype):
+        why = ("config.cpu_flash_attention is off, the graph is not a C++ CPU graph, or torch's "
+               f"kernel multiplies {query.dtype} in this CPU's hardware")
     why = why or unsupported(L, query, key, value, dropout_p, attn_mask, scale, MAX_HEAD_DIM,
                              single_output=True)  # fmt: skip
     if why is not None:

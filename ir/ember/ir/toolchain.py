@@ -52,19 +52,25 @@ def cache_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset:
+    """The CPU's feature flags as /proc/cpuinfo lists them ("avx2", "amx_bf16", ...); none
+    where it cannot be read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=None)
 def cpu_isa() -> str:
     """The widest vector ISA this CPU and compiler both support: "avx512", "avx2" or "generic"."""
     forced = os.environ.get("EMBER_CPU_ISA")
     if forced:
         return forced
-    try:
-        flags = set()
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        return "generic"
+    flags = cpu_flags()
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
         return "avx512"
     if {"avx2", "fma"} <= flags:
