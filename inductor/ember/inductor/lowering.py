@@ -21,6 +21,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides, lookup, target_name
+from ember.ir.symbols import free_symbols_of
 from ember.primtorch.prims.extern import ARG_STRIDES
 from ember.primtorch.prims.movement import device_put
 from ember.primtorch.utils import (
@@ -164,7 +165,7 @@ def broadcast_to(x, sizes):
 def load_as(x, idx, dtype):
     """Element `idx` of tensor or scalar `x`, converted to `dtype`'s compute type."""
     if not is_tensor(x):
-        if isinstance(x, sympy.Basic) and x.free_symbols:  # a size used as a number
+        if isinstance(x, sympy.Basic) and free_symbols_of(x):  # a size used as a number
             return ops.index_expr(x, dtype)
         return ops.constant(x, dtype)
     v = x.load(idx)
@@ -255,7 +256,7 @@ class Lowerer(fx.Interpreter):
             return True
         free = set()
         for e in (*meta.sizes, *meta.strides, meta.storage_offset):
-            free |= e.free_symbols
+            free |= free_symbols_of(e)
         return free <= set(self.size_symbols)
 
     def placeholder(self, target, args, kwargs):
