@@ -137,3 +137,11 @@ def test_candidates_of_equal_sizes_in_another_layout_are_not_shared():
     got = [scheduler._candidates(k, n) for n in (rows, cols)]
     assert got == [scheduler._candidates_of(k, n) for n in (rows, cols)]
     assert got[0] != got[1]
+
+
+def test_remembered_gcd_is_sympys():
+    from ember.inductor.index_simplify import _gcd
+
+    for t, d in ((12 * x0 * s0, 8), (6 * x0 + 9, 3 * s0), (s0 * s0, s0 * 4), (x0, 7)):
+        assert _gcd(t, d) == sympy.gcd(t, d)
+        assert _gcd(t, d) is _gcd(t, d)

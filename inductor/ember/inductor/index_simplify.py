@@ -129,9 +129,8 @@ class _Simplifier:
         terms = sympy.Add.make_args(x)
         candidates = []
         for t in terms:
-            try:
-                a = sympy.gcd(t, d)
-            except (sympy.PolynomialError, TypeError, ValueError):
+            a = _gcd(t, d)
+            if a is None:
                 continue
             if a != 1 and a.is_positive and a not in candidates:
                 candidates.append(a)
@@ -146,6 +145,16 @@ class _Simplifier:
             lo, hi = interval(r, self.ranges)
             if y != 0 and _nonneg(lo) and _lt(hi, a):
                 return a, y
+        return None
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _gcd(t, d):
+    """sympy.gcd(t, d), None where sympy cannot take it; remembered (a polynomial gcd per term
+    of each divided index, and each layer's windows and patches divide alike)."""
+    try:
+        return sympy.gcd(t, d)
+    except (sympy.PolynomialError, TypeError, ValueError):
         return None
 
 
