@@ -122,9 +122,10 @@ class Lazy:
             with set_handler(SketchHandler()) as h:
                 self.fn(loop_vars("i", len(self.sizes)))
             loads = sum(" = load(" in line for line in h.lines)
-            pricey = any(f" = {op}(" in line for line in h.lines for op in TRANSCENDENTAL)
+            text = "\n".join(h.lines)  # (one search per op, not one per op and line)
+            pricey = any(f" = {op}(" in text for op in TRANSCENDENTAL)
             self._cost = (len(h.lines), loads, pricey)
-            self._loaded = frozenset(_LOADED.findall("\n".join(h.lines)))
+            self._loaded = frozenset(_LOADED.findall(text))
         return self._cost
 
     def loaded(self) -> frozenset:
