@@ -17,6 +17,7 @@ import sympy
 import torch
 
 from ember.ir import FloorDiv, ModularIndexing
+from ember.ir.symbols import expand_index
 
 from .index_simplify import simplify_index
 from .loop_ir import COMPARE_OPS, ExternBuffer, MultiOutput, compute_dtype, set_handler
@@ -300,7 +301,7 @@ class Renderer:
         index = sympy.sympify(index)
         if index not in self._final:
             e = simplify_index(index, self.kernel_ranges).xreplace(self.subst)
-            self._final[index] = simplify_index(sympy.expand(e), self.ranges)
+            self._final[index] = simplify_index(expand_index(e), self.ranges)
         return self._final[index]
 
     def index_key(self, index):
@@ -309,7 +310,7 @@ class Renderer:
         ranges = getattr(self, "ranges", None) or {}
         index = simplify_index(index, ranges) if ranges else index
         unit = {v: 0 for v, n in ranges.items() if n == 1}
-        return sympy.expand(sympy.sympify(index).subs(unit) if unit else index)
+        return expand_index(sympy.sympify(index).subs(unit) if unit else index)
 
     def is_local_value(self, name, index):
         return (name, self.index_key(index)) in self.locals

@@ -17,6 +17,7 @@ import sympy
 import torch
 
 from ember.ir import CeilDiv
+from ember.ir.symbols import free_symbols_of
 
 from .codegen_common import (
     CantRender,
@@ -144,7 +145,7 @@ class TritonRenderer(Renderer):
         dtype = self.dtype_of(name)
         other = ", other=0.0" if self.mask_stack or self.kernel.rsizes else ""
         ptr, mask = f"{self.args[name]} + ({self.index_text(index)})", self._mask()
-        if mask and not (sympy.sympify(index).free_symbols - set(self.hints)):
+        if mask and not (free_symbols_of(index) - set(self.hints)):
             # An index that depends on no block variable gives a scalar pointer, which Triton
             # will not load under a block mask: broadcast it to the mask's shape.
             ptr += f" + 0 * ({mask}).to(tl.int32)"
@@ -175,9 +176,9 @@ class TritonRenderer(Renderer):
         if dtype == torch.bfloat16 and _interpreting():
             v = f"{_bf16_rne(value)}.to(tl.bfloat16)"
         ptr = f"{self.args[name]} + ({self.index_text(index)})"
-        names = {str(s)[0] for s in sympy.sympify(index).free_symbols - set(self.hints)}
+        names = {str(s)[0] for s in free_symbols_of(index) - set(self.hints)}
         if self.tile is not None:
-            used = {str(v) for v in sympy.sympify(index).free_symbols}
+            used = {str(v) for v in free_symbols_of(index)}
             if not (used & self.tile[0] and used & self.tile[1]):
                 # an address over one side of the tile (a broadcast row or column) is
                 # broadcast to the [XBLOCK, YBLOCK] block its mask covers
@@ -405,7 +406,7 @@ class TritonRenderer(Renderer):
 
     def _hint(self, expr) -> int:
         """`expr` at the example's sizes (block sizes are chosen for it; any size runs)."""
-        return int(expr.xreplace(self.hints)) if expr.free_symbols else int(expr)
+        return int(expr.xreplace(self.hints)) if free_symbols_of(expr) else int(expr)
 
     def _body(self, members, xassign, rassign, mask, x_level=False, keep_cse=False):
         self.lines, self.base_mask, self.at_x_level = [], mask, x_level
@@ -562,7 +563,7 @@ def _tile_split(xvars, xsizes, accesses) -> Optional[int]:
     sizes = [int(s) for s in xsizes]
     split = None
     for e in accesses:
-        if e.free_symbols - set(xvars):
+        if free_symbols_of(e) - set(xvars):
             continue  # an indirect (gathered) address: its walk is not known here
         steps = unit_steps(e, xvars, xvars)
         if steps is None or steps[-1] in (0, 1, -1):

@@ -16,7 +16,7 @@ import functools
 import sympy
 
 from ember.ir import FloorDiv, ModularIndexing
-from ember.ir.symbols import exact_quotient
+from ember.ir.symbols import exact_quotient, expand_index, free_symbols_of
 
 _MAX_PASSES = 8
 
@@ -29,7 +29,7 @@ def simplify_index(expr, ranges: dict):
     # A pure function of the expression and the ranges of its own variables, asked again and
     # again for the same ones (each layer's kernels index alike; the scheduler, the renderer and
     # the final substitution simplify each access anew): remembered, by those only.
-    free = expr.free_symbols  # (sympy computes it anew on each access)
+    free = free_symbols_of(expr)  # (sympy computes expr.free_symbols anew on each access)
     key = (expr, frozenset((v, n) for v, n in ranges.items() if v in free))
     got = _SIMPLIFIED.get(key)
     if got is None:
@@ -46,7 +46,7 @@ _MAX_REMEMBERED = 1 << 16
 def _simplify(expr, ranges: dict):
     simp = _Simplifier(ranges)
     for _ in range(_MAX_PASSES):
-        new = sympy.expand(simp.visit(expr))
+        new = expand_index(simp.visit(expr))
         if new == expr:
             break
         expr = new
@@ -72,9 +72,9 @@ class _Simplifier:
     def _visit(self, e):
         args = [self.visit(a) for a in e.args]
         if isinstance(e, FloorDiv):
-            return self.floordiv(sympy.expand(args[0]), args[1])
+            return self.floordiv(expand_index(args[0]), args[1])
         if isinstance(e, ModularIndexing):
-            return self.modular(sympy.expand(args[0]), args[1], args[2])
+            return self.modular(expand_index(args[0]), args[1], args[2])
         e = e.func(*args)
         return recombine(e) if isinstance(e, sympy.Add) else e
 
@@ -129,9 +129,8 @@ class _Simplifier:
         terms = sympy.Add.make_args(x)
         candidates = []
         for t in terms:
-            try:
-                a = sympy.gcd(t, d)
-            except (sympy.PolynomialError, TypeError, ValueError):
+            a = _gcd(t, d)
+            if a is None:
                 continue
             if a != 1 and a.is_positive and a not in candidates:
                 candidates.append(a)
@@ -146,6 +145,16 @@ class _Simplifier:
             lo, hi = interval(r, self.ranges)
             if y != 0 and _nonneg(lo) and _lt(hi, a):
                 return a, y
+        return None
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _gcd(t, d):
+    """sympy.gcd(t, d), None where sympy cannot take it; remembered (a polynomial gcd per term
+    of each divided index, and each layer's windows and patches divide alike)."""
+    try:
+        return sympy.gcd(t, d)
+    except (sympy.PolynomialError, TypeError, ValueError):
         return None
 
 
@@ -259,7 +268,7 @@ def _nonneg(e) -> bool:
     """Proven e >= 0."""
     if e is None:
         return False
-    e = sympy.expand(e)
+    e = expand_index(e)
     if e.is_Number:
         return bool(e >= 0)
     # s0*s1 - s0 is not known non-negative to sympy; its factored form s0*(s1 - 1) is
@@ -274,7 +283,7 @@ def _lt(hi, bound) -> bool:
 def _split_multiples(x, d):
     """(sum of the terms of x that d divides exactly, divided by d; the other terms)."""
     mult, rest = sympy.S.Zero, sympy.S.Zero
-    for t in sympy.Add.make_args(sympy.expand(x)):
+    for t in sympy.Add.make_args(expand_index(x)):
         q = exact_quotient(t, d)
         if q is None:
             rest += t

@@ -21,6 +21,7 @@ import sympy
 import torch
 
 from ember.ir import dtype_name
+from ember.ir.symbols import free_symbols_of
 from ember.primtorch.prims.random import philox_words
 
 # --- the ops vocabulary ------------------------------------------------------------------------
@@ -328,6 +329,24 @@ def _loop_vars(prefix: str, n: int) -> tuple:
 # --- text form ---------------------------------------------------------------------------------
 
 
+def printed(index) -> str:
+    """str(index), remembered: the lowering prints each reduction's body to find repeats (a mean
+    and a variance of one value), and every layer's reductions print the same indices; sympy's
+    printer sorts an Add's terms each time (GPT-2's training step: 0.3 s of printing)."""
+    try:
+        got = _PRINTED.get(index)
+    except TypeError:  # an unhashable index (none known): printed as is
+        return str(index)
+    if got is None:
+        if len(_PRINTED) >= 1 << 16:
+            _PRINTED.clear()
+        got = _PRINTED[index] = str(index)
+    return got
+
+
+_PRINTED: dict = {}
+
+
 class TextHandler:
     """Records a body as numbered lines: `tmp3 = exp(tmp2)`."""
 
@@ -346,7 +365,7 @@ class TextHandler:
         raise AttributeError(name)
 
     def _index(self, index) -> str:
-        return str(index)
+        return printed(index)
 
     def load(self, name, index):
         return self._emit(f"load({name}, {self._index(index)})")
@@ -627,7 +646,7 @@ class _Checker(SketchHandler):  # checks indices, never prints them
     def _check_index(self, name, index):
         if name is not None and name not in self.known:
             raise AssertionError(f"{self.context}: reads or writes unknown buffer {name}")
-        free = {s.name for s in sympy.sympify(index).free_symbols}
+        free = {s.name for s in free_symbols_of(index)}
         bad = {s for s in free if s not in self.allowed and not s.startswith("ind_")}
         if bad:
             raise AssertionError(

@@ -21,6 +21,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ember.ir import NODE_META_KEY, TensorMeta, contiguous_strides, lookup, target_name
+from ember.ir.symbols import free_symbols_of
 from ember.primtorch.prims.extern import ARG_STRIDES
 from ember.primtorch.prims.movement import device_put
 from ember.primtorch.utils import (
@@ -121,9 +122,10 @@ class Lazy:
             with set_handler(SketchHandler()) as h:
                 self.fn(loop_vars("i", len(self.sizes)))
             loads = sum(" = load(" in line for line in h.lines)
-            pricey = any(f" = {op}(" in line for line in h.lines for op in TRANSCENDENTAL)
+            text = "\n".join(h.lines)  # (one search per op, not one per op and line)
+            pricey = any(f" = {op}(" in text for op in TRANSCENDENTAL)
             self._cost = (len(h.lines), loads, pricey)
-            self._loaded = frozenset(_LOADED.findall("\n".join(h.lines)))
+            self._loaded = frozenset(_LOADED.findall(text))
         return self._cost
 
     def loaded(self) -> frozenset:
@@ -164,7 +166,7 @@ def broadcast_to(x, sizes):
 def load_as(x, idx, dtype):
     """Element `idx` of tensor or scalar `x`, converted to `dtype`'s compute type."""
     if not is_tensor(x):
-        if isinstance(x, sympy.Basic) and x.free_symbols:  # a size used as a number
+        if isinstance(x, sympy.Basic) and free_symbols_of(x):  # a size used as a number
             return ops.index_expr(x, dtype)
         return ops.constant(x, dtype)
     v = x.load(idx)
@@ -255,7 +257,7 @@ class Lowerer(fx.Interpreter):
             return True
         free = set()
         for e in (*meta.sizes, *meta.strides, meta.storage_offset):
-            free |= e.free_symbols
+            free |= free_symbols_of(e)
         return free <= set(self.size_symbols)
 
     def placeholder(self, target, args, kwargs):

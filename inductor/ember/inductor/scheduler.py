@@ -20,6 +20,8 @@ from typing import Optional
 
 import sympy
 
+from ember.ir.symbols import expand_index
+
 from .config import config
 from .index_simplify import simplify_index
 from .loop_ir import (
@@ -35,18 +37,15 @@ from .loop_ir import (
 )  # fmt: skip
 
 
-# Index expressions are recorded again each time the scheduler tries a fusion; expanding a deep
-# one (views of views in a backward) is the expensive part, and the same ones recur.
-_expand = functools.lru_cache(maxsize=1 << 16)(sympy.expand)
-
-
 class _Recorder(SketchHandler):
     """Records the (buffer, index) of every load and store of a body (indices expanded, unless
     only the names are wanted)."""
 
     def __init__(self, expand: bool = True):
         super().__init__()
-        self.expand = _expand if expand else (lambda e: e)
+        # (expanding a deep index, views of views in a backward, is the expensive part of a
+        # record, and the same indices recur: expand_index remembers them)
+        self.expand = expand_index if expand else (lambda e: e)
         self.loads: list[tuple[str, sympy.Expr]] = []
         self.stores: list[tuple[str, sympy.Expr]] = []
         self.index_exprs: list[sympy.Expr] = []
@@ -253,7 +252,32 @@ def _stride_order(node: ComputedBuffer) -> tuple:
 
 
 def _candidates(kernel: Kernel, node: ComputedBuffer) -> list:
-    """Ways `node` could join `kernel`: (role, perm, new xsizes, new rsizes)."""
+    """Ways `node` could join `kernel`: (role, perm, new xsizes, new rsizes).
+
+    Remembered by what they are computed from, the group key of both (sizes, and the node's
+    strides for its loop order): the scheduler tries each node against every kernel back to the
+    last one it reads, and a model's layers offer the same shapes again and again."""
+    key = (kernel.xsizes, kernel.rsizes, node.is_reduction(), node.ranges,
+           node.reduction_ranges, node.layout.strides, config.persistent_reduction_max)  # fmt: skip
+    got = _CANDIDATES.get(key)
+    if got is None:
+        if len(_CANDIDATES) >= 1 << 14:
+            _CANDIDATES.clear()
+        # kept as which sizes each way takes (the kernel's or the node's), not the sizes: an
+        # equal key may hold ints where this kernel holds sympy Integers
+        got = _CANDIDATES[key] = [
+            (role, perm, (xsizes, rsizes) == (kernel.xsizes, kernel.rsizes), *order)
+            for role, perm, xsizes, rsizes, *order in _candidates_of(kernel, node)
+        ]  # fmt: skip
+    mine, its = (kernel.xsizes, kernel.rsizes), (node.ranges, node.reduction_ranges)
+    return [(role, perm, *(mine if kernels else its), *order)
+            for role, perm, kernels, *order in got]  # fmt: skip
+
+
+_CANDIDATES: dict = {}
+
+
+def _candidates_of(kernel: Kernel, node: ComputedBuffer) -> list:
     out = []
     if node.is_reduction():
         ident = tuple(range(len(node.ranges)))
@@ -372,7 +396,7 @@ def try_fuse(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
                 prod_role = k.roles[name]
                 # a row-level value ("x") cannot need a per-element value of its own row
                 diff = simplify_index(index, ranges) - simplify_index(k.stores[name], ranges)
-                same = sympy.expand(sympy.sympify(diff).subs(unit)) == 0
+                same = expand_index(sympy.sympify(diff).subs(unit)) == 0
                 if not same or (prod_role == "xr" and role == "x"):
                     ok = False
                     break

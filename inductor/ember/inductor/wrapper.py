@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 
 from ember.ir import BufferIR, KernelIR, StepIR, SymbolSpec, TensorMeta, new_artifact
 from ember.ir.codec import value_to_json
-from ember.ir.symbols import expr_to_json
+from ember.ir.symbols import expand_index, expr_to_json
 
 from .codegen_common import PY_MINMAX, print_index
 from .config import config
@@ -93,7 +93,7 @@ class WrapperBuilder:
     def _key(self, b: Buffer):
         lay = b.layout
         size = lay.storage_size()
-        return (lay.dtype, lay.device, int(size) if _is_int(size) else sympy.expand(size))
+        return (lay.dtype, lay.device, int(size) if _is_int(size) else expand_index(size))
 
     def _alloc(self, b: Buffer, inplace_of=None):
         lay = b.layout
@@ -141,8 +141,8 @@ class WrapperBuilder:
                 emitted_at[m.node.name] = len(emitted_at)
         for m in k.members:
             for name, index in k.record(m).loads:
-                reads.setdefault(name, []).append((sympy.expand(index), m.node.name))
-        want = sympy.expand(k.stores[b.name])
+                reads.setdefault(name, []).append((expand_index(index), m.node.name))
+        want = expand_index(k.stores[b.name])
         for name, uses in reads.items():
             src = self.buffers.get(name)
             if name in getattr(k, "operands", {}):

@@ -87,26 +87,30 @@ def value_from_json(d, ref=None):
 # --- typed dataclass fields -------------------------------------------------------------------
 
 
-def _encode(tp, v):
+@functools.cache
+def _encoder(tp):
+    """The function encoding a value of annotation `tp`, built once per annotation: storing a
+    large program encodes tens of thousands of values, and reading each one's annotation again
+    (typing.get_origin, get_args) was most of the cost (GPT-2's training step: 0.4 s)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Union:
-        if v is None:
-            return None
-        return _encode(next(a for a in args if a is not type(None)), v)
+        inner = _encoder(next(a for a in args if a is not type(None)))
+        return lambda v: None if v is None else inner(v)
     if origin is tuple:
-        item = args[0]
-        return [_encode(item, x) for x in v]
+        item = _encoder(args[0])
+        return lambda v: [item(x) for x in v]
     if origin is dict:
-        return {k: _encode(args[1], x) for k, x in v.items()}
+        value = _encoder(args[1])
+        return lambda v: {k: value(x) for k, x in v.items()}
     if tp is sympy.Expr:
-        return expr_to_json(v)
+        return expr_to_json
     if tp is torch.dtype:
-        return dtype_name(v)
+        return dtype_name
     if tp is Any:  # JSON form (node arguments are encoded by their owner), but for the sizes
-        return _sizes_encoded(v)  # a view or kernel step holds as expressions
+        return _sizes_encoded  # a view or kernel step holds as expressions
     if dataclasses.is_dataclass(tp):
-        return to_json(v)
-    return v
+        return to_json
+    return _identity
 
 
 def _sizes_encoded(v):
@@ -172,9 +176,20 @@ OMIT_DEFAULT = {"omit_default": True}
 
 def to_json(obj) -> dict:
     """A schema dataclass instance as a JSON-ready dict."""
-    hints = _type_hints(type(obj))
-    return {f.name: _encode(hints[f.name], getattr(obj, f.name)) for f in dataclasses.fields(obj)
-            if not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)}
+    out = {}
+    for name, encode, omit, default in _encoders_of(type(obj)):
+        v = getattr(obj, name)
+        if not (omit and v == default):
+            out[name] = encode(v)
+    return out
+
+
+@functools.cache
+def _encoders_of(cls) -> tuple:
+    """((name, encoder, omitted at its default, default), ...) of a schema class's fields."""
+    hints = _type_hints(cls)
+    return tuple((f.name, _encoder(hints[f.name]), bool(f.metadata.get("omit_default")), f.default)
+                 for f in dataclasses.fields(cls))  # fmt: skip
 
 
 @functools.cache

@@ -67,6 +67,13 @@ def _contiguous_strides(sizes: tuple) -> tuple[sympy.Expr, ...]:
     return tuple(reversed(strides))
 
 
+@functools.lru_cache(maxsize=256)
+def _device_name(device) -> str:
+    """str(torch.device(device)), remembered: every TensorMeta normalises its device, and a
+    trace makes thousands of them on one or two devices."""
+    return str(torch.device(device))
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorMeta:
     """Dtype, sizes, strides, storage offset, device and requires_grad of one tensor value."""
@@ -83,7 +90,7 @@ class TensorMeta:
         object.__setattr__(self, "sizes", tuple(as_expr(s) for s in self.sizes))
         object.__setattr__(self, "strides", tuple(as_expr(s) for s in self.strides))
         object.__setattr__(self, "storage_offset", as_expr(self.storage_offset))
-        object.__setattr__(self, "device", str(torch.device(self.device)))
+        object.__setattr__(self, "device", _device_name(self.device))
         if len(self.sizes) != len(self.strides):
             raise ValueError(f"TensorMeta has {len(self.sizes)} sizes but {len(self.strides)} strides")
 

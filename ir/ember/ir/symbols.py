@@ -62,7 +62,7 @@ def exact_quotient(a, b):
     if b.is_Integer and b != 0:
         # The common case (index arithmetic divides by sizes and strides), without `cancel`:
         # every coefficient of the expanded dividend must be a multiple of b.
-        return _divide_coefficients(sympy.expand(a).as_coefficients_dict(), int(b))
+        return _divide_coefficients(expand_index(a).as_coefficients_dict(), int(b))
     return _exact_quotient(a, b)
 
 
@@ -122,6 +122,39 @@ def as_expr(value) -> sympy.Expr:
     if node is not None and hasattr(node, "expr"):
         return node.expr
     return sympy.Integer(int(value))
+
+
+# --- index arithmetic, remembered -------------------------------------------------------------
+# A compile asks for the same few thousand index expressions' expansions and free symbols again
+# and again (each layer indexes alike; the scheduler, the renderers and the wrapper each expand an
+# access anew). sympy's own cache holds 1000 entries, which one large graph churns through, and
+# `free_symbols` is never cached: a full tree walk per access. Both are pure functions of the
+# (hashable, immutable) expression, so they are remembered here, bounded: a full table is
+# dropped, not grown (a compile's working set is far smaller than the bound).
+
+_MAX_REMEMBERED = 1 << 16
+_EXPANDED: dict = {}
+_FREE: dict = {}
+
+
+def expand_index(expr) -> sympy.Expr:
+    """sympy.expand(expr), remembered by the expression."""
+    got = _EXPANDED.get(expr)
+    if got is None:
+        if len(_EXPANDED) >= _MAX_REMEMBERED:
+            _EXPANDED.clear()
+        got = _EXPANDED[expr] = sympy.expand(expr)
+    return got
+
+
+def free_symbols_of(expr) -> frozenset:
+    """expr's free symbols (of an int: none), remembered by the expression."""
+    got = _FREE.get(expr)
+    if got is None:
+        if len(_FREE) >= _MAX_REMEMBERED:
+            _FREE.clear()
+        got = _FREE[expr] = frozenset(sympy.sympify(expr).free_symbols)
+    return got
 
 
 @dataclasses.dataclass(frozen=True)
