@@ -1,7 +1,12 @@
 """A tiny Llama-style decoder whose KV caches are inputs written in place at the positions (the
 decode-step convention of ember.cpp_wrapper.package_decode_step), and an eager greedy loop over
-it: shared by test_decode_package.py and its CUDA counterpart."""
+it, and the two fixtures the CPU package tests share: shared by test_decode_package.py,
+test_decode_prefill.py and the CUDA counterpart."""
 
+import concurrent.futures
+import importlib
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -92,3 +97,22 @@ def eager_greedy(model, prompt, n, max_len=MAX_LEN, device="cpu"):
                 logits.append(out)
                 tokens.append(out.argmax(-1))
     return torch.stack(tokens, 1).cpu(), torch.stack(logits, 1).cpu()
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return Decoder().eval()
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """run_package and the in-process binding, built in threads while the package compiles
+    (each build is a compiler subprocess: they overlap on a second core)."""
+    import ember.cpp_wrapper as cw
+
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    program = pool.submit(cw.install_run_package, tmp_path_factory.mktemp("bin"))
+    binding = pool.submit(importlib.import_module, "ember.cpp_wrapper._C")
+    yield program, binding
+    pool.shutdown()

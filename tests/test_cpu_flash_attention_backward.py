@@ -26,6 +26,16 @@ FP32 = dict(atol=2e-5, rtol=1e-4)
 BF16 = dict(atol=3e-2, rtol=3e-2)
 
 
+def _output_and_grads(fn, q, k, v, m, grad):
+    """fn's output and q, k, v's gradients after one backward of `grad` (the grads reset)."""
+    out = fn(q, k, v, m)
+    out.backward(grad)
+    got = [out.detach()] + [t.grad for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    return got
+
+
 def _inputs(b, h, length, source, e, dtype, hkv=None, mask_shape=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, length, e, generator=g).to(dtype).requires_grad_()
@@ -43,14 +53,8 @@ def _check(monkeypatch, fn, q, k, v, m, grad, tol=FP32):
     monkeypatch.setattr(config, "output_code", True)
     monkeypatch.setattr("builtins.print", lambda *a, **kw: sources.append(" ".join(map(str, a))))
     ember.dynamo.reset()
-    out = ember.compile(fn)(q, k, v, m)
-    out.backward(grad)
-    got = [out.detach()] + [t.grad for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    out = fn(q, k, v, m)
-    out.backward(grad)
-    want = [out.detach()] + [t.grad for t in (q, k, v)]
+    got = _output_and_grads(ember.compile(fn), q, k, v, m, grad)
+    want = _output_and_grads(fn, q, k, v, m, grad)
     for name, a, w in zip(("out", "dq", "dk", "dv"), got, want):
         assert a.dtype == w.dtype and a.shape == w.shape, name
         torch.testing.assert_close(a.float(), w.float(), **tol, msg=lambda s: f"{name}: {s}")
@@ -125,14 +129,8 @@ def test_dynamic_batch_and_lengths(monkeypatch):
     compiled = ember.compile(fn)
     for b, length, source in ((2, 33, 40), (3, 70, 21), (4, 5, 130)):
         q, k, v, _, grad = _inputs(b, 4, length, source, 32, torch.float32, hkv=2, seed=b)
-        out = compiled(q, k, v, None)
-        out.backward(grad)
-        got = [out.detach()] + [t.grad for t in (q, k, v)]
-        for t in (q, k, v):
-            t.grad = None
-        out = fn(q, k, v, None)
-        out.backward(grad)
-        for a, w in zip(got, [out.detach()] + [t.grad for t in (q, k, v)]):
+        got = _output_and_grads(compiled, q, k, v, None, grad)
+        for a, w in zip(got, _output_and_grads(fn, q, k, v, None, grad)):
             torch.testing.assert_close(a, w, **FP32)
     backward = [s for s in sources if "flash_attention_backward_" in s]
     assert len(backward) == 2 and "const int64_t s0 = " in backward[1], sources

@@ -7,8 +7,6 @@ update into an in-place write of the caller's buffer and runs `generate` (standa
 `run_package --generate`, and in process through the binding).
 """
 
-import concurrent.futures
-import importlib
 import json
 import subprocess
 
@@ -18,25 +16,10 @@ import torch
 from torch import nn
 
 import ember.cpp_wrapper as cw
-from decode_model import (BATCH, HEAD_DIM, KV_HEADS, LAYERS, MAX_LEN, VOCAB, Decoder,
+from decode_model import (BATCH, HEAD_DIM, KV_HEADS, LAYERS, MAX_LEN, VOCAB,
                           eager_greedy, zero_caches)  # fmt: skip
+from decode_model import builds, model  # noqa: F401  (the shared fixtures)
 from ember.cpp_wrapper import UnsupportedArtifactError
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return Decoder().eval()
-
-
-@pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    """run_package and the in-process binding, built in threads while the package compiles
-    (each build is a compiler subprocess: they overlap on a second core)."""
-    pool = concurrent.futures.ThreadPoolExecutor(2)
-    program = pool.submit(cw.install_run_package, tmp_path_factory.mktemp("bin"))
-    binding = pool.submit(importlib.import_module, "ember.cpp_wrapper._C")
-    yield program, binding
-    pool.shutdown()
 
 
 @pytest.fixture(scope="module")

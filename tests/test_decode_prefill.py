@@ -7,8 +7,6 @@ once for every T, cpp_wrapper donates the caches and `ember_generate` (standalon
 `run_package --generate`, and in process) picks the prefill path from the manifest.
 """
 
-import concurrent.futures
-import importlib
 import json
 import shutil
 import subprocess
@@ -18,26 +16,11 @@ import pytest
 import torch
 
 import ember.cpp_wrapper as cw
-from decode_model import BATCH, LAYERS, MAX_LEN, VOCAB, Decoder, eager_greedy, zero_caches
+from decode_model import BATCH, LAYERS, MAX_LEN, VOCAB, eager_greedy, zero_caches
+from decode_model import builds, model  # noqa: F401  (the shared fixtures)
 
 MOST = 32  # the package's max_new_tokens: prompts up to this long go in one step
 TOL = dict(atol=2e-5, rtol=1e-4)  # as test_decode_package.py
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return Decoder().eval()
-
-
-@pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    """run_package and the in-process binding, built while the packages compile."""
-    pool = concurrent.futures.ThreadPoolExecutor(2)
-    program = pool.submit(cw.install_run_package, tmp_path_factory.mktemp("bin"))
-    binding = pool.submit(importlib.import_module, "ember.cpp_wrapper._C")
-    yield program, binding
-    pool.shutdown()
 
 
 def _package(model, path, **kw):

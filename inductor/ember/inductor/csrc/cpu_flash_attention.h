@@ -51,18 +51,7 @@ inline vf splat(float x) {
 // (A NaN score stays NaN: the reduction and the polynomial carry it.)
 inline vf vexp_masked(vf x) {
   const vm dead = x < -87.0f;
-  x = vmax(x, vbcast(-87.0f));
-  const vm n = __builtin_convertvector(x * 1.44269504088896341f + 128.5f, vm) - 128;
-  const vf nf = __builtin_convertvector(n, vf);
-  const vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-  vf y = vbcast(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  return vwhere(dead, vbcast(0.0f), y * (vf)((n + 127) << 23));
+  return vwhere(dead, vbcast(0.0f), vexp_in_range(vmax(x, vbcast(-87.0f))));
 }
 
 #if defined(__AVX2__)

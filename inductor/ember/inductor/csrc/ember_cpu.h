@@ -261,9 +261,9 @@ inline vf vfloor(vf x) {
   return (vabs(x) < 8388608.0f) ? t : x;  // large values (and NaN, inf) are already integral
 }
 
-// exp: Cody-Waite range reduction and a degree-6 polynomial (about 1 ulp on [-87.3, 88.3]);
-// lanes outside that range (overflow, subnormal results) are rare and go to std::exp.
-inline vf vexp(vf x) {
+// exp on [-87.3, 88.3]: Cody-Waite range reduction and a degree-6 polynomial (about 1 ulp);
+// outside that range its lanes are wrong (the callers below deal with them).
+inline vf vexp_in_range(vf x) {
   vm n = __builtin_convertvector(x * 1.44269504088896341f + 128.5f, vm) - 128;  // floor(t + .5)
   vf nf = __builtin_convertvector(n, vf);
   vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
@@ -274,7 +274,13 @@ inline vf vexp(vf x) {
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * r * r + r + 1.0f;
-  vf out = y * (vf)((n + 127) << 23);
+  return y * (vf)((n + 127) << 23);
+}
+
+// exp: lanes outside vexp_in_range's range (overflow, subnormal results) are rare and go to
+// std::exp.
+inline vf vexp(vf x) {
+  vf out = vexp_in_range(x);
   vm slow = (x < -87.3365478515625f) | (x > 88.3762626647949f);
   if (hany(slow)) out = slow ? vmap(x, [](float a) { return std::exp(a); }) : out;
   return (x != x) ? x : out;
