@@ -5,6 +5,8 @@ test_decode_prefill.py and the CUDA counterpart."""
 
 import concurrent.futures
 import importlib
+import json
+import shutil
 
 import pytest
 import torch
@@ -116,3 +118,13 @@ def builds(tmp_path_factory):
     binding = pool.submit(importlib.import_module, "ember.cpp_wrapper._C")
     yield program, binding
     pool.shutdown()
+
+
+def edited_copy(pkg, tmp_path, edit):
+    """A copy of the package with its manifest edited (the manifest is not hashed)."""
+    path = tmp_path / "pkg"
+    shutil.copytree(pkg, path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    edit(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return path

@@ -18,7 +18,7 @@ from torch import nn
 import ember.cpp_wrapper as cw
 from decode_model import (BATCH, HEAD_DIM, KV_HEADS, LAYERS, MAX_LEN, VOCAB,
                           eager_greedy, zero_caches)  # fmt: skip
-from decode_model import builds, model  # noqa: F401  (the shared fixtures)
+from decode_model import builds, edited_copy, model  # noqa: F401  (fixtures: builds, model)
 from ember.cpp_wrapper import UnsupportedArtifactError
 
 
@@ -162,20 +162,8 @@ def test_packages_without_the_convention_are_refused(tmp_path):
                                positions=1, caches=[2])  # fmt: skip
 
 
-def _copy(pkg, tmp_path, edit):
-    """A copy of the package with its manifest edited (the manifest is not hashed)."""
-    import shutil
-
-    path = tmp_path / "pkg"
-    shutil.copytree(pkg, path)
-    manifest = json.loads((path / "manifest.json").read_text())
-    edit(manifest)
-    (path / "manifest.json").write_text(json.dumps(manifest))
-    return path
-
-
 def test_generate_refuses_a_package_that_is_not_a_decode_step(pkg, tmp_path, run_package):
-    path = _copy(pkg, tmp_path, lambda m: m.pop("decode"))  # a plain package of the same step
+    path = edited_copy(pkg, tmp_path, lambda m: m.pop("decode"))  # a plain package of the same step
     loaded = cw.load_package(path)
     (logits,) = loaded(torch.tensor([[1]] * BATCH), torch.tensor([0]), *zero_caches())
     assert logits.shape == (BATCH, 1, VOCAB)  # it still runs; it only lacks the convention
@@ -201,7 +189,7 @@ def test_generate_refuses_a_package_that_is_not_a_decode_step(pkg, tmp_path, run
     {"caches": 2},
 ], ids=lambda e: json.dumps(e))  # fmt: skip
 def test_a_hostile_decode_entry_is_a_package_error(pkg, tmp_path, entry):
-    bad = _copy(pkg, tmp_path, lambda m: m["decode"].update(entry))
+    bad = edited_copy(pkg, tmp_path, lambda m: m["decode"].update(entry))
     with pytest.raises(cw.EmberRuntimeError) as e:
         cw.load_package(bad)
     assert e.value.name == "EMBER_ERR_PACKAGE" and "decode" in e.value.message

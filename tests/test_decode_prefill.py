@@ -8,7 +8,6 @@ once for every T, cpp_wrapper donates the caches and `ember_generate` (standalon
 """
 
 import json
-import shutil
 import subprocess
 
 import numpy as np
@@ -17,7 +16,7 @@ import torch
 
 import ember.cpp_wrapper as cw
 from decode_model import BATCH, LAYERS, MAX_LEN, VOCAB, eager_greedy, zero_caches
-from decode_model import builds, model  # noqa: F401  (the shared fixtures)
+from decode_model import builds, edited_copy, model  # noqa: F401  (fixtures: builds, model)
 
 MOST = 32  # the package's max_new_tokens: prompts up to this long go in one step
 TOL = dict(atol=2e-5, rtol=1e-4)  # as test_decode_package.py
@@ -133,15 +132,6 @@ def test_prompts_longer_than_the_dim_or_the_cache_are_refused(prefill_pkg, model
                                 max_new_tokens=MAX_LEN + 1)  # fmt: skip
 
 
-def _edited(pkg, tmp_path, edit):
-    path = tmp_path / "pkg"
-    shutil.copytree(pkg, path)
-    manifest = json.loads((path / "manifest.json").read_text())
-    edit(manifest)
-    (path / "manifest.json").write_text(json.dumps(manifest))
-    return path
-
-
 @pytest.mark.parametrize("which, entry, words", [
     ("static", {"max_new_tokens": 8}, "sharing a dynamic size"),  # a static step claims prefill
     ("prefill", {"max_new_tokens": 8}, "must be [1, 8]"),  # another range than the library's
@@ -150,7 +140,7 @@ def _edited(pkg, tmp_path, edit):
 def test_the_loader_checks_the_prefill_convention(prefill_pkg, static_pkg, tmp_path, which,
                                                   entry, words):  # fmt: skip
     pkg = prefill_pkg if which == "prefill" else static_pkg
-    bad = _edited(pkg, tmp_path, lambda m: m["decode"].update(entry))
+    bad = edited_copy(pkg, tmp_path, lambda m: m["decode"].update(entry))
     with pytest.raises(cw.EmberRuntimeError) as e:
         cw.load_package(bad)
     assert e.value.name == "EMBER_ERR_PACKAGE" and words in e.value.message, e.value.message
@@ -158,6 +148,6 @@ def test_the_loader_checks_the_prefill_convention(prefill_pkg, static_pkg, tmp_p
 
 def test_a_prefill_package_without_its_entry_is_refused_by_generate(prefill_pkg, tmp_path):
     """Without max_new_tokens the manifest says one token per step: the dynamic step is not."""
-    bad = _edited(prefill_pkg, tmp_path, lambda m: m["decode"].pop("max_new_tokens"))
+    bad = edited_copy(prefill_pkg, tmp_path, lambda m: m["decode"].pop("max_new_tokens"))
     with pytest.raises(cw.EmberRuntimeError, match="one token per step"):
         cw.generate(cw.load_package(bad), _prompt(3), 2)

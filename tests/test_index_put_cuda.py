@@ -38,7 +38,11 @@ def test_accumulation_equals_torchs_with_negatives_broadcasts_and_repeats(dtype)
     assert torch.equal(a, a.clone())  # the input is not written
 
 
-def test_deterministic_runs_keep_torchs_kernel():
+def test_deterministic_runs_keep_torchs_kernel(monkeypatch):
+    def atomic(*args, **kwargs):
+        raise AssertionError("index_add_ (atomic adds) in a deterministic run")
+
+    monkeypatch.setattr(torch.Tensor, "index_add_", atomic)
     a = torch.zeros(4, 3, device="cuda")
     idx = torch.tensor([0, 1, 1, 3], device="cuda")
     values = torch.ones(4, 3, device="cuda")

@@ -34,7 +34,7 @@ import torch
 from ember.ir import toolchain
 
 from .codegen_common import KernelSource, buffer_ptr_type, code_text, size_symbols_in
-from .config import config
+from .config import HARDWARE_16BIT, config
 from .lowering import Lazy, View, register
 from .loop_ir import Layout, TemplateBuffer, ops
 from .runtime import CSRC
@@ -43,13 +43,6 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CTYPE = {torch.float32: "float", torch.bfloat16: "uint16_t", torch.float16: "uint16_t"}
 MAX_HEAD_DIM = 512  # bounds each thread's scratch (a block of queries, keys and values in fp32)
 BLOCK_K = 64  # keys per block: a multiple of every ISA's vector width (16 at most)
-
-
-# CPU features with which torch's kernels multiply 16-bit floats in hardware (AMX tiles, or
-# AVX512 dot products: oneDNN's), where Ember's kernel widens them to float32 FMAs: on an AMX
-# host its bf16 attention ran at about 0.3x of torch's (2 cores, L = S = 2048, E = 128).
-_HARDWARE_16BIT = {torch.bfloat16: {"amx_bf16", "avx512_bf16"},
-                   torch.float16: {"amx_fp16", "avx512_fp16"}}  # fmt: skip
 
 
 def enabled(device: str, dtype=None) -> bool:
@@ -61,8 +54,8 @@ def enabled(device: str, dtype=None) -> bool:
         return False
     if device != "cpu" or config.cpu_backend != "cpp":
         return False
-    if on == "auto" and not config.packaging and dtype in _HARDWARE_16BIT:
-        return not (_HARDWARE_16BIT[dtype] & toolchain.cpu_flags())
+    if on == "auto" and not config.packaging and dtype in HARDWARE_16BIT:
+        return not (HARDWARE_16BIT[dtype] & toolchain.cpu_flags())
     return True
 
 
@@ -93,12 +86,13 @@ def _run_time_checks(pairs) -> tuple:
     return tuple(out)
 
 
-def _why_not(L, q, k, v, dropout_p, mask, scale) -> str | None:
-    """Why the kernel does not take this call, or None when it does."""
+def why_not(L, q, k, v, dropout_p, mask, scale, **kw) -> str | None:
+    """Why the generated kernels (this forward, cpu_attention_backward's) do not take this call,
+    or None when they do; `kw` as `unsupported` takes them."""
     if not enabled(L.device, q.dtype):
         return ("config.cpu_flash_attention is off, the graph is not a C++ CPU graph, or torch's "
                 f"kernel multiplies {q.dtype} in this CPU's hardware")
-    return unsupported(L, q, k, v, dropout_p, mask, scale, MAX_HEAD_DIM, lse_ok=True)
+    return unsupported(L, q, k, v, dropout_p, mask, scale, MAX_HEAD_DIM, **kw)
 
 
 def lse_read(L) -> bool:
@@ -246,14 +240,13 @@ def _hint(L, x) -> int:
     return int(x.subs(subs))
 
 
-def _reference(query, key, value, mask=None, *, is_causal=False, scale=None, packed=None):
-    """What the kernel computes, by torch (the loop-IR interpreter runs this). `packed`: the
-    float32 buffer's (output strides, element count) of a training graph, which holds the
-    output and after it the log-sum-exp."""
+def _reference(query, key, value, mask=None, *, is_causal=False, scale=None, train=False):
+    """What the kernel computes, by torch (the loop-IR interpreter runs this). `train`: a
+    training graph's float32 buffer, the output (at its strides) and after it the log-sum-exp."""
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, 0.0, is_causal, attn_mask=mask, scale=scale
     )
-    if packed is None:
+    if not train:
         return out
     buf = torch.empty(out.numel() + lse.numel(), dtype=torch.float32)
     buf.as_strided(out.shape, out.stride()).copy_(out)
@@ -294,7 +287,7 @@ def sdpa_flash_cpu(L, query, key, value, dropout_p=0.0, is_causal=False, *, attn
         out = triton_attention.lower(L, "extern.sdpa_flash_cpu", query, key, value, attn_mask,
                                      bool(is_causal), scale, dropout_p)  # fmt: skip
         return out, None
-    why = _why_not(L, query, key, value, dropout_p, attn_mask, scale)
+    why = why_not(L, query, key, value, dropout_p, attn_mask, scale, lse_ok=True)
     if why is not None:
         raise NotImplementedError(f"generated CPU flash attention: {why}")
     q, k, v = (L.realize_as_buffer(t) for t in (query, key, value))
@@ -333,7 +326,7 @@ def sdpa_flash_cpu(L, query, key, value, dropout_p=0.0, is_causal=False, *, attn
 
     def fn(*tensors):
         return _reference(*tensors[:3], tensors[3] if len(tensors) > 3 else None,
-                          is_causal=bool(is_causal), scale=scale, packed=train or None)  # fmt: skip
+                          is_causal=bool(is_causal), scale=scale, train=train)  # fmt: skip
 
     buf = TemplateBuffer(name, layout, op="extern.sdpa_flash_cpu", fn=fn, args=inputs,
                          kernel=f"flash_attention_{name}", render=render,

@@ -20,17 +20,15 @@ import torch
 
 from .codegen_common import KernelSource, buffer_ptr_type, code_text
 from .cpu_attention import (
-    MAX_HEAD_DIM,
     _flash_dims,
     _numel,
     _run_time_checks,
     _strides4,
     dtype_args,
-    enabled,
     mask_size_pairs,
     param_struct,
     size_reads,
-    unsupported,
+    why_not,
 )
 from .lowering import View, register
 from .loop_ir import Layout, TemplateBuffer
@@ -93,12 +91,7 @@ def sdpa_flash_cpu_backward(L, grad_out, query, key, value, out, logsumexp, drop
                             is_causal=False, *, attn_mask=None, scale=None):  # fmt: skip
     """The generated flash-attention backward for this call (see the module doc), or
     NotImplementedError, which keeps the extern call into torch."""
-    why = None
-    if not enabled(L.device, query.dtype):
-        why = ("config.cpu_flash_attention is off, the graph is not a C++ CPU graph, or torch's "
-               f"kernel multiplies {query.dtype} in this CPU's hardware")
-    why = why or unsupported(L, query, key, value, dropout_p, attn_mask, scale, MAX_HEAD_DIM,
-                             single_output=True)  # fmt: skip
+    why = why_not(L, query, key, value, dropout_p, attn_mask, scale, single_output=True)
     if why is not None:
         raise NotImplementedError(f"generated CPU flash attention backward: {why}")
     g, q, k, v, o, lse = (L.realize_as_buffer(t)

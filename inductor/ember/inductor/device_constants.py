@@ -3,13 +3,13 @@ broadcast), that a GPU program reads become constants made on the GPU.
 
 Models build scalars on the CPU from sizes and numbers (`torch.sqrt(torch.tensor(head_dim) *
 factor)` for an attention scale, `torch.log(torch.tensor(max_pos / mid))` in relative-position
-buckets) and divide GPU tensors by them: eager copies the scalar to the device on every call (`.to`, or
-implicitly: a CUDA op may read a CPU scalar). In a compiled program that copy is an extern step that runs on the host, and a program with host
-steps cannot be replayed from a CUDA graph, so one such scale sent a whole transformer back to
-launching each kernel from Python. With static sizes the scalar's value is known at compile time:
-this pass computes it once, on the CPU with the prims' own reference implementations, and puts a
-`prims.full` of that value on the target device in its place, which the lowering inlines into the
-kernels that read it. What depends on an input (a symbolic size, a tensor argument, a random
+buckets) and divide GPU tensors by them: eager copies the scalar to the device on every call
+(`.to`, or implicitly: a CUDA op may read a CPU scalar). In a compiled program that copy is an
+extern step that runs on the host, and a program with host steps cannot be replayed from a CUDA
+graph, so one such scale sent a whole transformer back to launching each kernel from Python.
+With static sizes the scalar's value is known at compile time: this pass computes it once, on
+the CPU with the prims' own reference implementations, and puts a `prims.full` of that value on
+the target device in its place, which the lowering inlines into the kernels that read it. What depends on an input (a symbolic size, a tensor argument, a random
 draw) is left as it is.
 """
 
@@ -72,8 +72,7 @@ def fold_device_constants(gm: fx.GraphModule) -> fx.GraphModule:
             full = graph.call_function(
                 prims.full, (tuple(value.shape), value.flatten()[0].item(), value.dtype, device)
             )
-        meta = (node if reader is None else by_name[source]).meta.get(NODE_META_KEY)
-        full.meta[NODE_META_KEY] = prims.full.meta(*full.args) if meta is not None else None
+        full.meta[NODE_META_KEY] = prims.full.meta(*full.args)
         if reader is None:
             node.replace_all_uses_with(full)
             graph.erase_node(node)
@@ -115,9 +114,11 @@ def _constant_value(node: fx.Node):
         return True
 
     meta = node.meta.get(NODE_META_KEY)
-    if (not isinstance(meta, TensorMeta) or str(meta.device) != "cpu"
-            or not all(isinstance(s, int) or s.is_Integer for s in meta.sizes)
-            or math.prod(int(s) for s in meta.sizes) > MAX_ELEMENTS or not visit(node)):  # fmt: skip
+    if not isinstance(meta, TensorMeta) or str(meta.device) != "cpu":
+        return None
+    if not all(s.is_Integer for s in meta.sizes) or math.prod(map(int, meta.sizes)) > MAX_ELEMENTS:
+        return None  # a symbolic size, or too large to compute while compiling
+    if not visit(node):
         return None
     values = {}
     try:

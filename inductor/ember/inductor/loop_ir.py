@@ -329,22 +329,12 @@ def _loop_vars(prefix: str, n: int) -> tuple:
 # --- text form ---------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def printed(index) -> str:
     """str(index), remembered: the lowering prints each reduction's body to find repeats (a mean
     and a variance of one value), and every layer's reductions print the same indices; sympy's
     printer sorts an Add's terms each time (GPT-2's training step: 0.3 s of printing)."""
-    try:
-        got = _PRINTED.get(index)
-    except TypeError:  # an unhashable index (none known): printed as is
-        return str(index)
-    if got is None:
-        if len(_PRINTED) >= 1 << 16:
-            _PRINTED.clear()
-        got = _PRINTED[index] = str(index)
-    return got
-
-
-_PRINTED: dict = {}
+    return str(index)
 
 
 class TextHandler:

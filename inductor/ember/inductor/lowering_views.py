@@ -16,6 +16,7 @@ from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known
 from .config import config, on_for
 from .index_simplify import simplify_index
 from .loop_ir import InputBuffer, compute_dtype, loop_vars, ops, set_handler
+from .runtime import index_put as runtime_index_put
 from .graph_reads import read_elementwise
 from .lowering import (
     Lazy,
@@ -438,6 +439,8 @@ EXTERN_KERNELS = {
     "extern.addmm": torch.addmm,
     "extern.baddbmm": torch.baddbmm,
     "extern.convolution": torch.convolution,
+    # a prim's reference, where torch's kernel for it is slow (runtime.index_put says when)
+    "prims.index_put": runtime_index_put,
 }
 
 
@@ -450,7 +453,8 @@ def _extern(name):
 
 
 for _name in EXTERN_KERNELS:  # the matmuls and the convolution have their own lowerings below
-    register(_name)(_extern(_name))
+    if _name.startswith("extern."):  # (a prim's call stays its fallback, as before)
+        register(_name)(_extern(_name))
 
 
 @register("extern.custom_op")

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ember.ir import cache_files, progress, resolve
+from ember.primtorch.prims.movement import index_put as index_put_prim
 
 from . import compile_workers, trial_timing, triton_binaries
 from .codegen_common import POINTER_TYPES
@@ -682,8 +683,6 @@ def extern(name: str):
 
     if name in EXTERN_KERNELS:
         return EXTERN_KERNELS[name]
-    if name in _FASTER_THAN_REF:
-        return _FASTER_THAN_REF[name]
     target = resolve(name)
     return getattr(target, "ref", None) or target
 
@@ -698,9 +697,7 @@ def index_put(a, indices, values, accumulate=False):
             or indices[0].dtype not in (torch.int64, torch.int32)
             or torch.are_deterministic_algorithms_enabled()
             or not isinstance(values, torch.Tensor) or a.dim() == 0):  # fmt: skip
-        from ember.primtorch.prims.movement import index_put as prim
-
-        return prim.ref(a, indices, values, accumulate)
+        return index_put_prim.ref(a, indices, values, accumulate)
     idx, rows = indices[0], a.shape[0]
     idx = torch.where(idx < 0, idx + rows, idx).reshape(-1)  # index_add_ takes no negatives
     # repeats of a 16-bit float add in float32, as torch's kernel sums them, then round once
@@ -708,10 +705,6 @@ def index_put(a, indices, values, accumulate=False):
     out = a.to(wide, memory_format=torch.contiguous_format, copy=True)
     values = values.expand(*indices[0].shape, *a.shape[1:]).reshape(-1, *a.shape[1:])
     return out.index_add_(0, idx, values.to(wide)).to(a.dtype)
-
-
-# Externs whose prim reference is slow on some device, by the name the wrapper calls them
-_FASTER_THAN_REF = {"prims.index_put": index_put}
 
 
 def empty_strided(sizes, strides, dtype, device):

@@ -129,32 +129,19 @@ def as_expr(value) -> sympy.Expr:
 # and again (each layer indexes alike; the scheduler, the renderers and the wrapper each expand an
 # access anew). sympy's own cache holds 1000 entries, which one large graph churns through, and
 # `free_symbols` is never cached: a full tree walk per access. Both are pure functions of the
-# (hashable, immutable) expression, so they are remembered here, bounded: a full table is
-# dropped, not grown (a compile's working set is far smaller than the bound).
-
-_MAX_REMEMBERED = 1 << 16
-_EXPANDED: dict = {}
-_FREE: dict = {}
+# (hashable, immutable) expression, so they are remembered here.
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def expand_index(expr) -> sympy.Expr:
     """sympy.expand(expr), remembered by the expression."""
-    got = _EXPANDED.get(expr)
-    if got is None:
-        if len(_EXPANDED) >= _MAX_REMEMBERED:
-            _EXPANDED.clear()
-        got = _EXPANDED[expr] = sympy.expand(expr)
-    return got
+    return sympy.expand(expr)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def free_symbols_of(expr) -> frozenset:
     """expr's free symbols (of an int: none), remembered by the expression."""
-    got = _FREE.get(expr)
-    if got is None:
-        if len(_FREE) >= _MAX_REMEMBERED:
-            _FREE.clear()
-        got = _FREE[expr] = frozenset(sympy.sympify(expr).free_symbols)
-    return got
+    return frozenset(sympy.sympify(expr).free_symbols)
 
 
 @dataclasses.dataclass(frozen=True)
