@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from .prims import full
+
 aten = torch.ops.aten
 
 LIFT_FRESH = (aten.lift_fresh.default, aten.lift_fresh_copy.default)
@@ -26,6 +28,4 @@ def fresh_constant(tracer, t):
     if (type(t) is not torch.Tensor or t.device.type != "cpu" or t.numel() != 1
             or t.requires_grad or t.dtype.is_complex or tracer.is_traced(t)):  # fmt: skip
         return None
-    from .prims import full
-
     return full(tuple(t.shape), t.item(), t.dtype, t.device)
