@@ -3,11 +3,14 @@
 //   run_package [--device N] PACKAGE IN.npy... OUT.npy...   (as many of each as the model has)
 //   run_package PACKAGE --info                              (describe the inputs and outputs)
 //   run_package [--device N] --bench CALLS [--rounds R] PACKAGE IN.npy... [OUT.npy...]
-//   run_package [--device N] --generate N [--top-k K] [--temperature T] [--seed S] PACKAGE
-//               PROMPT.npy OUT.npy                          (ember_generate on a decode step)
+//   run_package [--device N] --generate N [--top-k K] [--temperature T] [--seed S]
+//               [--bench CALLS] PACKAGE PROMPT.npy OUT.npy  (ember_generate on a decode step)
 //
 // --generate: PROMPT.npy holds (B, P) int64 (or int32) token ids; OUT.npy gets the (B, N) int64
-// tokens that ember_generate chose (greedy unless --top-k K > 1; see ember_runtime.h).
+// tokens that ember_generate chose (greedy unless --top-k K > 1; see ember_runtime.h). With
+// --bench, CALLS more generations after the one that writes OUT.npy, and their median (each
+// ember_generate returns with the last logits on the host, so no further synchronisation):
+//   generate calls=CALLS median_ms=X tokens_per_s=Y      (Y: B x N tokens over X)
 //
 // --bench: after the run that writes the outputs (a warm-up), time CALLS more runs, each one
 // synchronised (CUDA), and print their median milliseconds; then R rounds (default 10) of CALLS
@@ -166,7 +169,7 @@ void bench(EmberModel* model, DLDevice device, std::vector<DLManagedTensor*>& in
 }
 
 int generate_main(EmberModel* model, const std::vector<std::string>& args,
-                  const EmberGenerateOptions& o, long long n_new) {
+                  const EmberGenerateOptions& o, long long n_new, int calls) {
   if (args.size() != 3 || n_new < 0) {
     fprintf(stderr, "usage: run_package --generate N [--top-k K] [--temperature T] [--seed S] "
                     "PACKAGE PROMPT.npy OUT.npy\n");
@@ -194,6 +197,19 @@ int generate_main(EmberModel* model, const std::vector<std::string>& args,
     if (st != EMBER_OK) return report(st, "generating");
     int64_t shape[2] = {int64_t(batch), int64_t(n_new)};
     ember::npy_write(args[2], DLDataType{kDLInt, 64, 1}, shape, 2, out.data());
+    std::vector<double> each;
+    std::vector<int64_t> again(out.size());
+    for (int i = 0; i < calls; ++i) {
+      double t0 = now_ms();
+      st = ember_generate(model, ids.data(), batch, len, size_t(n_new), &o, again.data());
+      if (st != EMBER_OK) return report(st, "generating");
+      each.push_back(now_ms() - t0);
+    }
+    if (calls > 0) {
+      double ms = median(each);
+      printf("generate calls=%d median_ms=%.6f tokens_per_s=%.2f\n", calls, ms,
+             ms > 0 ? 1000.0 * double(batch * size_t(n_new)) / ms : 0.0);
+    }
   } catch (const ember::Error& e) {
     fprintf(stderr, "run_package: %s: %s\n", ember_status_name(e.status()), e.what());
     return int(e.status());
@@ -240,7 +256,7 @@ int main(int argc, char** argv) {
   if (st != EMBER_OK) return report(st, "loading " + args[0]);
   size_t n_in = ember_model_num_inputs(model), n_out = ember_model_num_outputs(model);
   if (n_new >= 0) {
-    int rc = generate_main(model, args, gen, n_new);
+    int rc = generate_main(model, args, gen, n_new, calls);
     ember_model_free(model);
     return rc;
   }
