@@ -25,7 +25,6 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-import sympy
 import torch
 
 from ember.ir import CompiledArtifact, StepIR
@@ -67,7 +66,7 @@ def decode_step_artifact(model, example_inputs: Sequence[torch.Tensor], *, token
     _check_roles(example_inputs, tokens, positions, caches)
     dims = None
     if max_new_tokens > 1:
-        example_inputs, dims = _prefill_example(example_inputs, tokens, positions, max_new_tokens)
+        dims = _prefill_dims(len(example_inputs), tokens, positions, max_new_tokens)
     exported = resolve_entry("export")(_ClonedCaches(model, caches), tuple(example_inputs),
                                        dynamic_shapes=dims)  # fmt: skip
     n_out = len(exported.outputs) - len(caches)
@@ -83,46 +82,17 @@ def decode_step_artifact(model, example_inputs: Sequence[torch.Tensor], *, token
         if max_new_tokens > spec["max_positions"]:
             raise ValueError(f"max_new_tokens={max_new_tokens} exceeds the caches' length "
                              f"{spec['max_positions']}")  # fmt: skip
-        artifact = _allow_one_new_token(artifact, tokens)
         spec["max_new_tokens"] = max_new_tokens
     return artifact, consts, spec
 
 
-def _prefill_example(inputs: list, tokens: int, positions: int, most: int) -> tuple[list, list]:
-    """The example inputs with two new tokens (a Dim's example size must be at least 2) and the
-    dynamic_shapes giving the tokens' and positions' length the range [2, `most`]."""
-    inputs = list(inputs)
-    tok, pos = inputs[tokens], inputs[positions]
-    inputs[tokens] = tok[:, :1].repeat(1, 2)
-    inputs[positions] = torch.arange(2, dtype=pos.dtype, device=pos.device)
-    new = resolve_entry("Dim")(NEW_TOKENS, min=2, max=most)
-    dims: list = [None] * len(inputs)
+def _prefill_dims(n_inputs: int, tokens: int, positions: int, most: int) -> list:
+    """dynamic_shapes giving the tokens' and positions' length the range [1, `most`] (export
+    checks that the step traced for two or more new tokens is the step for one)."""
+    new = resolve_entry("Dim")(NEW_TOKENS, min=1, max=most)
+    dims: list = [None] * n_inputs
     dims[tokens], dims[positions] = {1: new}, {0: new}
-    return inputs, dims
-
-
-def _allow_one_new_token(artifact: CompiledArtifact, tokens: int) -> CompiledArtifact:
-    """`artifact` whose new-token count (the tokens input's dimension 1) runs from 1, not 2
-    (export's least dynamic size).
-
-    The program was traced for T >= 2 new tokens; at T = 1 it computes the same formulas with a
-    length-1 dimension, which equals eager for a step written for any number of new tokens (one
-    that never branches on T == 1: an attention whose mask comes from the positions). A guard
-    that T = 1 breaks is refused here rather than failing at run time."""
-    size = artifact.buffer(artifact.inputs[tokens]).meta.sizes[1]
-    symbols = [s for s in artifact.symbols if s.symbol == size or s.name == str(size)]
-    if len(symbols) != 1:
-        raise UnsupportedArtifactError(f"the compiled step's new tokens have the size {size}, "
-                                       "not one of its dynamic sizes")  # fmt: skip
-    name = symbols[0].name
-    for g in artifact.guards:
-        sym = [x for x in g.free_symbols if x.name == name]
-        if sym and g.subs(sym[0], 1) is sympy.false:
-            raise UnsupportedArtifactError(f"the step's shape guard {g} excludes one new token; "
-                                           "write the step for any number of new tokens")
-    one = dataclasses.replace(symbols[0], lower=1)
-    return dataclasses.replace(artifact, symbols=tuple(
-        one if s.name == name else s for s in artifact.symbols))  # fmt: skip
+    return dims
 
 
 def package_decode_step(model, example_inputs: Sequence[torch.Tensor], path, *, tokens: int,
@@ -138,8 +108,9 @@ def package_decode_step(model, example_inputs: Sequence[torch.Tensor], path, *, 
 
     `max_new_tokens` > 1 exports the tokens (B, T) and positions (T,) with T dynamic in
     [1, max_new_tokens] (a step attending causally within the new tokens and to the cache's
-    earlier rows, its mask computed from the positions): `ember_generate` then runs a prompt of
-    up to that many tokens in one call, then one token per call. 1 (the default) is the static
+    earlier rows, its mask computed from the positions; ember.export refuses a step that is
+    another program at T = 1): `ember_generate` then runs a prompt in calls of up to that many
+    tokens, then one token per call. 1 (the default) is the static
     one-token step, whose prompts `ember_generate` feeds token by token."""
     artifact, consts, spec = decode_step_artifact(model, example_inputs, tokens=tokens,
                                                   positions=positions, caches=caches,

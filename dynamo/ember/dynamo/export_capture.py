@@ -24,6 +24,8 @@ from .builder import Builder
 from .codegen import eliminate_dead_code
 from .dynamic import DerivedDim, Dim, DynamicPolicy
 from .exc import GraphBreakError, RestartAnalysis, Unsupported
+from .export_size_one import (Trace, check_size_one, resized, root_sizes,
+                              size_one_roots)
 from .exported import ExportedProgram
 from .interpreter import RootTranslator
 from .output import OutputGraph
@@ -46,12 +48,33 @@ def export(model, args=(), kwargs=None, dynamic_shapes=None) -> ExportedProgram:
     `dynamic_shapes` declares dynamic sizes with `ember.export.Dim`: per argument (a dict by
     parameter name, or a tuple in argument order), for a tensor a {dim: Dim} dict or a tuple with
     a Dim or None per dimension. Arguments sharing a Dim have equal sizes; `2 * d` is allowed.
-    A program that forces a declared size to a constant raises SpecializationError."""
+    A program that forces a declared size to a constant raises SpecializationError. A Dim with
+    min=1 is traced at sizes >= 2 and checked at 1 (export_size_one.py): its range starts at 1
+    when the program is the same there, else SpecializationError names what differs."""
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
     kwargs = dict(sorted((kwargs or {}).items()))  # so that a call's keyword order is free
     fn, bound = _root_function(model)
     export_dims = _declared_dims(fn, bound, args, kwargs, dynamic_shapes)
+    ones = size_one_roots(export_dims)
     model = getattr(model, "_orig_mod", model)
+    fqns = _fqns(model)
+
+    def trace(args, kwargs, export_dims) -> Trace:
+        return _trace(fn, bound, fqns, args, kwargs, export_dims)
+
+    if ones:  # traced at sizes >= 2 (an example at 1 is repeated to 2), then checked at 1
+        at_one = {i for i, n in root_sizes(args, kwargs, export_dims).items() if n == 1}
+        args, kwargs, export_dims = resized(args, kwargs, export_dims, dict.fromkeys(at_one, 2))
+    main = trace(args, kwargs, export_dims)
+    symbols = main.gm.meta.get("ember_symbols", ())
+    if ones:
+        symbols = check_size_one(main, trace, args, kwargs, export_dims, ones)
+        main.prim_gm.meta["ember_symbols"] = symbols
+    return ExportedProgram(main.prim_gm, main.consts, *main.extra, symbols)
+
+
+def _trace(fn, bound, fqns: dict, args: tuple, kwargs: dict, export_dims) -> Trace:
+    """Capture `fn(*bound, *args, **kwargs)` and lower it to prims."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     in_leaves = []
     for i, leaf in enumerate(leaves):
@@ -65,8 +88,8 @@ def export(model, args=(), kwargs=None, dynamic_shapes=None) -> ExportedProgram:
                             "tensors, containers of them, and plain constants")  # fmt: skip
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
     frame_args = _frame_locals(fn, (*bound, *args), kwargs)
-    gm, constants, out_spec, out_leaves = _capture(fn, frame_args, tensors, _fqns(model),
-                                                   export_dims)  # fmt: skip
+    gm, constants, out_spec, out_leaves, env = _capture(fn, frame_args, tensors, fqns,
+                                                        export_dims)  # fmt: skip
     lower = resolve_entry("export_lowering")
     if gm.meta.get("ember_symbols") and not getattr(lower, "ember_supports_dynamic", False):
         raise NotImplementedError("ember.export: the lowering (ember.aot_autograd) does not "
@@ -74,8 +97,7 @@ def export(model, args=(), kwargs=None, dynamic_shapes=None) -> ExportedProgram:
     names = _input_names(fn, bound, args, kwargs)
     prim_gm, consts = lower(gm, tensors, {k: v for k, (v, _) in constants.items()}, names)
     fqns = {new: fqn for new, (_, fqn) in zip(consts, constants.values())}
-    return ExportedProgram(prim_gm, consts, fqns, in_spec, in_leaves, out_spec, out_leaves,
-                           gm.meta.get("ember_symbols", ()))  # fmt: skip
+    return Trace(gm, prim_gm, consts, env, (fqns, in_spec, in_leaves, out_spec, out_leaves))
 
 
 def _declared_dims(fn, bound, args, kwargs, dynamic_shapes):
@@ -151,7 +173,8 @@ def _frame_locals(fn, args: tuple, kwargs: dict) -> list:
 
 
 def _capture(fn, frame_args: list, tensors: list, fqns: dict, export_dims=None):
-    """Translate the root frame; returns (torch-level gm, constants, out_spec, out_leaves)."""
+    """Translate the root frame; returns (torch-level gm, constants, out_spec, out_leaves,
+    the ShapeEnv)."""
     code = fn.__code__
     rng, grad = torch.random.get_rng_state(), torch.is_grad_enabled()
     policy = DynamicPolicy(None, export_dims=export_dims) if export_dims else None
@@ -186,7 +209,7 @@ def _capture(fn, frame_args: list, tensors: list, fqns: dict, export_dims=None):
     gm.graph.lint()
     if output.shape_env is not None and output.shape_env.symbols:
         gm.meta["ember_symbols"] = output.shape_env.specs()
-    return gm, constants, out_spec, out_leaves
+    return gm, constants, out_spec, out_leaves, output.shape_env
 
 
 def _message(e: Unsupported, code) -> str:

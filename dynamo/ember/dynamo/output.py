@@ -20,7 +20,7 @@ from .distributed import is_dtensor
 from .exc import Unsupported
 from .guards import GuardSet, tensor_spec
 from .source import Source
-from .symbolic import ShapeEnv, SymIntVT, SymSliceVT
+from .symbolic import SYM_SIZES, ShapeEnv, SymIntVT, SymSliceVT
 
 _BY_RULE = object()  # OutputGraph.call: the result's symbolic sizes come from the op's rule
 
@@ -262,6 +262,8 @@ class OutputGraph:
             node.meta[NODE_META_KEY] = TensorMeta.from_tensor(result)
             vt = V.TensorVT(node, result)
             vt.sym = sym
+            if isinstance(sym, tuple):  # export's size-1 check reads them (export_size_one.py)
+                node.meta[SYM_SIZES] = sym
             return vt
         if isinstance(result, (tuple, list)) and all(
             isinstance(r, (torch.Tensor, *_GRAPH_CONSTS)) for r in result

@@ -33,6 +33,10 @@ from ember.ir.symbols import CeilDiv, exact_quotient
 from . import variables as V
 
 
+# node.meta key of a captured op's symbolic result sizes (its TensorMeta has the example's sizes)
+SYM_SIZES = "ember_sym_sizes"
+
+
 class SymbolicFallback(Exception):
     """Something symbolic this tracer cannot express: the frame is traced again, static.
     (Not an Unsupported: it must not turn into a graph break.)"""
@@ -287,7 +291,7 @@ class ShapeEnv:
         return value
 
     def _check_export_assumption(self, relation) -> None:
-        if _holds_in_ranges(relation, {i.spec.symbol: i.spec for i in self.symbols}):
+        if holds_in_ranges(relation, {i.spec.symbol: i.spec for i in self.symbols}):
             return
         where = self.where()
         if isinstance(relation, sympy.Eq) and len(relation.free_symbols) == 1:
@@ -299,7 +303,7 @@ class ShapeEnv:
                 f"constant {info.hint} at {where}; mark it static or remove the specialisation"
             )
         raise SpecializationError(
-            f"ember.export: the program assumes {_describe_rel(relation, self.symbols)} at "
+            f"ember.export: the program assumes {describe_relation(relation, self.symbols)} at "
             f"{where}, which the declared Dim ranges do not guarantee; declare Dims that "
             "guarantee it (a shared Dim for equal sizes, a narrower min/max)",
             where,
@@ -411,30 +415,30 @@ def _size_name(source, dim) -> str:
     return f"{source.name()}.size()[{dim}]"
 
 
-def _describe_rel(relation, symbols) -> str:
+def describe_relation(relation, symbols) -> str:
     names = {i.spec.symbol: sympy.Symbol(f"{_size_name(i.source, i.dim)}") for i in symbols}
     return str(relation.xreplace(names))
 
 
-def _holds_in_ranges(relation, specs: dict) -> bool:
-    """Whether `relation` holds for every value of its symbols in their ranges (sympy proves it
-    with each symbol written as lower + k and as upper - k, k a non-negative integer)."""
+def holds_in_ranges(relation, specs: dict) -> bool:
+    """Whether `relation` holds for every value of its symbols in their ranges: sympy proves it
+    with each symbol written as lower + k, or with each bounded one written as upper - k (k a
+    non-negative integer): either covers the ranges."""
+    if isinstance(relation, sympy.Ne):  # (sympy leaves Ne(k + 2, 1) undecided)
+        a, b = relation.args
+        return holds_in_ranges(sympy.Gt(a, b), specs) or holds_in_ranges(sympy.Lt(a, b), specs)
+    if any(s not in specs for s in relation.free_symbols):
+        return False
     for side in ("lower", "upper"):
         subs = {}
         for s in relation.free_symbols:
-            spec = specs.get(s)
-            if spec is None:
-                return False
+            spec = specs[s]
             k = sympy.Symbol(f"k_{s.name}", integer=True, nonnegative=True)
-            if side == "lower":
-                subs[s] = spec.lower + k
-            elif spec.upper is not None:
-                subs[s] = spec.upper - k
-            else:
-                subs[s] = spec.lower + k
-        if sympy.simplify(relation.xreplace(subs)) is not sympy.true:
-            return False
-    return True
+            up = side == "upper" and spec.upper is not None
+            subs[s] = spec.upper - k if up else spec.lower + k
+        if sympy.simplify(relation.xreplace(subs)) is sympy.true:
+            return True
+    return False
 
 
 # -- guards in the C++ guard VM -------------------------------------------------------------------
