@@ -1,6 +1,7 @@
 """Prefill in one call: a decode step packaged with a dynamic number of new tokens (T in
-[1, max_new_tokens]) runs a whole prompt in one `ember_generate` step, then one token per step;
-tokens and logits against eager, step counts against the token-by-token package, refusals.
+[1, max_new_tokens]) runs a whole prompt in one `ember_generate` step (a longer one in chunks of
+max_new_tokens), then one token per step; tokens and logits against eager, step counts against
+the token-by-token package, refusals.
 
 Cross-component: dynamo exports the step with a Dim on the tokens' length, inductor compiles it
 once for every T, cpp_wrapper donates the caches and `ember_generate` (standalone through
@@ -112,20 +113,45 @@ def test_prefill_is_one_step_call_and_the_old_package_goes_token_by_token(
     assert cw.generate(new, prompt, 8, **sampled).equal(cw.generate(old, prompt, 8, **sampled))
 
 
-def test_prompts_longer_than_the_dim_or_the_cache_are_refused(prefill_pkg, model, builds,
-                                                              tmp_path):  # fmt: skip
+@pytest.fixture(scope="module")
+def chunked_pkg(model, tmp_path_factory, builds):
+    """A prefill step taking at most CHUNK new tokens: longer prompts go in chunks."""
+    path = _package(model, tmp_path_factory.mktemp("chunked") / "pkg", max_new_tokens=CHUNK)
+    builds[1].result()
+    return path
+
+
+CHUNK = 8
+
+
+@pytest.mark.parametrize("length", [20, 16])  # 2.5 chunks (the last one short), 2 full chunks
+def test_a_prompt_longer_than_max_new_tokens_runs_in_chunks(chunked_pkg, static_pkg, model,
+                                                           builds, length, tmp_path):  # fmt: skip
+    prompt, n = _prompt(length, seed=length), 6
+    want, _ = eager_greedy(model, prompt, n)
+    loaded = cw.load_package(chunked_pkg)
+    assert cw.generate(loaded, prompt, n).tolist() == want.tolist()
+    assert cw.run_count(loaded) == -(-length // CHUNK) + n - 1  # the chunks, then n - 1 tokens
+    sampled = dict(top_k=5, temperature=1.5, seed=5)  # the same draws as token by token
+    old = cw.load_package(static_pkg)
+    assert cw.generate(loaded, prompt, n, **sampled).equal(cw.generate(old, prompt, n, **sampled))
+    run = _standalone(builds[0].result(), chunked_pkg, prompt, n, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert np.load(tmp_path / "out.npy").tolist() == want.tolist()
+
+
+def test_prompts_longer_than_the_cache_are_refused(prefill_pkg, model, builds, tmp_path):
     loaded = cw.load_package(prefill_pkg)
-    with pytest.raises(cw.EmberRuntimeError, match=f"at most {MOST} new tokens") as e:
-        cw.generate(loaded, _prompt(MOST + 1), 2)
+    with pytest.raises(cw.EmberRuntimeError, match=f"caches hold {MAX_LEN} positions") as e:
+        cw.generate(loaded, _prompt(MOST), MAX_LEN - MOST + 2)  # 32 + 18 - 1 > 48
     assert e.value.name == "EMBER_ERR_INVALID_ARGUMENT"
     assert cw.run_count(loaded) == 0  # refused before any step
-    with pytest.raises(cw.EmberRuntimeError, match=f"caches hold {MAX_LEN} positions"):
-        cw.generate(loaded, _prompt(MOST), MAX_LEN - MOST + 2)  # 32 + 18 - 1 > 48
     assert cw.generate(loaded, _prompt(MOST), MAX_LEN - MOST + 1).shape == (BATCH, 17)
+    assert cw.generate(loaded, _prompt(MAX_LEN), 1).shape == (BATCH, 1)  # chunks of 32 and 16
     with pytest.raises(cw.EmberRuntimeError, match="outside its range"):  # a direct run too
         loaded(_prompt(MOST + 1), torch.arange(MOST + 1), *zero_caches())
-    run = _standalone(builds[0].result(), prefill_pkg, _prompt(MOST + 1), 2, tmp_path)
-    assert run.returncode == 1 and f"at most {MOST} new tokens" in run.stderr, run.stderr
+    run = _standalone(builds[0].result(), prefill_pkg, _prompt(MAX_LEN), 2, tmp_path)
+    assert run.returncode == 1 and f"caches hold {MAX_LEN} positions" in run.stderr, run.stderr
     example = (torch.tensor([[1]] * BATCH), torch.tensor([0]), *zero_caches())
     with pytest.raises(ValueError, match="exceeds the caches' length"):
         cw.decode_step_artifact(model, example, tokens=0, positions=1, caches=[2, 3, 4, 5],

@@ -151,8 +151,8 @@ EMBER_API size_t ember_model_num_inputs(const EmberModel* model);
 EMBER_API size_t ember_model_num_outputs(const EmberModel* model);
 EMBER_API DLDevice ember_model_device(const EmberModel* model);
 /* Runs of the model since it was loaded: each ember_model_run and each step run of
- * ember_generate (a prefill-capable decode step runs a prompt once). 0 for NULL. For tests and
- * profiling; a new function, no layout changed. */
+ * ember_generate (a prefill-capable decode step runs a prompt in chunks). 0 for NULL. For tests
+ * and profiling; a new function, no layout changed. */
 EMBER_API uint64_t ember_model_run_count(const EmberModel* model);
 EMBER_API EmberStatus ember_model_input_info(const EmberModel* model, size_t index,
                                              EmberTensorInfo* out);
@@ -182,11 +182,12 @@ EMBER_API EmberStatus ember_tensor_copy(const DLTensor* src, const DLTensor* dst
  * (T,)), which are the caches (floating point, static shapes) and which output holds the logits
  * (floating point, shape (B, V) or (B, T, V): the last dimension is the vocabulary); every input
  * is one of those. T is 1, or (when the entry's max_new_tokens is above 1) a dynamic size in
- * [1, max_new_tokens]: ember_generate then runs the whole prompt (at most max_new_tokens long)
- * in one step and reads the last new token's logits; with T = 1 it runs the prompt token by
- * token. One ember_model_run of such a package writes the new tokens' keys and values
- * into the caller's cache tensors in place, at `positions` (O(new tokens), no copy of a cache);
- * `max_positions` is the caches' length. Added in ABI 1 (no existing layout changed).
+ * [1, max_new_tokens]: ember_generate then runs the prompt in steps of max_new_tokens tokens
+ * (the last step takes the rest; positions continue from step to step) and reads the last
+ * prompt token's logits; with T = 1 it runs the prompt token by token. One ember_model_run of
+ * such a package writes the new tokens' keys and values into the caller's cache tensors in
+ * place, at `positions` (O(new tokens), no copy of a cache); `max_positions` is the caches'
+ * length. Added in ABI 1 (no existing layout changed).
  *
  * Sampling: top_k <= 1 is greedy (the largest logit; the lowest index among equal ones, as
  * torch.argmax). top_k = k > 1 draws among the k largest logits (ties: lower index first) with
@@ -213,11 +214,14 @@ EMBER_API void ember_generate_options_init(EmberGenerateOptions* options);
 /* Generate `max_new_tokens` tokens after a prompt with a decode-step package. `prompt` holds
  * batch x prompt_len token ids (row-major; batch must be the package's B, prompt_len >= 1);
  * `out_tokens` receives batch x max_new_tokens ids (row-major). The runtime allocates zeroed
- * caches for the call and feeds the prompt one token per step (token-by-token prefill: position
- * p gets prompt[:, p]), then each chosen token, so prompt_len + max_new_tokens - 1 runs in all;
- * that must not exceed max_positions. EMBER_ERR_UNSUPPORTED for a model that is not a decode-step
- * package (no "decode" entry) or whose tokens input is not (B, 1); EMBER_ERR_INVALID_ARGUMENT for
- * a wrong batch, an empty prompt, a prompt token outside the vocabulary or too many positions.
+ * caches for the call and feeds the prompt (position p gets prompt[:, p]) one token per step,
+ * or with a prefill-capable step (the "decode" entry's max_new_tokens M > 1) in
+ * ceil(prompt_len / M) steps of up to M tokens, then each chosen token but the last:
+ * ceil(prompt_len / M) + max_new_tokens - 1 runs in all (M = 1 without prefill).
+ * prompt_len + max_new_tokens - 1 positions must not exceed max_positions.
+ * EMBER_ERR_UNSUPPORTED for a model that is not a decode-step package (no "decode" entry) or
+ * whose tokens input is not (B, 1); EMBER_ERR_INVALID_ARGUMENT for a wrong batch, an empty
+ * prompt, a prompt token outside the vocabulary or too many positions.
  * `options` may be NULL (greedy). Thread-safe as ember_model_run (each call has its own caches). */
 EMBER_API EmberStatus ember_generate(EmberModel* model, const int64_t* prompt, size_t batch,
                                      size_t prompt_len, size_t max_new_tokens,

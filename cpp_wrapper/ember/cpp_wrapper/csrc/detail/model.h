@@ -33,7 +33,7 @@ struct DecodeSpec {
   int64_t max_positions = 0;  // the caches' length: positions run from 0 to this - 1
   // The most new tokens one run takes: 1 for a static one-token step (prompts go token by
   // token); more for a step whose tokens (B, T) and positions (T,) share a dynamic size T in
-  // [1, max_new_tokens] (a prompt goes in one run).
+  // [1, max_new_tokens] (a prompt goes in runs of up to that many tokens).
   int64_t max_new_tokens = 1;
 };
 

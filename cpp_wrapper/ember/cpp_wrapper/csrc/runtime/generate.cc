@@ -1,9 +1,10 @@
-// ember_generate: greedy and top-k decoding with a decode-step package (the prompt in one run
-// when the step takes a dynamic number of new tokens, else token by token; then one token per
-// run), its caches allocated per call and updated in place by each run.
+// ember_generate: greedy and top-k decoding with a decode-step package (the prompt in runs of up
+// to max_new_tokens tokens when the step takes a dynamic number of new tokens, else token by
+// token; then one token per run), its caches allocated per call and updated in place by each run.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -152,12 +153,6 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
                                          std::to_string(tok.shape[0]));
   }
   if (prompt_len == 0) fail(EMBER_ERR_INVALID_ARGUMENT, "ember_generate: the prompt is empty");
-  if (prefill && prompt_len > size_t(spec.max_new_tokens)) {
-    fail(EMBER_ERR_INVALID_ARGUMENT,
-         "ember_generate: the prompt has " + std::to_string(prompt_len) +
-             " tokens; the package takes at most " + std::to_string(spec.max_new_tokens) +
-             " new tokens per run (package_decode_step's max_new_tokens)");
-  }
   if (n_new == 0) return;
   size_t limit = size_t(spec.max_positions);  // checked first: the sum below cannot wrap
   size_t needed = prompt_len > limit || n_new > limit ? limit + 1 : prompt_len + n_new - 1;
@@ -183,14 +178,19 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
   void* stream = device.device_type == kDLCPU ? nullptr : o.stream;
   size_t n_in = size_t(model.desc().num_inputs), n_out = size_t(model.desc().num_outputs);
   std::vector<Owned> inputs(n_in);
-  // The first run takes `first` tokens (the whole prompt with a prefill step), later runs one.
-  const size_t first = prefill ? prompt_len : 1;
-  Owned one_tok = empty(device, tok, "tokens", 1), one_pos = empty(device, pos, "positions", 1);
-  Owned first_tok, first_pos;
-  if (first > 1) {
-    first_tok = empty(device, tok, "tokens", int64_t(first));
-    first_pos = empty(device, pos, "positions", int64_t(first));
-  }
+  // The prompt runs in chunks of at most `chunk` tokens (the step's max_new_tokens; 1 without
+  // a prefill step), positions continuing; then one token per run. The tokens and positions
+  // inputs, by length: a full chunk, the prompt's last (shorter) chunk, one token.
+  const size_t chunk = prefill ? size_t(spec.max_new_tokens) : 1;
+  std::map<size_t, std::pair<Owned, Owned>> by_length;
+  auto ids_for = [&](size_t t) -> std::pair<Owned, Owned>& {
+    auto& p = by_length[t];
+    if (!p.first) {
+      p.first = empty(device, tok, "tokens", int64_t(t));
+      p.second = empty(device, pos, "positions", int64_t(t));
+    }
+    return p;
+  };
   for (int64_t c : spec.caches) {  // zeros: unwritten slots are masked, and 0 * NaN is NaN
     Owned t = empty(device, model.input_info(size_t(c)), "cache");
     std::vector<char> zeros(size_t(numel(t->dl_tensor) * itemsize(t->dl_tensor.dtype)), 0);
@@ -207,9 +207,9 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
     return s < prompt_len ? prompt[b * prompt_len + s] : out_tokens[b * n_new + (s - prompt_len)];
   };
   for (size_t done = 0;;) {  // `done`: positions the caches hold
-    size_t t = done == 0 ? first : 1;
-    DLManagedTensor* tok_in = t > 1 ? first_tok.get() : one_tok.get();
-    DLManagedTensor* pos_in = t > 1 ? first_pos.get() : one_pos.get();
+    size_t t = done < prompt_len ? std::min(chunk, prompt_len - done) : 1;
+    DLManagedTensor* tok_in = ids_for(t).first.get();
+    DLManagedTensor* pos_in = ids_for(t).second.get();
     current.assign(batch * t, 0);
     where.assign(t, 0);
     for (size_t j = 0; j < t; ++j) {
@@ -225,7 +225,7 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
     std::vector<Owned> outputs;
     for (DLManagedTensor* r : raw) outputs.emplace_back(r);
     done += t;
-    if (done < prompt_len) continue;  // token-by-token prefill: a prompt token's logits unused
+    if (done < prompt_len) continue;  // a prompt chunk before the last: its logits unused
     const DLTensor& l = outputs[size_t(spec.logits)]->dl_tensor;
     const char* base = static_cast<const char*>(l.data) + l.byte_offset;
     std::vector<int64_t> strides(static_cast<size_t>(l.ndim), 1);  // dense row-major

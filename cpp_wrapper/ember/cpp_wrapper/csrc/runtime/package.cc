@@ -446,8 +446,8 @@ std::vector<ConstantArg> constants_of(const Json& manifest, const ember_abi::Mod
 }
 
 // A prefill-capable decode step (max_new_tokens > 1): tokens (B, T) and positions (T,) share one
-// dynamic size T whose range is [1, max_new_tokens], so ember_generate may run a whole prompt
-// (T = prompt length) and then single tokens through the same library.
+// dynamic size T whose range is [1, max_new_tokens], so ember_generate may run a prompt in chunks
+// of up to max_new_tokens tokens and then single tokens through the same library.
 void check_prefill(const Json& manifest, const ember_abi::ModelDesc& d, const DecodeSpec& spec) {
   const std::string where = "manifest.decode.max_new_tokens";
   const ember_abi::TensorDesc& tok = d.inputs[spec.tokens];
