@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import ember.cpp_wrapper as cw
+from ember.dynamo import SpecializationError
 from decode_model import BATCH, LAYERS, MAX_LEN, VOCAB, eager_greedy, zero_caches
 from decode_model import builds, edited_copy, model  # noqa: F401  (fixtures: builds, model)
 
@@ -177,3 +178,22 @@ def test_a_prefill_package_without_its_entry_is_refused_by_generate(prefill_pkg,
     bad = edited_copy(prefill_pkg, tmp_path, lambda m: m["decode"].pop("max_new_tokens"))
     with pytest.raises(cw.EmberRuntimeError, match="one token per step"):
         cw.generate(cw.load_package(bad), _prompt(3), 2)
+
+
+def test_a_step_that_is_another_program_at_one_new_token_is_refused(model):
+    """export checks the prefill step at T = 1 (the Dim starts at 1): a branch on T == 1 is
+    refused when packaging, naming the Dim and the line."""
+
+    class OneTokenBranch(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, tokens, positions, *caches):
+            out = self.inner(tokens, positions, *caches)
+            return out * 2 if tokens.shape[1] == 1 else out
+
+    example = (torch.tensor([[1]] * BATCH), torch.tensor([0]), *zero_caches())
+    with pytest.raises(SpecializationError, match="Dim 'new_tokens' has min=1.*test_decode_pre"):
+        cw.decode_step_artifact(OneTokenBranch(model), example, tokens=0, positions=1,
+                                caches=[2, 3, 4, 5], max_new_tokens=8)  # fmt: skip

@@ -9,7 +9,8 @@ only for sizes that decide the same way.
 
 The rules (documented for users in the README):
 - sizes 0 and 1 are always specialised (a symbol is >= 2), so broadcasting and squeeze decisions
-  never depend on a symbol;
+  never depend on a symbol (export's `Dim(min=1)` is traced so too, then checked at 1:
+  export_size_one.py);
 - a tensor gets symbolic sizes only if it is not a parameter or buffer of a module and its
   strides are exactly row-major contiguous for its sizes (others keep static sizes);
 - `ember.compile(dynamic=True)` makes every other input size symbolic; `dynamic=None` (default)
