@@ -38,3 +38,21 @@ def test_generate_on_cuda_gives_the_eager_greedy_tokens(tmp_path):
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert np.load(tmp_path / "out.npy").tolist() == want.tolist()
+
+
+def test_a_prefill_step_on_cuda_runs_the_prompt_in_one_call(tmp_path):
+    """max_new_tokens > 1: the tokens' length is dynamic; ember_generate runs the prompt in one
+    call, then one token per call, and gives eager's greedy tokens."""
+    torch.manual_seed(0)
+    model = Decoder(max_len=LENGTH).eval().cuda()
+    example = (torch.tensor([[1]], device="cuda"), torch.tensor([0], device="cuda"),
+               *zero_caches(1, LENGTH, "cuda"))  # fmt: skip
+    path = cw.package_decode_step(model, example, tmp_path / "pkg", tokens=0, positions=1,
+                                  caches=range(2, 2 + 2 * LAYERS), max_new_tokens=8,
+                                  device="cuda")  # fmt: skip
+    loaded = cw.load_package(path)
+    for prompt in (PROMPT, torch.tensor([[7]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])):
+        want, _ = eager_greedy(model, prompt, 16, LENGTH, "cuda")
+        before = cw.run_count(loaded)
+        assert cw.generate(loaded, prompt, 16).tolist() == want.tolist()
+        assert cw.run_count(loaded) - before == 16  # the prompt in one call, then 15 tokens
