@@ -12,7 +12,9 @@ token ids (B, 1), the positions (1,) and the caches, each cache written in place
 3. compile (ember.inductor) and rewrite the artifact (`donate_index_puts`): each
    `prims.index_put(cache_view, [index], values)` whose old value nothing reads afterwards
    becomes an in-place write of `values` into the input (the runtime's kIndexCopy: O(new
-   tokens)), its result a view of the input; the returned caches leave the outputs;
+   tokens)), its result a view of the input; the returned caches leave the outputs; on CUDA
+   the writes are launches of a kernel that reads the positions on the GPU
+   (cuda_index_copy.py), not host copies after a synchronisation;
 4. package it, and record in manifest.json which inputs are the tokens, positions and caches,
    which output the logits (the "decode" entry ember_generate reads) and the caches' length.
 """
@@ -30,6 +32,7 @@ import torch
 from ember.ir import CompiledArtifact, StepIR
 
 from .codegen_values import step_refs
+from .cuda_index_copy import launch_index_copies
 from .errors import UnsupportedArtifactError
 from .exported import compile_exported, resolve_entry
 from .package import package
@@ -76,6 +79,8 @@ def decode_step_artifact(model, example_inputs: Sequence[torch.Tensor], *, token
     artifact, consts = compile_exported(exported, device)
     donated = [artifact.inputs[i] for i in caches]
     artifact, lengths = donate_index_puts(artifact, donated, artifact.outputs[n_out:])
+    if torch.device(device).type == "cuda":  # the updates on the GPU, not through the host
+        artifact = launch_index_copies(artifact)
     spec = {"tokens": tokens, "positions": positions, "caches": caches, "logits": logits,
             "max_positions": min(lengths)}  # fmt: skip
     if max_new_tokens > 1:

@@ -37,6 +37,7 @@ from .errors import UnsupportedArtifactError
 _ENTRIES = {
     "compile_prims": "ember.inductor:compile_prims",
     "attach_cubins": "ember.inductor.triton_aot:attach_cubins",
+    "compile_kernel": "ember.inductor.triton_aot:compile_kernel",  # cuda_index_copy's kernel
     "decompose_externs": "ember.primtorch:decompose_externs",
     "export": "ember.dynamo:export",  # decode.py exports the user's step itself
     "Dim": "ember.dynamo:Dim",  # and gives a prefill step's new tokens a dynamic length

@@ -1,0 +1,161 @@
+"""A decode step's cache updates on CUDA as a Triton kernel of the package, not a host loop.
+
+`donate_index_puts` turns each cache update into an in-place `prims.index_put` step (`values`
+written into the cache at `index` along its first dimension). The runtime's extern for it reads
+the index on the host: a stream synchronisation per update, dozens per step of a decoder, each
+of which drains the GPU before the host may queue the next kernel. `launch_index_copies`
+replaces those steps of a CUDA artifact by launches of one small kernel (per dtype combination)
+that reads the index on the GPU: one thread per element of the update, strides and sizes as
+run-time arguments, so one cubin serves every cache and any number of new tokens.
+
+A position outside the cache's rows is skipped (the CPU extern raises; a kernel cannot without
+stopping the stream), after negative ones count from the end, as indexing does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from ember.ir import CompiledArtifact, FloorDiv, KernelIR, StepIR
+from ember.ir.symbols import expr_to_json
+
+from .codegen_values import parse_expr
+from .exported import resolve_entry
+
+BLOCK = 256  # elements per program
+DIMS = 4  # the update's dimensions after the indexed one are padded to DIMS - 1
+NAME = "ember_index_copy"
+_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
+          "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8",
+          "bool": "i1"}  # fmt: skip
+
+SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def ember_index_copy(DST, IDX, SRC, N, A, B, C, ROWS, DS0, DS1, DS2, DS3, SS0, SS1, SS2, SS3,
+                     IS0, BLOCK: tl.constexpr):
+    # element (j, a, b, c) of the update: SRC's (j, a, b, c) into DST's (IDX[j], a, b, c)
+    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = lin < N
+    c = lin % C
+    rest = lin // C
+    b = rest % B
+    rest = rest // B
+    a = rest % A
+    j = rest // A
+    pos = tl.load(IDX + j * IS0, mask=ok, other=0).to(tl.int64)
+    pos = tl.where(pos < 0, pos + ROWS, pos)
+    ok = ok & (pos >= 0) & (pos < ROWS)
+    v = tl.load(SRC + j * SS0 + a * SS1 + b * SS2 + c * SS3, mask=ok)
+    tl.store(DST + pos * DS0 + a * DS1 + b * DS2 + c * DS3, v.to(DST.dtype.element_ty), mask=ok)
+'''
+
+
+def _type(meta) -> str:
+    name = str(meta.dtype).replace("torch.", "")
+    if name not in _TYPES:
+        raise NotImplementedError(f"no Triton type for {meta.dtype}")
+    return _TYPES[name]
+
+
+def _padded(sizes, strides) -> tuple[list, list]:
+    """Sizes and strides with dimensions 1.. padded to DIMS - 1 (size 1, stride 0)."""
+    sizes, strides = list(sizes), list(strides)
+    if len(sizes) > DIMS:
+        raise NotImplementedError(f"an update of {len(sizes)} dimensions (at most {DIMS})")
+    pad = DIMS - len(sizes)
+    return sizes + [sympy.Integer(1)] * pad, strides + [sympy.Integer(0)] * pad
+
+
+def _json(e):
+    e = sympy.sympify(e)
+    return int(e) if e.is_Integer else {"expr": expr_to_json(e)}
+
+
+def _name(value) -> str:
+    return value["node"] if isinstance(value, dict) else str(value)
+
+
+def _layouts(artifact: CompiledArtifact):
+    """A function giving a buffer's (sizes, strides): a view step's own, else its metadata."""
+    views = {}
+    for step in artifact.steps:
+        if step.kind == "view" and step.args[1] is not None:
+            sizes, strides, _ = step.args[1]
+            views[step.outputs[0]] = ([parse_expr(x) for x in sizes],
+                                      [parse_expr(x) for x in strides])  # fmt: skip
+
+    def layout_of(name: str) -> tuple:
+        if name in views:
+            return views[name]
+        m = artifact.buffer(name).meta
+        return [sympy.sympify(x) for x in m.sizes], [sympy.sympify(x) for x in m.strides]
+
+    return layout_of
+
+
+def index_copy_step(artifact: CompiledArtifact, step: StepIR, layout_of) -> tuple[StepIR, tuple]:
+    """The kernel step for one in-place `prims.index_put(out, [index], values)` step, and its
+    kernel's (name, arg_types). `layout_of(name)` gives a buffer's (sizes, strides)."""
+    if len(step.args[1]) != 1:
+        raise NotImplementedError("more than one index tensor")
+    out, index, values = step.outputs[0], _name(step.args[1][0]), _name(step.args[2])
+    dst_sizes, dst_strides = layout_of(out)
+    idx_sizes, idx_strides = layout_of(index)
+    src_sizes, src_strides = layout_of(values)
+    if len(idx_sizes) != 1:
+        raise NotImplementedError("an index of more than one dimension")
+    shape = [idx_sizes[0], *dst_sizes[1:]]  # the update's shape: values broadcast to it
+    lead = len(shape) - len(src_sizes)
+    if lead < 0:
+        raise NotImplementedError("values of more dimensions than the update")
+    src = [(sympy.Integer(0) if i < lead or src_sizes[i - lead] == 1 else src_strides[i - lead])
+           for i in range(len(shape))]  # fmt: skip
+    sizes, dst = _padded(shape, dst_strides)
+    _, src = _padded(shape, src)
+    n = sympy.Mul(*[sympy.sympify(s) for s in sizes])
+    types = tuple(_type(artifact.buffer(b).meta) for b in (out, index, values))
+    kernel = f"{NAME}_{'_'.join(types)}"
+    args = [{"node": out}, {"node": index}, {"node": values},
+            *(_json(x) for x in (n, *sizes[1:], dst_sizes[0], *dst, *src, idx_strides[0]))]
+    grid = [_json(FloorDiv(n + BLOCK - 1, BLOCK))]
+    arg_types = (*(f"*{t}" for t in types), *("i64",) * (len(args) - 3))
+    return StepIR("kernel", kernel, args, {"grid": grid}, (out,)), (kernel, arg_types)
+
+
+def launch_index_copies(artifact: CompiledArtifact, arch=None) -> CompiledArtifact:
+    """`artifact` (CUDA) with its in-place index_put steps launched as `ember_index_copy`
+    kernels (compiled to cubins for sm_`arch`, the current GPU's by default); an update the
+    kernel cannot take keeps its extern."""
+    layout_of = _layouts(artifact)
+    steps, kernels = [], {}
+    for step in artifact.steps:
+        if not (step.kind == "extern" and step.target == "prims.index_put"
+                and (step.kwargs or {}).get("in_place")):  # fmt: skip
+            steps.append(step)
+            continue
+        try:
+            new, (name, arg_types) = index_copy_step(artifact, step, layout_of)
+        except NotImplementedError:
+            steps.append(step)
+            continue
+        steps.append(new)
+        kernels[name] = arg_types
+    if not kernels:
+        return artifact
+    compile_kernel = resolve_entry("compile_kernel")
+    built = []
+    for name, arg_types in sorted(kernels.items()):
+        c = compile_kernel(SOURCE, NAME, arg_types, {"BLOCK": BLOCK, "num_warps": 4}, arch)
+        built.append(KernelIR(name, "triton", SOURCE, c.name, arg_types, num_warps=c.num_warps,
+                              shared_mem=c.shared_mem, binary=c.path))  # fmt: skip
+    return dataclasses.replace(artifact, steps=tuple(steps),
+                               kernels=(*artifact.kernels, *built))  # fmt: skip
+
+
+__all__ = ["SOURCE", "index_copy_step", "launch_index_copies"]
