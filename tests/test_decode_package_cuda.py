@@ -56,3 +56,35 @@ def test_a_prefill_step_on_cuda_runs_the_prompt_in_one_call(tmp_path):
         before = cw.run_count(loaded)
         assert cw.generate(loaded, prompt, 16).tolist() == want.tolist()
         assert cw.run_count(loaded) - before == 16  # the prompt in one call, then 15 tokens
+
+
+def test_generate_replays_its_one_token_steps_as_a_cuda_graph(tmp_path, monkeypatch):
+    """With graphs (the default) the prefill and the first one-token step run plainly, the
+    second is captured and every later one relaunched: a fraction of the plain run's kernel
+    launches, the same tokens, the same run count."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = Decoder(max_len=LENGTH).eval().cuda()
+    example = (torch.tensor([[1]], device="cuda"), torch.tensor([0], device="cuda"),
+               *zero_caches(1, LENGTH, "cuda"))  # fmt: skip
+    path = cw.package_decode_step(model, example, tmp_path / "pkg", tokens=0, positions=1,
+                                  caches=range(2, 2 + 2 * LAYERS), max_new_tokens=8,
+                                  device="cuda")  # fmt: skip
+    loaded = cw.load_package(path)
+    want, _ = eager_greedy(model, PROMPT, 16, LENGTH, "cuda")
+
+    def launches(graphs: str):
+        monkeypatch.setenv("EMBER_GENERATE_GRAPHS", graphs)
+        before = cw.run_count(loaded)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            got = cw.generate(loaded, PROMPT, 16)
+        assert got.tolist() == want.tolist()
+        assert cw.run_count(loaded) - before == 16
+        names = [e.name for e in prof.events()]
+        return (sum("LaunchKernel" in n for n in names), sum("GraphLaunch" in n for n in names))
+
+    plain, plain_graphs = launches("0")
+    graphed, graph_launches = launches("1")
+    assert plain_graphs == 0 and graph_launches == 14  # the one-token steps after the first
+    assert 3 * graphed < plain, (graphed, plain)

@@ -222,7 +222,12 @@ EMBER_API void ember_generate_options_init(EmberGenerateOptions* options);
  * EMBER_ERR_UNSUPPORTED for a model that is not a decode-step package (no "decode" entry) or
  * whose tokens input is not (B, 1); EMBER_ERR_INVALID_ARGUMENT for a wrong batch, an empty
  * prompt, a prompt token outside the vocabulary or too many positions.
- * `options` may be NULL (greedy). Thread-safe as ember_model_run (each call has its own caches). */
+ * `options` may be NULL (greedy). Thread-safe as ember_model_run (each call has its own caches).
+ * On CUDA the call runs on a stream of its own (options->stream is then unused: the call is
+ * synchronous either way) and replays its one-token steps as a CUDA graph captured at the
+ * second of them (the run count counts each replay as a run); a step that cannot be captured
+ * (one that synchronises the stream) runs plainly instead. EMBER_GENERATE_GRAPHS=0 in the
+ * environment turns the graphs off (every step then runs on options->stream). */
 EMBER_API EmberStatus ember_generate(EmberModel* model, const int64_t* prompt, size_t batch,
                                      size_t prompt_len, size_t max_new_tokens,
                                      const EmberGenerateOptions* options, int64_t* out_tokens);

@@ -28,6 +28,8 @@ typedef struct CUfunc_st* CUfunction;
 typedef struct CUstream_st* CUstream;
 typedef unsigned long long CUdeviceptr;
 typedef int CUfunction_attribute;
+typedef struct CUgraph_st* CUgraph;
+typedef struct CUgraphExec_st* CUgraphExec;
 #define CUDA_SUCCESS 0
 #define CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 #endif
@@ -56,6 +58,20 @@ struct CudaDriver {
   CUresult (*memset_d32_async)(CUdeviceptr, unsigned int, size_t, CUstream);
   CUresult (*stream_synchronize)(CUstream);
   CUresult (*get_error_string)(CUresult, const char**);
+  // CUDA graphs (ember_generate's one-token steps): null where the driver lacks one of them.
+  CUresult (*stream_create)(CUstream*, unsigned int);
+  CUresult (*stream_destroy)(CUstream);
+  CUresult (*stream_begin_capture)(CUstream, int);  // mode: 1 thread-local
+  CUresult (*stream_end_capture)(CUstream, CUgraph*);
+  CUresult (*graph_instantiate)(CUgraphExec*, CUgraph, unsigned long long);
+  CUresult (*graph_launch)(CUgraphExec, CUstream);
+  CUresult (*graph_exec_destroy)(CUgraphExec);
+  CUresult (*graph_destroy)(CUgraph);
+
+  bool has_graphs() const {
+    return stream_create && stream_destroy && stream_begin_capture && stream_end_capture &&
+           graph_instantiate && graph_launch && graph_exec_destroy && graph_destroy;
+  }
 };
 
 // The driver, opened and initialised once per process; throws EMBER_ERR_CUDA when unavailable.

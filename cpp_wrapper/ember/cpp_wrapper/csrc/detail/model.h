@@ -59,6 +59,15 @@ class Model {
 
   // Runs started since the model was loaded (ember_model_run and each step of ember_generate).
   uint64_t run_count() const { return run_count_.load(std::memory_order_relaxed); }
+  // A run that `run` did not count (a CUDA graph's replay), or one it counted that did not run
+  // (a capture): +1 or -1.
+  void count_run(int delta) {
+    if (delta >= 0) {
+      run_count_.fetch_add(uint64_t(delta), std::memory_order_relaxed);
+    } else {
+      run_count_.fetch_sub(uint64_t(-delta), std::memory_order_relaxed);
+    }
+  }
 
   // Run once; thread-safe. Throws Error.
   void run(DLManagedTensor* const* inputs, size_t num_inputs, DLManagedTensor** outputs,

@@ -30,6 +30,8 @@ class Pool {
   void release(void* ptr, void* stream);
   // Return every cached block to the device.
   void trim();
+  // Return the blocks cached for `stream` to the device (before the stream is destroyed).
+  void trim_stream(void* stream);
   DLDevice device() const { return device_; }
   size_t cached_bytes() const;
 

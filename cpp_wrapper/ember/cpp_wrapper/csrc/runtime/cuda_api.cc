@@ -26,6 +26,11 @@ void bind(void* lib, F& slot, const char* name) {
   if (!slot) fail(EMBER_ERR_CUDA, std::string("libcuda has no ") + name + "; is the driver too old?");
 }
 
+template <typename F>
+void bind_optional(void* lib, F& slot, const char* name) {
+  slot = reinterpret_cast<F>(dlsym(lib, name));
+}
+
 CudaDriver load_driver() {
   void* lib = open_cuda();
   if (!lib) {
@@ -52,6 +57,14 @@ CudaDriver load_driver() {
   bind(lib, d.memset_d32_async, "cuMemsetD32Async");
   bind(lib, d.stream_synchronize, "cuStreamSynchronize");
   bind(lib, d.get_error_string, "cuGetErrorString");
+  bind_optional(lib, d.stream_create, "cuStreamCreate");
+  bind_optional(lib, d.stream_destroy, "cuStreamDestroy_v2");
+  bind_optional(lib, d.stream_begin_capture, "cuStreamBeginCapture_v2");
+  bind_optional(lib, d.stream_end_capture, "cuStreamEndCapture");
+  bind_optional(lib, d.graph_instantiate, "cuGraphInstantiateWithFlags");
+  bind_optional(lib, d.graph_launch, "cuGraphLaunch");
+  bind_optional(lib, d.graph_exec_destroy, "cuGraphExecDestroy");
+  bind_optional(lib, d.graph_destroy, "cuGraphDestroy");
   CUresult r = d.init(0);
   if (r != CUDA_SUCCESS) fail(EMBER_ERR_CUDA, "cuInit failed (" + std::to_string(int(r)) + ")");
   return d;
@@ -113,6 +126,7 @@ namespace {
 typedef struct cublasContext* cublasHandle_t;
 typedef int (*CublasCreate)(cublasHandle_t*);
 typedef int (*CublasSetStream)(cublasHandle_t, CUstream);
+typedef int (*CublasSetWorkspace)(cublasHandle_t, void*, size_t);
 typedef int (*CublasGemmStridedBatchedEx)(
     cublasHandle_t, int transa, int transb, int m, int n, int k, const void* alpha, const void* a,
     int a_type, int lda, long long stride_a, const void* b, int b_type, int ldb, long long stride_b,
@@ -125,7 +139,12 @@ struct Cublas {
   CublasCreate create;
   CublasSetStream set_stream;
   CublasGemmStridedBatchedEx gemm;
+  CublasSetWorkspace set_workspace;  // null before cuBLAS 11.4: its own workspace then
 };
+
+// Each handle's workspace, allocated with the handle and kept for the process (as the handles
+// are): cuBLAS then allocates nothing while a stream is captured into a CUDA graph.
+constexpr size_t kCublasWorkspace = size_t(32) << 20;
 
 const Cublas& cublas(const char* library_path) {
   static std::mutex mu;
@@ -149,6 +168,7 @@ const Cublas& cublas(const char* library_path) {
   c.create = reinterpret_cast<CublasCreate>(dlsym(lib, "cublasCreate_v2"));
   c.set_stream = reinterpret_cast<CublasSetStream>(dlsym(lib, "cublasSetStream_v2"));
   c.gemm = reinterpret_cast<CublasGemmStridedBatchedEx>(dlsym(lib, "cublasGemmStridedBatchedEx"));
+  c.set_workspace = reinterpret_cast<CublasSetWorkspace>(dlsym(lib, "cublasSetWorkspace_v2"));
   if (!c.create || !c.set_stream || !c.gemm) fail(EMBER_ERR_CUDA, "libcublas lacks the GEMM API");
   api = std::make_unique<Cublas>(c);
   return *api;
@@ -161,7 +181,14 @@ void cublas_gemm(int device, const char* library_path, CUstream stream, const Cu
   // cuBLAS handles are not safe to share between threads: one per thread and device.
   thread_local std::map<int, cublasHandle_t> handles;
   cublasHandle_t& h = handles[device];
-  if (!h && api.create(&h) != 0) fail(EMBER_ERR_CUDA, "cublasCreate failed");
+  if (!h) {
+    if (api.create(&h) != 0) fail(EMBER_ERR_CUDA, "cublasCreate failed");
+    CUdeviceptr ws = 0;
+    if (api.set_workspace && cuda_driver().mem_alloc(&ws, kCublasWorkspace) == CUDA_SUCCESS &&
+        api.set_workspace(h, reinterpret_cast<void*>(ws), kCublasWorkspace) != 0) {
+      cuda_driver().mem_free(ws);  // cuBLAS keeps its own
+    }
+  }
   if (api.set_stream(h, stream) != 0) fail(EMBER_ERR_CUDA, "cublasSetStream failed");
   bool f64 = g.dtype == 1;
   float af = float(g.alpha), bf = float(g.beta);

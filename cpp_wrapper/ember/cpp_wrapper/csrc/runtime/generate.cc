@@ -3,10 +3,12 @@
 // token; then one token per run), its caches allocated per call and updated in place by each run.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "detail/common.h"
@@ -123,6 +125,118 @@ int64_t choose(const std::vector<double>& logits, const EmberGenerateOptions& o,
   return idx[size_t(k - 1)];  // u above the rounded total
 }
 
+// Run `model` once on `in`; its outputs into `outputs`.
+void run_plain(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out, void* stream,
+               std::vector<Owned>* outputs) {
+  std::vector<DLManagedTensor*> raw(n_out, nullptr);
+  model.run(in.data(), in.size(), raw.data(), n_out, stream);
+  outputs->clear();
+  for (DLManagedTensor* r : raw) outputs->emplace_back(r);
+}
+
+// The one-token steps of one ember_generate call on CUDA as a CUDA graph: the first runs
+// plainly (which fills the pool's cache for this call's stream), the second is captured and
+// launched, the later ones relaunch it. The step's inputs (the one-token ids and positions, the
+// caches) and the pool's blocks keep their addresses: the ids and positions are uploaded before
+// each launch, and the blocks of the call's own stream, cached by the pool, are never handed to
+// another stream's runs (pool.h). A capture that fails (an op that synchronises, an allocation
+// the cache cannot serve) turns the graph off for the call: its steps run plainly.
+// EMBER_GENERATE_GRAPHS=0 turns it off.
+class StepGraph {
+ public:
+  explicit StepGraph(const Model& model) : device_(model.device()), pool_(model.pool()) {
+    if (device_.device_type != kDLCUDA) return;
+    const char* env = getenv("EMBER_GENERATE_GRAPHS");
+    if (env && std::string(env) == "0") return;
+    const CudaDriver& cu = cuda_driver();
+    if (!cu.has_graphs()) return;
+    CudaContextScope scope(device_.device_id);
+    if (cu.stream_create(&stream_, 1 /* CU_STREAM_NON_BLOCKING */) != CUDA_SUCCESS) {
+      stream_ = nullptr;
+    }
+  }
+  ~StepGraph() {
+    if (!stream_) return;
+    try {
+      const CudaDriver& cu = cuda_driver();
+      CudaContextScope scope(device_.device_id);
+      cu.stream_synchronize(stream_);
+      if (exec_) cu.graph_exec_destroy(exec_);
+      if (graph_) cu.graph_destroy(graph_);
+      outputs_.clear();  // their blocks go back to the pool, cached for this stream
+      pool_->trim_stream(stream_);
+      cu.stream_destroy(stream_);
+    } catch (const Error&) {
+    }
+  }
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  bool on() const { return stream_ != nullptr && !failed_; }
+  void* stream() const { return stream_; }
+
+  // The logits of one one-token step (plain runs leave their outputs in `plain`).
+  const DLTensor& step(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out,
+                       size_t logits, std::vector<Owned>* plain) {
+    if (exec_) {
+      launch();
+      model.count_run(1);
+      return outputs_[logits]->dl_tensor;
+    }
+    if (warmed_ && capture(model, in, n_out)) {
+      launch();  // this step's run (the capture counted it)
+      return outputs_[logits]->dl_tensor;
+    }
+    warmed_ = true;
+    run_plain(model, in, n_out, stream_, plain);
+    return (*plain)[logits]->dl_tensor;
+  }
+
+ private:
+  bool capture(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out) {
+    const CudaDriver& cu = cuda_driver();
+    CudaContextScope scope(device_.device_id);
+    if (cu.stream_begin_capture(stream_, 1 /* thread-local */) != CUDA_SUCCESS) {
+      failed_ = true;
+      return false;
+    }
+    std::vector<DLManagedTensor*> raw(n_out, nullptr);
+    bool ran = true;
+    try {
+      model.run(in.data(), in.size(), raw.data(), n_out, stream_);
+    } catch (const Error&) {
+      ran = false;
+    }
+    for (DLManagedTensor* r : raw) outputs_.emplace_back(r);
+    CUgraph graph = nullptr;
+    CUresult ended = cu.stream_end_capture(stream_, &graph);
+    if (ran && ended == CUDA_SUCCESS && graph &&
+        cu.graph_instantiate(&exec_, graph, 0) == CUDA_SUCCESS) {
+      graph_ = graph;
+      return true;
+    }
+    if (graph) cu.graph_destroy(graph);
+    exec_ = nullptr;
+    outputs_.clear();
+    if (ran) model.count_run(-1);  // nothing ran: the step runs plainly now
+    failed_ = true;
+    return false;
+  }
+
+  void launch() {
+    CudaContextScope scope(device_.device_id);
+    cuda_check(cuda_driver().graph_launch(exec_, static_cast<CUstream>(stream_)), "cuGraphLaunch");
+  }
+
+  DLDevice device_;
+  std::shared_ptr<Pool> pool_;
+  CUstream stream_ = nullptr;
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
+  std::vector<Owned> outputs_;  // the captured run's outputs: the graph writes them
+  bool warmed_ = false, failed_ = false;
+};
+
 }  // namespace
 
 void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_len, size_t n_new,
@@ -175,7 +289,8 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
     }
   }
   DLDevice device = model.device();
-  void* stream = device.device_type == kDLCPU ? nullptr : o.stream;
+  StepGraph graph(model);  // destroyed last: after the tensors its launches read
+  void* stream = device.device_type == kDLCPU ? nullptr : graph.on() ? graph.stream() : o.stream;
   size_t n_in = size_t(model.desc().num_inputs), n_out = size_t(model.desc().num_outputs);
   std::vector<Owned> inputs(n_in);
   // The prompt runs in chunks of at most `chunk` tokens (the step's max_new_tokens; 1 without
@@ -220,13 +335,17 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
     upload(pos_in->dl_tensor, ids_as(pos, where).data(), stream);
     in[size_t(spec.tokens)] = tok_in;
     in[size_t(spec.positions)] = pos_in;
-    std::vector<DLManagedTensor*> raw(n_out, nullptr);
-    model.run(in.data(), n_in, raw.data(), n_out, stream);
     std::vector<Owned> outputs;
-    for (DLManagedTensor* r : raw) outputs.emplace_back(r);
+    const DLTensor* logits = nullptr;
+    if (t == 1 && graph.on()) {
+      logits = &graph.step(model, in, n_out, size_t(spec.logits), &outputs);
+    } else {
+      run_plain(model, in, n_out, stream, &outputs);
+      logits = &outputs[size_t(spec.logits)]->dl_tensor;
+    }
     done += t;
     if (done < prompt_len) continue;  // a prompt chunk before the last: its logits unused
-    const DLTensor& l = outputs[size_t(spec.logits)]->dl_tensor;
+    const DLTensor& l = *logits;
     const char* base = static_cast<const char*>(l.data) + l.byte_offset;
     std::vector<int64_t> strides(static_cast<size_t>(l.ndim), 1);  // dense row-major
     for (int i = l.ndim - 2; i >= 0; --i) {

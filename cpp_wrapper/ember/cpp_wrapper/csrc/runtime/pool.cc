@@ -99,6 +99,25 @@ void Pool::trim() {
   }
 }
 
+void Pool::trim_stream(void* stream) {
+  std::vector<std::pair<size_t, std::vector<void*>>> blocks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.begin(); it != free_.end();) {
+      if (it->first.second == stream) {
+        cached_ -= it->first.first * it->second.size();
+        blocks.emplace_back(it->first.first, std::move(it->second));
+        it = free_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& [size, ptrs] : blocks) {
+    for (void* p : ptrs) raw_release(p, size, stream);
+  }
+}
+
 size_t Pool::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cached_;
