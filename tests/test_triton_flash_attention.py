@@ -143,17 +143,19 @@ def test_switch_is_for_packages_on_cuda(monkeypatch):
         assert not triton_attention.enabled("cuda:0")
 
 
-@pytest.mark.parametrize("e,dtype", [(80, torch.bfloat16), (256, torch.float32),
-                                     (128, torch.float16)])  # fmt: skip
-def test_sm90_cubin_and_the_wrapper_s_launch(triton_graphs, e, dtype):
+@pytest.mark.parametrize("e,dtype,length", [(80, torch.bfloat16, 19), (256, torch.float32, 19),
+                                            (128, torch.float16, 19), (64, torch.bfloat16, 1),
+                                            (64, torch.bfloat16, 200)])  # fmt: skip
+def test_sm90_cubin_and_the_wrapper_s_launch(triton_graphs, e, dtype, length):
     """The kernel compiles for sm_90 within shared memory, and the C++ wrapper of a CUDA
     artifact holding it launches it (the CPU graph's artifact, moved to CUDA) with every
-    parameter of its signature and the flat grid; the model library builds."""
+    parameter of its signature and the flat grid of (row blocks x batch x key/value heads);
+    the model library builds. Decode-shaped (L * GROUP <= 64 packed rows) and prefill calls."""
     from ember.cpp_wrapper.codegen import generate_wrapper
     from ember.cpp_wrapper.model import _kernel_builds, build_model_library
 
-    q, k, v = _qkv(2, 4, 19, 19, e, hkv=2, dtype=dtype)
-    mask = torch.randn(2, 1, 19, 19).to(dtype)
+    q, k, v = _qkv(2, 4, length, 19, e, hkv=2, dtype=dtype)
+    mask = torch.randn(2, 1, length, 19).to(dtype)
 
     def fn(q, k, v, m):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
@@ -164,9 +166,11 @@ def test_sm90_cubin_and_the_wrapper_s_launch(triton_graphs, e, dtype):
     assert pathlib.Path(kernel.binary).read_bytes()[:4] == b"\x7fELF"
     assert 0 < kernel.shared_mem <= 227 * 1024, kernel.shared_mem  # sm_90's opt-in maximum
     assert len(kernel.arg_types) == 5 + 18
-    cfg = triton_attention.kernel_config(dict(E_PAD=triton_attention.pad(e), EV_PAD=128), dtype)
+    pad = triton_attention.pad(e)
+    cfg = triton_attention.kernel_config(dict(E_PAD=pad, EV_PAD=pad), dtype, length * 2)
     assert kernel.num_warps == cfg["num_warps"]
-    blocks = -(-19 // cfg["BLOCK_M"]) * 2 * 4
+    assert cfg["BLOCK_M"] == (64 if length == 19 else 16 if length == 1 else 128)
+    blocks = -(-length * 2 // cfg["BLOCK_M"]) * 2 * 2
 
     def on_cuda(meta):
         return dataclasses.replace(meta, device="cuda:0") if isinstance(meta, TensorMeta) else meta
