@@ -44,7 +44,7 @@ def _template(name, source, cfg):
     launcher = runtime.TritonTemplateLauncher(name, source, cfg)
     if _UNSPECIALISED[0]:
         fn = getattr(runtime._load_module(launcher.source), launcher.fn_name)
-        every = list(range(len(fn.arg_names)))
+        every = [i for i, p in enumerate(fn.params) if not p.is_constexpr]
         launcher._fn = triton.runtime.jit.JITFunction(
             fn.fn, do_not_specialize=every, do_not_specialize_on_alignment=every)
     _LAUNCHERS[key] = launcher
