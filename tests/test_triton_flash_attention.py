@@ -99,6 +99,71 @@ def test_grouped_and_multi_query(triton_graphs, dtype):
     _check(mqa, q, k, v, tol=tol)
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("h,hkv,length", [(8, 2, 1), (8, 2, 4), (8, 2, 16), (4, 1, 20),
+                                          (2, 2, 1)])  # fmt: skip
+def test_decode_shapes_packed_rows(h, hkv, length, dynamic):
+    """Few query rows: the GROUP heads of a key/value head stacked into one program's rows (16,
+    32 or 64 of them; 64 or 128+ for the dynamic kernel's run-time variants), keys in several
+    blocks, with an additive mask per head and one broadcast over heads, against eager."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1 before triton is imported")
+    q, k, v = _qkv(2, h, length, 150, 32, hkv=hkv)  # 3 key blocks of 64 (fp32, head dim 32)
+    gen = torch.Generator().manual_seed(length)
+    for mask in (None, torch.randn(2, h, length, 150, generator=gen),
+                 torch.randn(length, 150, generator=gen)):  # fmt: skip
+        got = triton_attention.run(q, k, v, mask, dynamic=dynamic)
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        torch.testing.assert_close(got, want, **FP32)
+    if dynamic:  # the prefill blocks run where the row count passes 64
+        cfg = triton_attention.launch_config(32, torch.float32, None)
+        assert cfg["DECODE"] and cfg["BLOCK_M"] == 64
+    else:
+        rows = length * h // hkv  # above 64: the prefill block (64 rows in float32)
+        cfg = triton_attention.launch_config(32, torch.float32, rows)
+        assert cfg["BLOCK_M"] == (max(16, 1 << (rows - 1).bit_length()) if rows <= 64 else 64)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_packed_rows_causal_bf16_and_a_fully_masked_row(dynamic):
+    """Causal attention over packed rows (each row's own query position), bfloat16, and a row
+    whose keys are all masked giving zeros in the packed layout."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1 before triton is imported")
+    q, k, v = _qkv(1, 8, 9, 9, 64, hkv=2, dtype=torch.bfloat16)
+    got = triton_attention.run(q, k, v, causal=True, dynamic=dynamic)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(got.float(), want.float(), **BF16)
+    q, k, v = _qkv(1, 4, 3, 20, 16, hkv=2)
+    mask = torch.zeros(1, 4, 3, 20)
+    mask[0, 3, 1] = float("-inf")  # head 3 (second of its group), query 1
+    got = triton_attention.run(q, k, v, mask, dynamic=dynamic)
+    assert got[0, 3, 1].eq(0).all(), got[0, 3, 1]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    keep = torch.ones(4, 3, dtype=torch.bool)
+    keep[3, 1] = False
+    torch.testing.assert_close(got[0][keep], want[0][keep], **FP32)
+
+
+@pytest.mark.parametrize("e,dtype", [(64, torch.bfloat16), (128, torch.float16)])
+def test_sm90_cubin_of_the_dynamic_length_kernel(e, dtype):
+    """The kernel for a run-time L (prefill blocks plus its 16- and 64-row variants) compiles
+    for sm_90 within shared memory, with the key loop pipelined (STAGES buffers)."""
+    params = dict(H=32, GROUP=4, E=e, EV=e, E_PAD=e, EV_PAD=e, QS3=1, KS3=1, VS3=1, OS3=1, MS3=1,
+                  HAS_MASK=True, CAUSAL=False, SCALE=0.125)  # fmt: skip
+    cfg = triton_attention.kernel_config(params, dtype, None)
+    assert cfg["DECODE"] and cfg["STAGES"] >= 2
+    ty = "*bf16" if dtype == torch.bfloat16 else "*fp16"
+    job = ("flash_dyn", triton_attention.render_source("flash_dyn"), [ty] * 5 + ["i64"] * 18, cfg)
+    # in a fresh process (the interpreter's patches of triton.language break the compiler in
+    # this one), into the cubin cache that compile_kernel then reads
+    assert triton_aot.check_jobs([job], 90) == []
+    cubin = triton_aot.compile_kernel(job[1], job[0], tuple(job[2]), cfg, arch=90)
+    assert pathlib.Path(cubin.path).read_bytes()[:4] == b"\x7fELF"
+    assert 0 < cubin.shared_mem <= 227 * 1024, cubin.shared_mem
+    assert cubin.num_warps == cfg["num_warps"]
+
+
 def test_a_small_head_dim_and_a_scale(triton_graphs):
     q, k, v = _qkv(1, 2, 9, 24, 24)  # padded to 32
 
@@ -143,17 +208,19 @@ def test_switch_is_for_packages_on_cuda(monkeypatch):
         assert not triton_attention.enabled("cuda:0")
 
 
-@pytest.mark.parametrize("e,dtype", [(80, torch.bfloat16), (256, torch.float32),
-                                     (128, torch.float16)])  # fmt: skip
-def test_sm90_cubin_and_the_wrapper_s_launch(triton_graphs, e, dtype):
+@pytest.mark.parametrize("e,dtype,length", [(80, torch.bfloat16, 19), (256, torch.float32, 19),
+                                            (128, torch.float16, 19), (64, torch.bfloat16, 1),
+                                            (64, torch.bfloat16, 200)])  # fmt: skip
+def test_sm90_cubin_and_the_wrapper_s_launch(triton_graphs, e, dtype, length):
     """The kernel compiles for sm_90 within shared memory, and the C++ wrapper of a CUDA
     artifact holding it launches it (the CPU graph's artifact, moved to CUDA) with every
-    parameter of its signature and the flat grid; the model library builds."""
+    parameter of its signature and the flat grid of (row blocks x batch x key/value heads);
+    the model library builds. Decode-shaped (L * GROUP <= 64 packed rows) and prefill calls."""
     from ember.cpp_wrapper.codegen import generate_wrapper
     from ember.cpp_wrapper.model import _kernel_builds, build_model_library
 
-    q, k, v = _qkv(2, 4, 19, 19, e, hkv=2, dtype=dtype)
-    mask = torch.randn(2, 1, 19, 19).to(dtype)
+    q, k, v = _qkv(2, 4, length, 19, e, hkv=2, dtype=dtype)
+    mask = torch.randn(2, 1, length, 19).to(dtype)
 
     def fn(q, k, v, m):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
@@ -164,9 +231,11 @@ def test_sm90_cubin_and_the_wrapper_s_launch(triton_graphs, e, dtype):
     assert pathlib.Path(kernel.binary).read_bytes()[:4] == b"\x7fELF"
     assert 0 < kernel.shared_mem <= 227 * 1024, kernel.shared_mem  # sm_90's opt-in maximum
     assert len(kernel.arg_types) == 5 + 18
-    cfg = triton_attention.kernel_config(dict(E_PAD=triton_attention.pad(e), EV_PAD=128), dtype)
+    pad = triton_attention.pad(e)
+    cfg = triton_attention.kernel_config(dict(E_PAD=pad, EV_PAD=pad), dtype, length * 2)
     assert kernel.num_warps == cfg["num_warps"]
-    blocks = -(-19 // cfg["BLOCK_M"]) * 2 * 4
+    assert cfg["BLOCK_M"] == (64 if length == 19 else 16 if length == 1 else 128)
+    blocks = -(-length * 2 // cfg["BLOCK_M"]) * 2 * 2
 
     def on_cuda(meta):
         return dataclasses.replace(meta, device="cuda:0") if isinstance(meta, TensorMeta) else meta

@@ -7,8 +7,9 @@ extern: calls into libtorch, which a package's C++ runtime cannot make. Where th
 `config.packaging`), the call is instead a kernel of the program: the template
 `csrc/triton_flash_attention.py` with heads, head dims (padded to powers of two), last-dim
 strides, the scale and the flags as compile-time constants and batch, lengths and the other
-strides as run-time arguments, launched on a grid of (query blocks x batch x heads) programs. It
-is a Triton kernel like the generated ones, so a package gets it as a cubin
+strides as run-time arguments, launched on a grid of (row blocks x batch x key/value heads)
+programs, the query heads sharing a key/value head packed into one program's rows. It is a
+Triton kernel like the generated ones, so a package gets it as a cubin
 (triton_aot.attach_cubins) that the C++ wrapper launches. In-process CUDA compiles keep torch's
 kernels unless the switch is True (this kernel was not measured against them).
 
@@ -37,6 +38,7 @@ from .lowering import View, register
 from .runtime import CSRC
 
 MAX_HEAD_DIM = 256
+DECODE_ROWS = 64  # packed query rows (L * GROUP) up to which a call is decode-shaped
 _TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 # what the kernel reads at run time, in its parameter order after the five pointers
 RUNTIME = ("B", "L", "S", "QS0", "QS1", "QS2", "KS0", "KS1", "KS2", "VS0", "VS1", "VS2", "OS0",
@@ -57,18 +59,34 @@ def pad(n: int) -> int:
     return max(16, 1 << (int(n) - 1).bit_length())
 
 
-def launch_config(e_pad: int, dtype: torch.dtype) -> dict:
-    """Block sizes, warps and pipeline stages for a padded head dim: blocks shrink as the head
-    dim grows so that a query block, two key/value blocks per stage and the float32 accumulator
-    stay within shared memory and registers (at most 64 KiB of shared memory on sm_90)."""
+def launch_config(e_pad: int, dtype: torch.dtype, rows: int | None = None) -> dict:
+    """Block sizes, warps and pipeline stages for a padded head dim and `rows` packed query rows
+    (L * GROUP, None where L is dynamic). Blocks shrink as the head dim grows so that a query
+    block, STAGES key/value blocks in flight and the float32 accumulator stay within shared
+    memory and registers. A decode-shaped call (at most DECODE_ROWS rows) gets a block of 16,
+    32 or 64 rows and longer key blocks (DECODE_N); a dynamic L gets the prefill blocks plus the
+    kernel's 16- and 64-row variants, chosen at run time (DECODE)."""
     wide = dtype == torch.float32
     if e_pad <= 64:
-        bm, bn, warps, stages = (64 if wide else 128), 64, 4, 2
+        bm, bn, warps, stages = (64, 64, 4, 2) if wide else (128, 64, 4, 3)
+        decode_n = 64 if wide else 128
     elif e_pad <= 128:
-        bm, bn, warps, stages = (64, 32, 4, 2) if wide else (128, 64, 8, 2)
+        bm, bn, warps, stages = (64, 32, 4, 2) if wide else (128, 64, 8, 3)
+        decode_n = 32 if wide else 64
     else:
         bm, bn, warps, stages = (32, 32, 4, 1) if wide else (64, 64, 8, 2)
-    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        decode_n = 32
+    if rows is not None and rows <= DECODE_ROWS:
+        bm = max(16, 1 << (int(rows) - 1).bit_length())
+        bn, warps = decode_n, 4
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, STAGES=stages,
+                DECODE=rows is None, DECODE_N=decode_n)
+
+
+def grid(batch, kv_heads: int, rows, block_m: int) -> tuple:
+    """The launch grid: row blocks x (batch, key/value head), sizes possibly symbolic."""
+    bm = sympy.Integer(block_m)
+    return (FloorDiv(sympy.sympify(rows) + bm - 1, bm) * batch * kv_heads,)
 
 
 def render_source(kernel: str) -> str:
@@ -76,11 +94,12 @@ def render_source(kernel: str) -> str:
     return (CSRC / "triton_flash_attention.py").read_text().replace("KERNEL_NAME", kernel)
 
 
-def kernel_config(params: dict, dtype: torch.dtype) -> dict:
+def kernel_config(params: dict, dtype: torch.dtype, rows: int | None = None) -> dict:
     """Every compile-time constant of one kernel: `params` (heads, dims, strides, flags) plus
-    the dtype's precision flags and the launch configuration."""
+    the dtype's precision flags and the launch configuration for `rows` packed query rows
+    (L * GROUP; None where L is dynamic)."""
     return {**params, "IEEE": dtype == torch.float32, "UPCAST": False,
-            **launch_config(max(params["E_PAD"], params["EV_PAD"]), dtype)}  # fmt: skip
+            **launch_config(max(params["E_PAD"], params["EV_PAD"]), dtype, rows)}  # fmt: skip
 
 
 def lower(L, op: str, query, key, value, mask, is_causal: bool, scale, dropout_p=0.0,
@@ -109,12 +128,12 @@ def lower(L, op: str, query, key, value, mask, is_causal: bool, scale, dropout_p
                   EV_PAD=pad(ev), **{f"{t}S3": n for t, n in zip(strides, last)},
                   HAS_MASK=mask is not None, CAUSAL=bool(is_causal),
                   SCALE=float(scale) if scale is not None else 1.0 / math.sqrt(int(e)))
-    cfg = kernel_config(params, q.dtype)
+    rows = sympy.sympify(length) * params["GROUP"]  # packed query rows (see the template)
+    cfg = kernel_config(params, q.dtype, int(rows) if rows.is_Integer else None)
     dims = dict(B=b, L=length, S=source,
                 **{f"{t}S{i}": st[i] for t, st in strides.items() for i in range(3)})
     runtime = [sympy.sympify(dims[n]) for n in RUNTIME]
-    bm = sympy.Integer(cfg["BLOCK_M"])
-    grid = (FloorDiv(sympy.sympify(length) + bm - 1, bm) * b * h,)  # query blocks x (B, H)
+    launch = grid(b, int(hkv), rows, cfg["BLOCK_M"])
     inputs = (q, k, v) if mask is None else (q, k, v, mask)
     pairs = [(b, k.layout.sizes[0]), (b, v.layout.sizes[0]), (source, v.layout.sizes[2])]
     if mask is not None:
@@ -128,7 +147,7 @@ def lower(L, op: str, query, key, value, mask, is_causal: bool, scale, dropout_p
         types = tuple(f"*{_TYPES[x.dtype]}" for x in ptrs) + (f"*{_TYPES[meta.dtype]}",)
         return KernelSource(kernel, "triton", render_source(kernel),
                             (*names, *(str(x) for x in runtime)), (*types, *("i64",) * 18),
-                            grid=grid,
+                            grid=launch,
                             meta=(("handwritten", "flash_attention"), ("configs", (cfg,))),
                             num_warps=cfg["num_warps"])  # fmt: skip
 
@@ -174,3 +193,38 @@ def sdpa_cudnn(L, query, key, value, attn_bias=None, is_causal=False, *, scale=N
     """cuDNN's attention (inference): the output alone, in the layout its meta declares."""
     return lower(L, "extern.sdpa_cudnn", query, key, value, attn_bias, is_causal, scale,
                  single_output=True)  # fmt: skip
+
+
+def run(q, k, v, mask=None, causal: bool = False, scale=None, dynamic: bool = False,
+        source: str | None = None, launch: dict | None = None, blocks: int | None = None):
+    """The template on tensors, outside any graph: a (B, H, L, E) output like
+    F.scaled_dot_product_attention's (GQA implied by the heads). `dynamic`: the kernel built for
+    a length known only at run time. `source` (a template naming its kernel KERNEL_NAME),
+    `launch` (block sizes, warps, stages) and `blocks` (the grid) replace the template's: the
+    device probe's old kernel. For tests and bench/flash_decode_probe.py."""
+    from .runtime import triton_template
+
+    b, h, length, e = q.shape
+    ev = v.shape[3]
+    out = q.new_empty(b, h, length, ev)
+    m_strides = [0] * 4
+    if mask is not None:
+        lead = 4 - mask.dim()
+        m_strides[lead:] = [st if n != 1 else 0 for n, st in zip(mask.shape, mask.stride())]
+    params = dict(H=h, GROUP=h // k.shape[1], E=e, EV=ev, E_PAD=pad(e), EV_PAD=pad(ev),
+                  QS3=q.stride(3), KS3=k.stride(3), VS3=v.stride(3), OS3=out.stride(3),
+                  MS3=m_strides[3], HAS_MASK=mask is not None, CAUSAL=bool(causal),
+                  SCALE=float(scale) if scale is not None else 1.0 / math.sqrt(e))  # fmt: skip
+    rows = length * params["GROUP"]
+    cfg = kernel_config(params, q.dtype, None if dynamic else rows)
+    if launch is not None:
+        cfg = {**{n: x for n, x in cfg.items() if n not in launch_config(16, q.dtype)}, **launch}
+    text = source or (CSRC / "triton_flash_attention.py").read_text()
+    launcher = triton_template("flash_run", text.replace("KERNEL_NAME", "flash_run"), cfg)
+    strides = [*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+               *m_strides[:3]]  # fmt: skip
+    if blocks is None:
+        blocks = int(grid(b, h // params["GROUP"], rows, cfg["BLOCK_M"])[0])
+    launcher[(blocks,)](q, k, v, q if mask is None else mask, out, b, length, k.shape[2],
+                        *strides)  # fmt: skip
+    return out
