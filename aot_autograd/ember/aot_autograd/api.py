@@ -13,8 +13,8 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ember.ir import (NODE_META_KEY, RECOMPUTE_META_KEY, WRITTEN_AFTER_CALL_META_KEY, TensorMeta,
-                      progress)
+from ember.ir import (INPUT_UPDATES_META_KEY, NODE_META_KEY, RECOMPUTE_META_KEY,
+                      WRITTEN_AFTER_CALL_META_KEY, TensorMeta, progress)
 from ember.ir.example import example_of
 from ember.ir.locks import COMPILE_LOCK
 
@@ -153,6 +153,9 @@ class AOTFunction:
         example = list(traced.example_inputs)
         example += [torch.zeros((), dtype=torch.int64, device=d) for d in traced.plan.rng_devices]
         if not traced.is_joint:
+            plan = traced.plan  # the inputs the runtime overwrites with the last outputs
+            traced.gm.meta[INPUT_UPDATES_META_KEY] = {
+                plan.num_graph_outputs + k: i for k, i in enumerate(plan.mutated_inputs)}
             self.last_graphs = {"inference": traced.gm}
             with progress.stage("inference graph compile"):
                 compiled = [self.inference_compiler(traced.gm, example)]

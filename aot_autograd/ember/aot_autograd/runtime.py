@@ -129,9 +129,20 @@ def _copy_back(plan: RuntimePlan, inputs, graph_outs) -> None:
     _set_grad_enabled(False)
     try:
         for index, value in zip(plan.mutated_inputs, new_values):
-            inputs[index].copy_(value)
+            if not _same_memory(inputs[index], value):  # not already written in place
+                inputs[index].copy_(value)
     finally:
         _set_grad_enabled(prev)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Is `b` `a`'s elements where they are (a compiler wrote the new value in place)?"""
+    if a is b:
+        return True
+    if a.data_ptr() != b.data_ptr() or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return a.device == b.device and all(
+        n == 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride()))
 
 
 def make_finisher(plan: RuntimePlan) -> Callable:

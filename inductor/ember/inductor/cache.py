@@ -20,7 +20,7 @@ import torch
 from torch import fx
 
 from ember.ir import cache_files
-from ember.ir import NODE_META_KEY, CompiledArtifact, TensorMeta, from_json, target_name, to_json
+from ember.ir import INPUT_UPDATES_META_KEY, NODE_META_KEY, CompiledArtifact, TensorMeta, from_json, target_name, to_json
 from ember.ir.symbols import expr_from_json
 
 from . import metrics
@@ -64,6 +64,9 @@ def graph_key(gm: fx.GraphModule, example_inputs) -> str:
     metas += [None] * (len(example_inputs) - len(metas))
     inputs = [_input_key(t, m) for t, m in zip(example_inputs, metas)]
     text = "\n".join([graph_text(gm), repr(inputs), fingerprint(), _versions(), f"format={FORMAT}"])
+    updates = gm.meta.get(INPUT_UPDATES_META_KEY)
+    if updates:  # outputs the runtime writes into inputs: may be written in place
+        text += f"\nupdates={sorted(updates.items())}"
     if config.max_autotune_gemm:  # matmul templates were chosen (and sized) for this GPU
         devices = {str(getattr(t, "device", "")) for t in example_inputs}  # (data or not)
         gpus = sorted(d for d in devices if d.startswith("cuda"))

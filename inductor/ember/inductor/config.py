@@ -57,6 +57,9 @@ class Config:
     # a large one held for later reuse raises the peak (extern kernels allocate their own outputs)
     reuse_max_bytes: int = 1 << 18
     inplace_buffers: bool = True
+    # an input the program overwrites (a KV cache) written by its index_put in place, not copied
+    # twice per call (input_updates.py)
+    inplace_input_updates: bool = True
     # A buffer larger than this joins no kernel ahead of an extern call: moved there its
     # allocation would live across the extern's (the backward's conv and matmul outputs).
     hoist_max_bytes: int = 1 << 16

@@ -170,11 +170,7 @@ class GraphedCall:
             torch.cuda.synchronize()
             return self.run(args)
         if self.alias_from is None:
-            held = {_storage(s) for s in inputs if isinstance(s, torch.Tensor)}
-            storages = [_storage(o) for o in outs if isinstance(o, torch.Tensor)]
-            if set(storages) & held or len(set(storages)) < len(storages):
-                # an output is (a view of) an input or of another output: copies would break it
-                self._give_up("an output aliases an input or another output")
+            if not self._plan_input_views(inputs, outs):
                 return self.run(args)
         elif not self._plan_aliases(inputs, fixed, outs):
             return self.run(args)
@@ -185,6 +181,27 @@ class GraphedCall:
         self.copied = [i for i, f in enumerate(fixed) if not f]
         self.fixed = [(i, ptrs[i]) for i, f in enumerate(fixed) if f]
         return self._replay(args)
+
+    def _plan_input_views(self, inputs, outs) -> bool:
+        """An inference graph's outputs that are views of an input (an input it wrote in place:
+        input_updates.py) are returned as that view of the argument (an in-place argument) or
+        as a copy of it (a copied one: the graph wrote its own tensor). False (graph given up):
+        an output that is a view of another output."""
+        by_storage = {_storage(a): j for j, a in enumerate(inputs) if isinstance(a, torch.Tensor)}
+        storages = []
+        self.through = {}
+        for i, o in enumerate(outs):
+            if not isinstance(o, torch.Tensor):
+                continue
+            j = by_storage.get(_storage(o))
+            if j is not None:
+                self.through[i] = (j, tuple(o.shape), o.stride(), o.storage_offset())
+            else:
+                storages.append(_storage(o))
+        if len(set(storages)) < len(storages):
+            self._give_up("an output aliases another output")
+            return False
+        return True
 
     def _plan_aliases(self, inputs, fixed, outs) -> bool:
         """A training graph's outputs: a fixed input (or a view of one) a forward returns to save
@@ -248,12 +265,18 @@ class GraphedCall:
         inputs = self.inputs
         for i in self.copied:
             inputs[i].copy_(args[i])
-        through = {i: args[j].as_strided(*how) for i, (j, *how) in self.through.items()}
+        # views of arguments: of the caller's tensor where the graph reads it in place, else of
+        # the graph's copy of it (copied out below, as any output)
+        through = {i: (args[j] if inputs[j] is None else inputs[j]).as_strided(*how)
+                   for i, (j, *how) in self.through.items()}  # fmt: skip
         args.clear()  # as the wrapper does: the caller's references are the only ones left
         self.graph.replay()
         metrics.cudagraph_replays += 1
         copied = self.outs[: self.alias_from]
-        outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in copied]
+        outs = [through[i] if i in through and inputs[self.through[i][0]] is None
+                else through[i].clone() if i in through
+                else o.clone() if isinstance(o, torch.Tensor) else o
+                for i, o in enumerate(copied)]  # fmt: skip
         if self.alias_from is not None:  # the rest as new tensors over the graph's memory
             outs += [through[i] if i in through else o.detach() if isinstance(o, torch.Tensor)
                      else o for i, o in enumerate(self.outs) if i >= self.alias_from]  # fmt: skip

@@ -35,6 +35,7 @@ from . import metrics
 from .config import config
 from .graph_reads import readers
 from .index_simplify import linear_parts, strided_index
+from .input_updates import SAME_LAYOUT_VIEW_META
 from .loop_ir import (
     BINARY_OPS,
     COMPARE_OPS,
@@ -759,6 +760,9 @@ def _clone(L, a, *rest):
 
 @register("copy_strided")
 def _copy_strided(L, a, stride):
+    if (L.current.meta.get(SAME_LAYOUT_VIEW_META) and isinstance(a, View)
+            and _same_strides(a.sizes, a.strides, stride)):  # fmt: skip
+        return a  # an input's new value written in place (input_updates.py): no copy of it
     return L.realize(Lazy(a.sizes, a.dtype, a.device, a.load), stride)
 
 

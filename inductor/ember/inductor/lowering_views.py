@@ -15,6 +15,7 @@ from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known
 
 from .config import config, on_for
 from .index_simplify import simplify_index
+from .input_updates import IN_PLACE_META
 from .loop_ir import InputBuffer, compute_dtype, loop_vars, ops, set_handler
 from .runtime import index_put as runtime_index_put
 from .graph_reads import read_elementwise
@@ -464,6 +465,20 @@ def _custom_op(L, op, args, mutated=()):
     from ember.primtorch.prims.custom import custom_op
 
     return L.extern("extern.custom_op", custom_op.ref, (op, args, list(mutated)), {})
+
+
+@register("prims.index_put")
+def _index_put(L, a, indices, values, accumulate=False):
+    """An index_put that input_updates.py marked: written into the graph input `a` views (its
+    result is that view, so the program's output for the input is the input's own memory).
+    Any other stays its reference's call (a copy of `a`, written)."""
+    if not L.current.meta.get(IN_PLACE_META):
+        raise NotImplementedError("no lowering")
+    target = L.realize_as_buffer(a)
+    lay = target.layout
+    meta = TensorMeta(lay.dtype, tuple(lay.sizes), tuple(lay.strides), 0, L.meta().device)
+    return L.extern("prims.index_put", runtime_index_put, (target, indices, values, False),
+                    {"in_place": True}, meta=meta)  # fmt: skip
 
 # mm(a, b) with M*N*K below this is not padded: the padded copy of b would cost about as much as
 # the unaligned product loses. Nor is one of fewer rows than PAD_MM_MIN_ROWS whose b is a buffer

@@ -43,6 +43,7 @@ from .loop_ir import TemplateBuffer, verify
 from .lowering import lower_graph
 from .scheduler import Kernel, schedule
 from .split_reduction import split_reductions
+from .input_updates import mark_in_place_updates
 from .triton_aot import attach_cubins
 from .wrapper import Program, generate
 
@@ -207,6 +208,8 @@ def _compile_prims(gm: fx.GraphModule, example_inputs) -> CompiledGraph:
         gm = _small_matmuls_as_reductions(gm)  # matrix-vector products: generated kernels
         gm = merge_common_subexpressions(gm)  # each layer's copy of a mask's bias, computed once
         gm = accumulate_into_addend(gm)  # a tied embedding's two gradients: one buffer fewer
+        if config.inplace_input_updates:  # a KV cache's rows written where the cache is
+            mark_in_place_updates(gm)
         with progress.stage("lowering"):
             lowered = lower_graph(gm, example_inputs)  # 1. prims -> loop-IR buffers
             # reductions of few long rows: partial reductions over chunks, then their reduction

@@ -687,12 +687,16 @@ def extern(name: str):
     return getattr(target, "ref", None) or target
 
 
-def index_put(a, indices, values, accumulate=False):
+def index_put(a, indices, values, accumulate=False, in_place=False):
     """prims.index_put, with a CUDA accumulation through one index tensor run as index_add_:
     atomic adds. torch's index_put_ sorts the indices and gives each distinct one a warp that
     walks its repeats in turn, so a few rows taking many updates serialise: a relative position
     bias's gradient (512 x 512 indices into 32 rows, T5) took 10 ms on an H200. Several index
-    tensors stay on index_put_, which checks each against its own dim; so do deterministic runs."""
+    tensors stay on index_put_, which checks each against its own dim; so do deterministic runs.
+    `in_place`: write into `a` (a view of a graph input nothing else reads; input_updates.py)
+    and return it."""
+    if in_place:
+        return a.index_put_(tuple(indices), values, accumulate)
     if (not accumulate or a.device.type != "cuda" or len(indices) != 1 or indices[0] is None
             or indices[0].dtype not in (torch.int64, torch.int32)
             or torch.are_deterministic_algorithms_enabled()

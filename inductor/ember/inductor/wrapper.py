@@ -242,6 +242,7 @@ class WrapperBuilder:
         if (
             isinstance(b, (ComputedBuffer, ExternBuffer))
             and not isinstance(b, AliasBuffer)
+            and not (isinstance(b, ExternBuffer) and b.kwargs.get("in_place"))  # a graph input's
             and name not in self.donated
             and not self._aliased(name)
         ):
@@ -352,7 +353,14 @@ class WrapperBuilder:
         if not s.outputs:
             call = f"restride({call}, {_text(_ints(lay.sizes))}, {_text(_ints(lay.strides))})"
         self.lines.append(f"{s.name} = {call}")
-        self.art_steps.append(StepIR("extern", s.op, [_json_arg(a) for a in s.args],
+        args = [_json_arg(a) for a in s.args]
+        if s.kwargs.get("in_place"):  # input_updates.py: the result is a view of the target,
+            # written in place (the convention ember.cpp_wrapper's decode donation also uses)
+            lay = s.layout
+            self.art_steps.append(StepIR("view", "", [s.args[0].name, [
+                list(_ints(lay.sizes)), list(_ints(lay.strides)), 0]], {}, (s.name,)))
+            args[0] = {"node": s.name}
+        self.art_steps.append(StepIR("extern", s.op, args,
                                      {k: _json_arg(v) for k, v in s.kwargs.items()},
                                      (s.name,) if not s.outputs else s.outputs))  # fmt: skip
         if not s.outputs:

@@ -22,6 +22,11 @@ RECOMPUTE_META_KEY = "ember_recompute"
 # graph returns (a frame input a custom autograd.Function marked dirty, dynamo writes it back):
 # partitioners must not save it for the backward, as they save no input the graph mutates.
 WRITTEN_AFTER_CALL_META_KEY = "ember_written_after_call"
+# The `gm.meta` key of an inference graph whose inputs the caller's runtime overwrites with some
+# of its outputs after the call: {output position: input position}. A compiler may compute such
+# an output in the input's own memory (the runtime's copy is then skipped), where nothing else
+# reads the input's old value.
+INPUT_UPDATES_META_KEY = "ember_input_updates"
 
 _DTYPES = {
     str(d).removeprefix("torch."): d

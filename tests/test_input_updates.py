@@ -1,0 +1,114 @@
+"""A KV cache updated in place by the compiled program (inductor/input_updates.py): a module whose
+buffers a step writes a few rows of (`index_copy_`, indexed assignment) runs with no copy of a
+whole cache: the index_put writes into the buffer itself and the runtime copies nothing back.
+
+Cross-component: aot_autograd names the outputs that are inputs' new values
+(INPUT_UPDATES_META_KEY) and skips a copy onto the same memory; inductor marks the index_puts,
+lowers them in place and keeps the output a view. Programs that also read the old value, or
+accumulate, keep the functional path; every case matches eager step after step.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+import ember
+import ember.inductor.lowering_views as lowering_views
+
+
+class Cache(nn.Module):
+    """Attention over a static cache of 8 slots, written at `pos` (two ways)."""
+
+    def __init__(self, read_old=False, accumulate=False, rounds=1):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 2, 8, 4))
+        self.register_buffer("v", torch.zeros(1, 2, 8, 4))
+        self.read_old, self.accumulate, self.rounds = read_old, accumulate, rounds
+
+    def forward(self, new, pos):
+        before = self.k.sum() if self.read_old else 0.0
+        self.k.index_copy_(2, pos, new)
+        if self.accumulate:
+            self.v.index_put_((torch.zeros_like(pos), torch.zeros_like(pos), pos), new[0, 0],
+                              accumulate=True)  # fmt: skip
+        else:
+            self.v[:, :, pos] = new * 2
+        out = new
+        for _ in range(self.rounds):  # (more kernels: enough for a CUDA graph)
+            out = (out @ self.k.transpose(-1, -2)).softmax(-1) @ self.v
+        return out + before
+
+
+class _CountCopies(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.copy_:
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def in_place_calls(monkeypatch):
+    """The in_place flag of every index_put extern call."""
+    calls = []
+    real = lowering_views.EXTERN_KERNELS["prims.index_put"]
+
+    def spy(a, indices, values, accumulate=False, in_place=False):
+        calls.append(in_place)
+        return real(a, indices, values, accumulate, in_place)
+
+    monkeypatch.setitem(lowering_views.EXTERN_KERNELS, "prims.index_put", spy)
+    ember.reset()
+    yield calls
+    ember.reset()
+
+
+def _steps(model, n=5):
+    """Ember against eager over `n` steps; (copies per later call, buffer addresses kept)."""
+    ref = Cache(model.read_old, model.accumulate, model.rounds)
+    compiled = ember.compile(model)
+    addresses = (model.k.data_ptr(), model.v.data_ptr())
+    copies = []
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for i in range(n):
+            new, pos = torch.randn(1, 2, 1, 4), torch.tensor([i])
+            counter = _CountCopies()
+            with counter:
+                got = compiled(new, pos)
+            copies.append(counter.n)
+            torch.testing.assert_close(got, ref(new, pos))
+            torch.testing.assert_close(model.k, ref.k)
+            torch.testing.assert_close(model.v, ref.v)
+    return copies[-1], (model.k.data_ptr(), model.v.data_ptr()) == addresses
+
+
+def test_cache_rows_are_written_in_place_with_no_copy(in_place_calls):
+    copies, kept = _steps(Cache())
+    assert kept
+    assert copies == 0  # neither the index_put's copy of the cache nor the runtime's copy back
+    assert in_place_calls and all(in_place_calls)
+
+
+def test_a_program_reading_the_old_value_keeps_the_functional_write(in_place_calls):
+    copies, kept = _steps(Cache(read_old=True))
+    assert kept
+    assert copies >= 1  # the k cache's functional write (a copy of it), copied back
+    assert in_place_calls[:2] == [False, True]  # v is still written in place
+
+
+def test_an_accumulating_write_keeps_the_functional_write(in_place_calls):
+    copies, _ = _steps(Cache(accumulate=True))
+    assert copies >= 1  # v's accumulation is copied back
+    assert in_place_calls[:2] == [True, False]  # k is still written in place
+
+
+def test_the_switch_turns_it_off(in_place_calls, monkeypatch):
+    from ember.inductor.config import config
+
+    monkeypatch.setattr(config, "inplace_input_updates", False)
+    copies, _ = _steps(Cache())
+    assert copies >= 2 and not any(in_place_calls)  # each cache at least copied back
