@@ -175,3 +175,26 @@ def test_guards_proved_by_either_end_of_a_range_export():
     torch.testing.assert_close(exported(torch.ones(9)), torch.full((9,), 2.0))
     with pytest.raises(SpecializationError, match="do not guarantee"):
         ember.export(f, (torch.randn(4),), dynamic_shapes=({0: Dim("n", max=12)},))
+
+
+def test_the_size_one_trace_takes_the_main_trace_s_attention_kernel():
+    """torch picks its fused attention kernel by size (on CUDA another one, or the math
+    decomposition, for one query row): the size-1 trace is pinned to the kernels the main trace
+    recorded, so the same attention is not taken for another program."""
+    from torch import fx
+
+    from ember.dynamo.export_size_one import _same_attention_kernels
+    from ember.ir import resolve
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(resolve("extern.sdpa_efficient"), (x, x, x, None, False)))
+    with _same_attention_kernels(fx.GraphModule(torch.nn.Module(), graph)):
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert not torch.backends.cuda.flash_sdp_enabled()
+        assert not torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.math_sdp_enabled()  # restored
+    empty = fx.Graph()
+    empty.output(empty.placeholder("x"))
+    with _same_attention_kernels(fx.GraphModule(torch.nn.Module(), empty)):
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()

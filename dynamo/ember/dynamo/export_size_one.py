@@ -10,7 +10,9 @@ and drops it at 1). The checks, in order, each naming the Dim and what excludes 
 2. each tensor op of the captured program has at 1 the sizes the size-1 trace gives it (names the
    user's line of a squeeze whose dimension is the Dim);
 3. the prim programs are one DAG, the size-1 one with 1 where the other has the Dim's symbol
-   (a decomposition that chooses by size; this is the check that makes the range sound).
+   (a decomposition that chooses by size; this is the check that makes the range sound). The
+   size-1 trace takes the fused attention kernels the main one took: torch chooses among them
+   by size (on CUDA another one, or its math decomposition, for one query row).
 With several such Dims every non-empty subset of them is set to 1 (2^k - 1 more traces).
 Size 0 is refused: a dimension of size 0 is rarely wanted, and empty tensors change more
 programs than size 1 does.
@@ -18,6 +20,7 @@ programs than size 1 does.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -28,7 +31,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ember.ir import NODE_META_KEY, SymbolSpec, TensorMeta
+from ember.ir import NODE_META_KEY, SymbolSpec, TensorMeta, target_name
 
 from .symbolic import SYM_SIZES, SpecializationError, describe_relation, holds_in_ranges
 
@@ -110,7 +113,8 @@ def check_size_one(main: Trace, retrace: Callable, args, kwargs, export_dims: di
             ones = {env.dims[id(r)]: sympy.Integer(1) for r in subset}
             _check_guards(env, ones, names)
             ids = {id(r) for r in subset}
-            one = retrace(*resized(args, kwargs, export_dims, {i: 1 for i in ids}, ids))
+            with _same_attention_kernels(main.prim_gm):
+                one = retrace(*resized(args, kwargs, export_dims, {i: 1 for i in ids}, ids))
             subs = dict(ones)
             if one.env is not None:
                 subs.update({s: one.env.dims[i] for i, s in env.dims.items()
@@ -124,6 +128,27 @@ def check_size_one(main: Trace, retrace: Callable, args, kwargs, export_dims: di
                     "program then refuses size 1) or write it for every size")
     lower = {str(env.dims[id(r)]): 1 for r in roots}
     return tuple(dataclasses.replace(s, lower=lower.get(s.name, s.lower)) for s in env.specs())
+
+
+# torch's fused attention kernels, by the extern a trace records for each: torch picks one by the
+# sizes (CUDA takes another kernel, or its math decomposition, for one query row), not by what
+# the attention computes
+_ATTENTION_BACKENDS = {"extern.sdpa_flash": "FLASH_ATTENTION",
+                       "extern.sdpa_flash_cpu": "FLASH_ATTENTION",
+                       "extern.sdpa_efficient": "EFFICIENT_ATTENTION",
+                       "extern.sdpa_cudnn": "CUDNN_ATTENTION"}  # fmt: skip
+
+
+def _same_attention_kernels(prim_gm: fx.GraphModule):
+    """A context in which the size-1 trace takes the attention kernels the main trace took (its
+    choice by size is no difference of program); nothing to pin where it took none."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = {target_name(n.target) for n in prim_gm.graph.nodes if n.op == "call_function"}
+    chosen = sorted({_ATTENTION_BACKENDS[t] for t in names if t in _ATTENTION_BACKENDS})
+    if not chosen:
+        return contextlib.nullcontext()
+    return sdpa_kernel([getattr(SDPBackend, b) for b in chosen])
 
 
 def _check_guards(env, ones: dict, names: str) -> None:
