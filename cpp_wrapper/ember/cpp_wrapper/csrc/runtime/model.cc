@@ -214,7 +214,9 @@ class AlignedInputs {
       fail(EMBER_ERR_SHAPE, std::string("input '") + name + "' has a negative stride");
     }
     void* temp = pool_.allocate(size_t(nbytes), stream_);
-    if (!temp) fail(EMBER_ERR_OUT_OF_MEMORY, std::string("out of memory aligning input '") + name + "'");
+    if (!temp) {
+      fail(EMBER_ERR_OUT_OF_MEMORY, std::string("out of memory aligning input '") + name + "'");
+    }
     char* original = static_cast<char*>(t->data) + t->byte_offset;
     copies_.push_back({temp, original, size_t(nbytes)});
     copy(temp, original, size_t(nbytes));
@@ -355,8 +357,9 @@ void Model::bind_constants(const std::vector<ConstantArg>& given) {
     uint64_t start = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset -
                      uint64_t(want.storage_offset) * uint64_t(itemsize(want.dtype));
     if (device_.device_type == kDLCUDA && start % kDataAlign != 0) {
-      fail(EMBER_ERR_INVALID_ARGUMENT, what + ": its storage does not start on a 16-byte " +
-                                           "boundary (pass a tensor of its own storage, e.g. a clone)");
+      fail(EMBER_ERR_INVALID_ARGUMENT,
+           what + ": its storage does not start on a 16-byte boundary (pass a tensor with "
+                  "storage of its own, e.g. a clone)");
     }
     constants_.push_back(t);
   }
