@@ -152,6 +152,10 @@ class WrapperCodegen:
                 f"if (!{self.cexpr(guard)}) return h->fail(c, EMBER_ERR_GUARD, "
                 f"{c_string(f'shape guard failed: {guard}')});"
             )
+        # On CUDA an input's data pointer is 16-byte aligned here: the runtime runs a misaligned
+        # input from an aligned copy (ember_runtime.h), so the Triton cubins may take pointers
+        # into inputs as aligned (ember.inductor's triton_hints); constants' storage and pool
+        # allocations are aligned too.
         for i, name in enumerate(self.a.inputs):
             buf = self.bufs[name]
             self.emit(

@@ -5,8 +5,11 @@ named target without a device, so a CUDA artifact's kernels can be built on any 
 kernels a graph generates can be checked against the real compiler (Triton's CPU interpreter
 accepts programs the compiler rejects, such as a block mask on a scalar pointer).
 
-A cubin is compiled with the kernel's declared parameter types and no value specialisation (no
-"equal to 1", no divisibility hints), so it is valid for every argument value the wrapper passes.
+A cubin is compiled with the kernel's declared parameter types and, as its only value
+specialisation, the divisibility by 16 that the launch plan proves for a parameter at every launch
+(triton_hints.divisible_args: 16-byte aligned pointers, multiple-of-16 sizes), what Triton's JIT
+would specialise on in process; no "equal to 1". So it is valid for every argument value the
+wrapper passes, and still gets vector and cp.async loads.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ember.ir import CompiledArtifact, cache_files
 from ember.ir.symbols import expr_to_json
 
 from .runtime import _load_module, cache_dir
+from .triton_hints import divisible_args
 
 DEFAULT_ARCH = 90  # Hopper, when no GPU says otherwise
 # Missing cubins per worker process below which attach_cubins compiles in this process: a
@@ -54,21 +58,18 @@ def current_arch() -> int:
 
 
 def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
-                   arch: Optional[int] = None) -> Cubin:  # fmt: skip
+                   arch: Optional[int] = None, divisible: tuple = ()) -> Cubin:  # fmt: skip
     """Compile the @triton.jit function `name` of `source` for sm_`arch` with block sizes `cfg`.
 
     arg_types are the non-constexpr parameters' types in order ("*fp32", "i64", ...); cfg holds
     the constexpr block sizes, num_warps and optionally num_stages (software pipelining depth,
-    Triton's default when absent). Raises triton's CompilationError on a bad kernel."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    Triton's default when absent). `divisible` lists the indices (into arg_types) of parameters
+    every launch passes divisible by 16: a pointer 16-byte aligned, an integer a multiple of 16
+    (Triton's "tt.divisibility" hint; the caller proves it). Raises triton's CompilationError on
+    a bad kernel."""
     arch = arch or current_arch()
-    options = {k: int(cfg[k]) for k in ("num_warps", "num_stages") if k in cfg}
-    options.setdefault("num_warps", 4)
-    consts = {k: v for k, v in cfg.items() if k not in options}
-    entry, key = _cubin_entry(source, name, arg_types, cfg, arch)
+    divisible = tuple(sorted(set(int(i) for i in divisible)))
+    entry, key = _cubin_entry(source, name, arg_types, cfg, arch, divisible)
     found = cache_files.find_dir(entry, key, ("kernel.cubin", "meta.json"))
     if found is not None:
         try:
@@ -77,16 +78,7 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
                          meta["shared_mem"])  # fmt: skip
         except (OSError, ValueError, KeyError):
             pass  # a foreign entry's metadata: compile again
-    fn = _jit_function(source, name)
-    params = [p for p in fn.arg_names if p not in consts]
-    if len(params) != len(arg_types):
-        raise ValueError(f"kernel {name}: {len(params)} parameters for {len(arg_types)} types")
-    signature = {**dict(zip(params, arg_types)), **{k: "constexpr" for k in consts}}
-    compiled = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=consts),
-        target=GPUTarget("cuda", arch, 32),
-        options=options,
-    )
+    compiled = _compile(source, name, arg_types, cfg, arch, divisible)
     meta = {"name": compiled.metadata.name, "num_warps": compiled.metadata.num_warps,
             "shared_mem": compiled.metadata.shared}  # fmt: skip
     files = {"kernel.cubin": compiled.asm["cubin"], "meta.json": json.dumps(meta)}
@@ -94,23 +86,60 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
     return Cubin(str(cubin), meta["name"], meta["num_warps"], meta["shared_mem"])
 
 
-def _cubin_entry(source: str, name: str, arg_types, cfg: dict, arch: int) -> tuple:
+def _compile(source: str, name: str, arg_types, cfg: dict, arch: int, divisible: tuple):
+    """triton.compile of a kernel for sm_`arch` (what compile_kernel caches the cubin of)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    options = {k: int(cfg[k]) for k in ("num_warps", "num_stages") if k in cfg}
+    options.setdefault("num_warps", 4)
+    consts = {k: v for k, v in cfg.items() if k not in options}
+    fn = _jit_function(source, name)
+    params = [p for p in fn.arg_names if p not in consts]
+    if len(params) != len(arg_types):
+        raise ValueError(f"kernel {name}: {len(params)} parameters for {len(arg_types)} types")
+    signature = {**dict(zip(params, arg_types)), **{k: "constexpr" for k in consts}}
+    # attrs are keyed by the position among all the function's parameters, constexprs included
+    attrs = {(fn.arg_names.index(params[i]),): [["tt.divisibility", 16]] for i in divisible}
+    return triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
+        target=GPUTarget("cuda", arch, 32),
+        options=options,
+    )
+
+
+def kernel_ptx(source: str, name: str, arg_types: tuple, cfg: dict, arch: int = DEFAULT_ARCH,
+               divisible: tuple = ()) -> str:  # fmt: skip
+    """The PTX compile_kernel's cubin is assembled from (not cached: for inspection and tests)."""
+    return _compile(source, name, tuple(arg_types), cfg, arch, tuple(divisible)).asm["ptx"]
+
+
+def _cubin_entry(source: str, name: str, arg_types, cfg: dict, arch: int,
+                 divisible: tuple = ()) -> tuple:  # fmt: skip
     """(entry directory, key) of a kernel's cubin in the cache: an entry (the cubin and what
     launching it takes) verified against its manifest; the cubin's path goes into the artifact,
-    whose C++ wrapper embeds its bytes."""
+    whose C++ wrapper embeds its bytes. The divisibility hints are part of the key (an entry
+    without any keeps the key it had before hints existed)."""
     import triton
 
-    key = hashlib.sha256(
-        json.dumps([source, name, list(arg_types), cfg, arch, triton.__version__]).encode()
-    ).hexdigest()[:32]
+    what = [source, name, list(arg_types), cfg, arch, triton.__version__]
+    if divisible:
+        what.append(["tt.divisibility", sorted(divisible)])
+    key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
     return cache_dir() / "cubin" / key, key
 
 
 def _cached(job, arch: int) -> bool:
-    """Is the cubin of a (name, source, arg_types, cfg) job in the cache?"""
-    name, source, arg_types, cfg = job
-    entry, key = _cubin_entry(source, name, arg_types, cfg, arch)
+    """Is the cubin of a (name, source, arg_types, cfg[, divisible]) job in the cache?"""
+    name, source, arg_types, cfg, *divisible = job
+    entry, key = _cubin_entry(source, name, arg_types, cfg, arch, _divisible(divisible))
     return cache_files.find_dir(entry, key, ("kernel.cubin", "meta.json")) is not None
+
+
+def _divisible(rest) -> tuple:
+    """A job's optional fifth element, the divisible parameters, as a sorted tuple."""
+    return tuple(sorted(set(rest[0]))) if rest else ()
 
 
 def workers() -> int:
@@ -167,9 +196,11 @@ def attach_cubins(program, arch: Optional[int] = None) -> CompiledArtifact:
     program = getattr(program, "program", program)
     sources = {k.name: k for k in program.kernels}
     arch = arch or current_arch()
+    hints = divisible_args(program.artifact)
     jobs = [(k.name, sources[k.name]) for k in program.artifact.kernels
             if k.language == "triton" and not k.binary]  # fmt: skip
-    jobs = [(name, s.source, list(s.arg_types), _config(s)) for name, s in jobs]
+    jobs = [(name, s.source, list(s.arg_types), _config(s), list(hints.get(name, ())))
+            for name, s in jobs]  # fmt: skip
     # a cubin in the cache compiled before: neither compiled nor checked again
     missing = list({json.dumps(j): j for j in jobs if not _cached(j, arch)}.values())
     if os.environ.get("TRITON_INTERPRET") == "1":  # compile in clean processes (check_kernels)
@@ -188,7 +219,7 @@ def attach_cubins(program, arch: Optional[int] = None) -> CompiledArtifact:
             continue
         src = sources[k.name]
         cfg = _config(src)
-        c = compile_kernel(src.source, src.name, src.arg_types, cfg, arch)
+        c = compile_kernel(src.source, src.name, src.arg_types, cfg, arch, hints.get(k.name, ()))
         kernels.append(dataclasses.replace(k, entry=c.name, binary=c.path, num_warps=c.num_warps,
                                            shared_mem=c.shared_mem))  # fmt: skip
     return attach_user_kernels(dataclasses.replace(program.artifact, kernels=tuple(kernels)), arch)
@@ -239,15 +270,17 @@ def _config(src) -> dict:
 def _check_main(path: str) -> None:
     doc = json.loads(Path(path).read_text())
     failures = []
-    for name, source, arg_types, cfg in doc["jobs"]:
+    for name, source, arg_types, cfg, *divisible in doc["jobs"]:
         try:
             # what Triton deprecates it already refuses in some builds (a where on an int32
             # condition failed a compile on the device's Triton 3.6 and only warned here)
             with warnings.catch_warnings():
                 warnings.filterwarnings("error", message=".*deprecated.*", category=UserWarning)
-                compile_kernel(source, name, tuple(arg_types), cfg, doc["arch"])
+                compile_kernel(source, name, tuple(arg_types), cfg, doc["arch"],
+                               _divisible(divisible))  # fmt: skip
         except Exception as e:  # noqa: BLE001  (reported, with the kernel, to the caller)
-            failures.append(f"{name} {cfg}: {type(e).__name__}: {e}\n{source}")
+            failures.append(f"{name} {cfg} divisible {_divisible(divisible)}: "
+                            f"{type(e).__name__}: {e}\n{source}")  # fmt: skip
     Path(path).write_text(json.dumps(failures))
 
 
@@ -255,5 +288,5 @@ if __name__ == "__main__":
     _check_main(sys.argv[1])
 
 
-__all__ = ["Cubin", "attach_cubins", "check_jobs", "check_kernels", "compile_kernel", "launch_args",
-           "split_size_args"]
+__all__ = ["Cubin", "attach_cubins", "check_jobs", "check_kernels", "compile_kernel", "kernel_ptx",
+           "launch_args", "split_size_args"]

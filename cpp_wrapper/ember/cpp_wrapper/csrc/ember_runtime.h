@@ -62,7 +62,9 @@ typedef enum EmberStatus {
 typedef struct EmberModel EmberModel;
 
 /* A caller-given allocator for intermediates and outputs; when set, the runtime's caching pool is
- * not used. `stream` is the stream of the run (NULL on CPU). allocate returns NULL on failure.
+ * not used. `stream` is the stream of the run (NULL on CPU). allocate returns NULL on failure,
+ * and otherwise memory aligned to 16 bytes at least (a block that is not fails the run with
+ * EMBER_ERR_OUT_OF_MEMORY: CUDA models' kernels are compiled for aligned data).
  * Layout (size 24): ctx @0, allocate @8, release @16. */
 typedef struct EmberAllocator {
   void* ctx;
@@ -162,7 +164,17 @@ EMBER_API EmberStatus ember_model_output_info(const EmberModel* model, size_t in
 /* Run the model. `inputs` are borrowed (their deleters are never called). On success each
  * outputs[i] is a new tensor owned by the caller, released by calling its deleter; on failure no
  * output is set. `stream` is a CUstream for CUDA models (NULL: the legacy default stream) and is
- * ignored on CPU; work is queued on it and not synchronised. */
+ * ignored on CPU; work is queued on it and not synchronised.
+ *
+ * Alignment (CUDA models): the package's Triton kernels are compiled assuming that every input's
+ * data pointer (data + byte_offset) is 16-byte aligned, as Triton's own JIT specialises on
+ * aligned pointers; this is what gives them vector and asynchronous loads. An input that is not
+ * aligned (a view at an odd element offset) is copied, for the run, into aligned memory from the
+ * model's pool (the bytes its elements span), and copied back into the caller's tensor after a
+ * successful run, so in-place updates (a decode step's caches) still land there; the copies are
+ * queued on `stream` like the rest of the run. Aligned inputs cost one pointer check each.
+ * Constants given to ember_model_load_library must have storage starting on a 16-byte boundary
+ * (EMBER_ERR_INVALID_ARGUMENT at load otherwise); a package's weights are 64-byte aligned. */
 EMBER_API EmberStatus ember_model_run(EmberModel* model, DLManagedTensor* const* inputs,
                                       size_t num_inputs, DLManagedTensor** outputs,
                                       size_t num_outputs, void* stream);

@@ -43,6 +43,29 @@ inline bool dtype_matches(DLDataType got, DLDataType want) {
   return got.code == want.code && got.bits == want.bits && got.lanes == want.lanes;
 }
 
+// CUDA models' Triton kernels are compiled assuming 16-byte aligned tensor data (Triton's
+// divisibility hint; see ember_runtime.h): what an input's data pointer must be a multiple of.
+constexpr uint64_t kDataAlign = 16;
+
+// Is a tensor's data pointer (data + byte_offset) off a kDataAlign boundary?
+inline bool misaligned(const DLTensor& t) {
+  return (reinterpret_cast<uintptr_t>(t.data) + t.byte_offset) % kDataAlign != 0;
+}
+
+// The bytes a tensor's elements span from its data pointer (0 when it has none; strides NULL
+// mean row-major); -1 when a stride of a dimension longer than 1 is negative.
+inline int64_t span_bytes(const DLTensor& t) {
+  int64_t last = 0, row_major = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    if (t.shape[d] == 0) return 0;
+    int64_t stride = t.strides ? t.strides[d] : row_major;
+    if (t.shape[d] > 1 && stride < 0) return -1;
+    if (t.shape[d] > 1) last += (t.shape[d] - 1) * stride;
+    row_major *= t.shape[d];
+  }
+  return (last + 1) * itemsize(t.dtype);
+}
+
 }  // namespace ember
 
 #endif  // EMBER_DETAIL_COMMON_H_

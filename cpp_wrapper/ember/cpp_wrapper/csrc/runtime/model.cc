@@ -192,6 +192,63 @@ int32_t host_set_output(Call* c, int32_t index, const View* view, void* base) {
   }
 }
 
+// CUDA inputs whose data pointer is off a 16-byte boundary, run from aligned copies: the
+// package's Triton kernels assume aligned inputs (ember_runtime.h, ember_model_run). A copy goes
+// back into the caller's tensor after a successful run, so what the run writes in place (a
+// donated input: a decode step's KV cache) lands where the caller sees it.
+class AlignedInputs {
+ public:
+  AlignedInputs(Pool& pool, void* stream) : pool_(pool), stream_(stream) {}
+  ~AlignedInputs() {
+    for (const auto& c : copies_) pool_.release(c.temp, stream_);
+  }
+  AlignedInputs(const AlignedInputs&) = delete;
+  AlignedInputs& operator=(const AlignedInputs&) = delete;
+
+  // `t` itself when aligned (or empty), else a tensor of the same layout over an aligned copy.
+  const DLTensor* align(const DLTensor* t, const char* name) {
+    if (!misaligned(*t)) return t;
+    int64_t nbytes = span_bytes(*t);
+    if (nbytes == 0) return t;  // no element is read
+    if (nbytes < 0) {
+      fail(EMBER_ERR_SHAPE, std::string("input '") + name + "' has a negative stride");
+    }
+    void* temp = pool_.allocate(size_t(nbytes), stream_);
+    if (!temp) {
+      fail(EMBER_ERR_OUT_OF_MEMORY, std::string("out of memory aligning input '") + name + "'");
+    }
+    char* original = static_cast<char*>(t->data) + t->byte_offset;
+    copies_.push_back({temp, original, size_t(nbytes)});
+    copy(temp, original, size_t(nbytes));
+    tensors_.push_back(std::make_unique<DLTensor>(*t));
+    tensors_.back()->data = temp;
+    tensors_.back()->byte_offset = 0;
+    return tensors_.back().get();
+  }
+
+  void copy_back() {
+    for (const auto& c : copies_) copy(c.original, c.temp, c.nbytes);
+  }
+
+ private:
+  struct Copy {
+    void* temp;
+    char* original;
+    size_t nbytes;
+  };
+  void copy(void* to, const void* from, size_t nbytes) {
+    cuda_check(cuda_driver().memcpy_async(reinterpret_cast<CUdeviceptr>(to),
+                                          reinterpret_cast<CUdeviceptr>(from), nbytes,
+                                          static_cast<CUstream>(stream_)),
+               "cuMemcpyAsync (aligning an input)");
+  }
+
+  Pool& pool_;
+  void* stream_;
+  std::vector<Copy> copies_;
+  std::vector<std::unique_ptr<DLTensor>> tensors_;
+};
+
 const ember_abi::HostApi kHostApi = {
     EMBER_MODEL_ABI_VERSION, sizeof(ember_abi::HostApi), host_alloc, host_release, host_fail,
     host_launch, host_extern, host_set_output,
@@ -295,6 +352,15 @@ void Model::bind_constants(const std::vector<ConstantArg>& given) {
       }
       expect_stride *= t.shape[k];
     }
+    // The wrapper points at a constant's storage start (data - storage_offset elements), which
+    // its Triton kernels take as 16-byte aligned (a package's weights are 64-byte aligned).
+    uint64_t start = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset -
+                     uint64_t(want.storage_offset) * uint64_t(itemsize(want.dtype));
+    if (device_.device_type == kDLCUDA && start % kDataAlign != 0) {
+      fail(EMBER_ERR_INVALID_ARGUMENT,
+           what + ": its storage does not start on a 16-byte boundary (pass a tensor with "
+                  "storage of its own, e.g. a clone)");
+    }
     constants_.push_back(t);
   }
   for (const auto& t : constants_) constant_ptrs_.push_back(&t);
@@ -383,9 +449,21 @@ void Model::run(DLManagedTensor* const* inputs, size_t num_inputs, DLManagedTens
   call.stream = device_.device_type == kDLCPU ? nullptr : stream;
   call.outputs.assign(num_outputs, nullptr);
   std::unique_ptr<CudaContextScope> scope;
-  if (device_.device_type == kDLCUDA) scope = std::make_unique<CudaContextScope>(device_.device_id);
+  AlignedInputs aligned(*pool_, call.stream);
+  if (device_.device_type == kDLCUDA) {
+    scope = std::make_unique<CudaContextScope>(device_.device_id);
+    for (size_t i = 0; i < num_inputs; ++i) in[i] = aligned.align(in[i], d.inputs[i].name);
+  }
   ember_abi::RunArgs args{&kHostApi, &call, kernel_fns_.data(), in.data(), constant_ptrs_.data()};
   int32_t status = d.run(&args);
+  if (status == EMBER_OK) {
+    try {
+      aligned.copy_back();
+    } catch (const Error& e) {
+      status = e.status();
+      call.message = e.what();
+    }
+  }
   if (status == EMBER_OK) {
     for (size_t i = 0; i < num_outputs; ++i) {
       if (!call.outputs[i]) {

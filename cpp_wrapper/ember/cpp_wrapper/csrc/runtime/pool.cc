@@ -23,7 +23,16 @@ size_t Pool::round_size(size_t nbytes) {
 }
 
 void* Pool::raw_allocate(size_t nbytes, void* stream) {
-  if (user_) return user_->allocate(user_->ctx, nbytes, device_, stream);
+  if (user_) {
+    void* p = user_->allocate(user_->ctx, nbytes, device_, stream);
+    // Triton kernels take pool memory as 16-byte aligned (ember_runtime.h): a block that is not
+    // fails the allocation rather than a kernel
+    if (p && reinterpret_cast<uintptr_t>(p) % kDataAlign != 0) {
+      user_->release(user_->ctx, p, nbytes, device_, stream);
+      return nullptr;
+    }
+    return p;
+  }
   if (device_.device_type == kDLCPU) {
     void* p = nullptr;
     return posix_memalign(&p, 64, nbytes) == 0 ? p : nullptr;

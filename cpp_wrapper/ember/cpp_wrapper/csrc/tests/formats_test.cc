@@ -1,4 +1,5 @@
-// JSON, SHA-256 and .npy round trips (plain program for Bazel cc_test).
+// JSON, SHA-256 and .npy round trips, and the input alignment rule (plain program for Bazel
+// cc_test).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,35 @@ void expect(bool ok, const char* what) {
     fprintf(stderr, "FAIL: %s\n", what);
     ++failures;
   }
+}
+// What ember_model_run copies before a CUDA run (ember_runtime.h): a data pointer off a
+// 16-byte boundary, and the bytes its elements span.
+void check_alignment() {
+  alignas(64) static char storage[256];
+  int64_t shape[2] = {3, 5}, strides[2] = {8, 1};
+  DLTensor t{};
+  t.data = storage;
+  t.ndim = 2;
+  t.dtype = DLDataType{kDLBfloat, 16, 1};
+  t.shape = shape;
+  expect(!ember::misaligned(t), "an aligned pointer");
+  t.byte_offset = 2;  // a bf16 view at element 1
+  expect(ember::misaligned(t), "byte_offset 2 is misaligned");
+  t.byte_offset = 32;
+  expect(!ember::misaligned(t), "byte_offset 32 is aligned");
+  t.data = storage + 8;
+  t.byte_offset = 0;
+  expect(ember::misaligned(t), "data 8 bytes in is misaligned");
+  expect(ember::span_bytes(t) == 15 * 2, "row-major span");
+  t.strides = strides;  // rows of 8 elements, 5 used: (2 * 8 + 4 + 1) elements
+  expect(ember::span_bytes(t) == 21 * 2, "strided span");
+  shape[0] = 1;
+  strides[0] = -8;  // a size-1 dimension's stride never matters
+  expect(ember::span_bytes(t) == 5 * 2, "size-1 dimension");
+  shape[0] = 2;
+  expect(ember::span_bytes(t) == -1, "negative stride");
+  shape[1] = 0;
+  expect(ember::span_bytes(t) == 0, "empty tensor");
 }
 }  // namespace
 
@@ -52,6 +82,7 @@ int main() {
   ember::npy_write(path, DLDataType{kDLInt, 64, 1}, scalar_shape, 0, data);
   expect(ember::npy_read(path).shape.empty(), "0-d npy");
   remove(path.c_str());
+  check_alignment();
   if (failures == 0) printf("formats_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }
