@@ -3,6 +3,7 @@
 // token; then one token per run), its caches allocated per call and updated in place by each run.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -141,18 +142,24 @@ void run_plain(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out, vo
 // each launch, and the blocks of the call's own stream, cached by the pool, are never handed to
 // another stream's runs (pool.h). A capture that fails (an op that synchronises, an allocation
 // the cache cannot serve) turns the graph off for the call: its steps run plainly.
-// EMBER_GENERATE_GRAPHS=0 turns it off.
+// EMBER_GENERATE_GRAPHS=0 turns it off; =verbose prints why a call's steps run plainly.
 class StepGraph {
  public:
   explicit StepGraph(const Model& model) : device_(model.device()), pool_(model.pool()) {
     if (device_.device_type != kDLCUDA) return;
     const char* env = getenv("EMBER_GENERATE_GRAPHS");
     if (env && std::string(env) == "0") return;
+    verbose_ = env && std::string(env) == "verbose";
     const CudaDriver& cu = cuda_driver();
-    if (!cu.has_graphs()) return;
+    if (!cu.has_graphs()) {
+      off("the driver lacks the CUDA graph API");
+      return;
+    }
     CudaContextScope scope(device_.device_id);
-    if (cu.stream_create(&stream_, 1 /* CU_STREAM_NON_BLOCKING */) != CUDA_SUCCESS) {
+    CUresult r = cu.stream_create(&stream_, 1 /* CU_STREAM_NON_BLOCKING */);
+    if (r != CUDA_SUCCESS) {
       stream_ = nullptr;
+      off("cuStreamCreate: " + std::to_string(int(r)));
     }
   }
   ~StepGraph() {
@@ -196,31 +203,43 @@ class StepGraph {
   bool capture(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out) {
     const CudaDriver& cu = cuda_driver();
     CudaContextScope scope(device_.device_id);
-    if (cu.stream_begin_capture(stream_, 1 /* thread-local */) != CUDA_SUCCESS) {
-      failed_ = true;
+    CUresult begun = cu.stream_begin_capture(stream_, 1 /* thread-local */);
+    if (begun != CUDA_SUCCESS) {
+      off("cuStreamBeginCapture: " + std::to_string(int(begun)));
       return false;
     }
     std::vector<DLManagedTensor*> raw(n_out, nullptr);
-    bool ran = true;
+    std::string why;
+    const uint64_t counted = model.run_count();
     try {
       model.run(in.data(), in.size(), raw.data(), n_out, stream_);
-    } catch (const Error&) {
-      ran = false;
+    } catch (const Error& e) {
+      why = std::string("the captured run failed: ") + e.what();
     }
     for (DLManagedTensor* r : raw) outputs_.emplace_back(r);
     CUgraph graph = nullptr;
     CUresult ended = cu.stream_end_capture(stream_, &graph);
-    if (ran && ended == CUDA_SUCCESS && graph &&
-        cu.graph_instantiate(&exec_, graph, 0) == CUDA_SUCCESS) {
+    CUresult made = CUDA_SUCCESS;
+    if (why.empty() && ended == CUDA_SUCCESS && graph &&
+        (made = cu.graph_instantiate(&exec_, graph, 0)) == CUDA_SUCCESS) {
       graph_ = graph;
       return true;
+    }
+    if (why.empty()) {
+      why = ended != CUDA_SUCCESS ? "cuStreamEndCapture: " + std::to_string(int(ended))
+                                  : "cuGraphInstantiate: " + std::to_string(int(made));
     }
     if (graph) cu.graph_destroy(graph);
     exec_ = nullptr;
     outputs_.clear();
-    if (ran) model.count_run(-1);  // nothing ran: the step runs plainly now
-    failed_ = true;
+    model.count_run(-int(model.run_count() - counted));  // nothing ran: the step runs plainly
+    off(why);
     return false;
+  }
+
+  void off(const std::string& why) {
+    failed_ = true;
+    if (verbose_) fprintf(stderr, "ember_generate: one-token steps run plainly: %s\n", why.c_str());
   }
 
   void launch() {
@@ -234,7 +253,7 @@ class StepGraph {
   CUgraph graph_ = nullptr;
   CUgraphExec exec_ = nullptr;
   std::vector<Owned> outputs_;  // the captured run's outputs: the graph writes them
-  bool warmed_ = false, failed_ = false;
+  bool warmed_ = false, failed_ = false, verbose_ = false;
 };
 
 }  // namespace
