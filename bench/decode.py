@@ -23,10 +23,10 @@ import sys
 import time
 
 
-def _args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def model_args(p: argparse.ArgumentParser) -> None:
+    """The Llama's shape (about 1.2B parameters by default) and the device: what
+    decode_package.py's model takes too."""
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (torch and OpenMP)")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--heads", type=int, default=32)
@@ -34,6 +34,12 @@ def _args(argv=None):
     p.add_argument("--intermediate", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--max-len", type=int, default=256, help="the KV cache's length")
+
+
+def _args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model_args(p)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (torch and OpenMP)")
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per timed run")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--group-size", type=int, default=128, help="int4 group size")

@@ -49,19 +49,12 @@ from torch import nn
 
 import ember
 import ember.cpp_wrapper as cw
-from decode import RMSNorm, _rotate
+from decode import RMSNorm, _rotate, model_args
 
 
 def _args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--intermediate", type=int, default=8192)
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--max-len", type=int, default=256, help="the KV caches' length")
+    model_args(p)
     p.add_argument("--max-new", type=int, default=128, help="the package's max_new_tokens")
     p.add_argument("--lengths", default="1,7,33,100,128", help="prompt lengths for the logits")
     p.add_argument("--prompt", type=int, default=16, help="the greedy check's prompt length")

@@ -40,16 +40,23 @@ def test_generate_on_cuda_gives_the_eager_greedy_tokens(tmp_path):
     assert np.load(tmp_path / "out.npy").tolist() == want.tolist()
 
 
-def test_a_prefill_step_on_cuda_runs_the_prompt_in_one_call(tmp_path):
-    """max_new_tokens > 1: the tokens' length is dynamic; ember_generate runs the prompt in one
-    call, then one token per call, and gives eager's greedy tokens."""
+@pytest.fixture(scope="module")
+def prefill(tmp_path_factory):
+    """(model, a CUDA package of its step taking 1 to 8 new tokens)."""
     torch.manual_seed(0)
     model = Decoder(max_len=LENGTH).eval().cuda()
     example = (torch.tensor([[1]], device="cuda"), torch.tensor([0], device="cuda"),
                *zero_caches(1, LENGTH, "cuda"))  # fmt: skip
-    path = cw.package_decode_step(model, example, tmp_path / "pkg", tokens=0, positions=1,
-                                  caches=range(2, 2 + 2 * LAYERS), max_new_tokens=8,
-                                  device="cuda")  # fmt: skip
+    path = cw.package_decode_step(model, example, tmp_path_factory.mktemp("prefill") / "pkg",
+                                  tokens=0, positions=1, caches=range(2, 2 + 2 * LAYERS),
+                                  max_new_tokens=8, device="cuda")  # fmt: skip
+    return model, path
+
+
+def test_a_prefill_step_on_cuda_runs_the_prompt_in_one_call(prefill):
+    """max_new_tokens > 1: the tokens' length is dynamic; ember_generate runs the prompt in one
+    call, then one token per call, and gives eager's greedy tokens."""
+    model, path = prefill
     loaded = cw.load_package(path)
     for prompt in (PROMPT, torch.tensor([[7]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])):
         want, _ = eager_greedy(model, prompt, 16, LENGTH, "cuda")
@@ -61,19 +68,13 @@ def test_a_prefill_step_on_cuda_runs_the_prompt_in_one_call(tmp_path):
 @pytest.mark.xfail(reason="on an H200 (session 22, call 5) no graph was launched: the capture "
                    "fell back to plain steps (tokens right); EMBER_GENERATE_GRAPHS=verbose, set "
                    "here, prints why on stderr", strict=False)
-def test_generate_replays_its_one_token_steps_as_a_cuda_graph(tmp_path, monkeypatch, capfd):
+def test_generate_replays_its_one_token_steps_as_a_cuda_graph(prefill, monkeypatch, capfd):
     """With graphs (the default) the prefill and the first one-token step run plainly, the
     second is captured and every later one relaunched: a fraction of the plain run's kernel
     launches, the same tokens, the same run count."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.manual_seed(0)
-    model = Decoder(max_len=LENGTH).eval().cuda()
-    example = (torch.tensor([[1]], device="cuda"), torch.tensor([0], device="cuda"),
-               *zero_caches(1, LENGTH, "cuda"))  # fmt: skip
-    path = cw.package_decode_step(model, example, tmp_path / "pkg", tokens=0, positions=1,
-                                  caches=range(2, 2 + 2 * LAYERS), max_new_tokens=8,
-                                  device="cuda")  # fmt: skip
+    model, path = prefill
     loaded = cw.load_package(path)
     want, _ = eager_greedy(model, PROMPT, 16, LENGTH, "cuda")
 
