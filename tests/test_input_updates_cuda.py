@@ -7,7 +7,7 @@ import torch
 
 import ember
 from ember.inductor import metrics
-from test_input_updates import Cache, _CountCopies
+from input_updates_model import Cache, _CountCopies
 
 pytestmark = [
     pytest.mark.gpu,

@@ -480,6 +480,9 @@ def _index_put(L, a, indices, values, accumulate=False):
     return L.extern("prims.index_put", runtime_index_put, (target, indices, values, False),
                     {"in_place": True}, meta=meta)  # fmt: skip
 
+
+_index_put.partial = True  # any other index_put still calls its reference (the fallback)
+
 # mm(a, b) with M*N*K below this is not padded: the padded copy of b would cost about as much as
 # the unaligned product loses. Nor is one of fewer rows than PAD_MM_MIN_ROWS whose b is a buffer
 # already (a weight in the product's dtype): so few rows read b about as fast as a copy writes it.
