@@ -117,6 +117,21 @@ def test_inplace_donor_is_not_read_after_it_is_overwritten():
     assert "# reuses" in compiled.source  # d + 1, the exp's last reader, takes its memory
 
 
+def test_a_matmul_result_is_overwritten_by_its_pointwise_reader():
+    """A matmul's fresh result, read element for element by the kernel that adds its bias and
+    views it in another shape (an LM head's (B*S, V) as (B, S, V)), or applies GELU to it, is
+    stored over in place: no second buffer of its size each call."""
+
+    def head(x, w, b, v):
+        h = torch.nn.functional.gelu(x @ v)
+        return (h.reshape(-1, 6) @ w.t()).reshape(2, 4, 10) + b
+
+    compiled = check(head, torch.randn(2, 4, 6), torch.randn(10, 6), torch.randn(10),
+                     torch.randn(6, 6), atol=1e-5, rtol=1e-5)  # fmt: skip
+    assert compiled.source.count("empty_strided(") == 0, compiled.source
+    assert compiled.source.count("# reuses") == 2
+
+
 def test_kernel_local_buffers_are_not_allocated():
     compiled = check(lambda a: torch.softmax(a, -1), torch.randn(4, 8))
     assert compiled.source.count("empty_strided(") == 1  # only the output
