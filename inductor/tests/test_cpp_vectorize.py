@@ -41,6 +41,18 @@ def test_gather_by_token_id_runs_in_the_vector_loop():
     assert re.search(r"ember::vload\(in_ptr\d+ \+ [^;]*tmp\d+", compiled.source), compiled.source
 
 
+def test_concatenation_along_an_outer_dim_runs_in_the_vector_loop():
+    """A class token concatenated before the patches (a ViT): which input a row comes from is a
+    uniform mask of the vector loop, so the rows are vector loads taken only where it holds."""
+    cls, x, pos = torch.randn(1, 1, 32), torch.randn(3, 9, 32), torch.randn(1, 10, 32)
+
+    def embed(cls, x, pos):
+        return F.layer_norm(torch.cat([cls.expand(3, 1, 32), x], 1) + pos, (32,))
+
+    compiled = check(embed, cls, x, pos, atol=1e-5, rtol=1e-5)
+    assert "[&]() -> ember::vf {" in compiled.source, compiled.source
+
+
 def test_a_transposed_output_keeps_the_others_vectorized():
     """Splitting an attention projection into q, k^T and v: k^T's store is strided in the loop
     the others store contiguously, and is scattered lane by lane inside the vector loop rather

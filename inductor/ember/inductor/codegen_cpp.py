@@ -1,12 +1,12 @@
 """The C++/OpenMP renderer: parallel outer loops, an explicit vector inner loop plus a scalar tail.
 
-The vector loop is rendered first; a kernel it cannot express (masked loads, integer math beyond
-index arithmetic) raises CantRender and keeps only the scalar loop. Inside the vector loop,
-integer and bool values that do not vary with the vector variable (a token id, an index of the
-outer loops) stay scalars ("uniform" values, CSEVar.vec False), and index arithmetic that does
-vary (a causal mask's column minus row) runs in float lanes, exact while every value it takes is
-bounded by 2**24. Vector code uses the GCC vector types of csrc/ember_cpu.h, whose width and
-intrinsics follow the ISA the kernel is built for.
+The vector loop is rendered first; a kernel it cannot express (a masked load whose mask varies
+across lanes, integer math beyond index arithmetic) raises CantRender and keeps only the scalar
+loop. Inside the vector loop, integer and bool values that do not vary with the vector variable
+(a token id, an index of the outer loops) stay scalars ("uniform" values, CSEVar.vec False), and
+index arithmetic that does vary (a causal mask's column minus row) runs in float lanes, exact
+while every value it takes is bounded by 2**24. Vector code uses the GCC vector types of
+csrc/ember_cpu.h, whose width and intrinsics follow the ISA the kernel is built for.
 """
 
 from __future__ import annotations
@@ -439,17 +439,23 @@ class CppRenderer(Renderer):
         return text
 
     def masked(self, mask, body, other):
-        if self.vector_mode:
-            raise CantRender("masked load in the vector loop")
+        if self.vector_mode and mask.vec:
+            raise CantRender("masked load in the vector loop, its mask varying across lanes")
+        # in the vector loop, a uniform mask (a concatenation's which-input test on an outer
+        # index) picks the whole vector: the body's loads run only where it holds
         first_local = next(self._ids)
         saved_lines, saved_cse = self.lines, dict(self.cse)
         self.lines = []
         result = body()
         inner, self.lines, self.cse = self.lines, saved_lines, saved_cse
-        t = ctype(result.dtype)
+        t, fill = ctype(result.dtype), c_constant(other, result.dtype)
+        if self.vector_mode and result.vec:
+            t, fill = ("ember::vm", f"ember::vmbcast({fill})") if result.dtype == torch.bool else (
+                "ember::vf", f"ember::vbcast(static_cast<float>({fill}))")  # fmt: skip
         lam = " ".join(inner + [f"return {result};"])
-        text = f"{mask} ? [&]() -> {t} {{ {lam} }}() : {c_constant(other, result.dtype)}"
-        return self.emit(text, result.dtype, key=self.masked_key(first_local, text))
+        text = f"{mask} ? [&]() -> {t} {{ {lam} }}() : {fill}"
+        return self.emit(text, result.dtype, vec=result.vec if self.vector_mode else None,
+                         key=self.masked_key(first_local, text))
 
     def indirect_indexing(self, value, size):
         if self.vector_mode and value.vec:
