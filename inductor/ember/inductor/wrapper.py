@@ -108,8 +108,13 @@ class WrapperBuilder:
             donor, pooled = self.pool[self._key(b)].pop(), True
             self.pool_until.pop(donor)
         if donor is not None:
-            self.lines.append(f"{b.name} = reinterpret({donor}, {_text(sizes)}, {_text(strides)}, "
-                              f"{_text(lay.offset)})  # reuses {donor}")  # fmt: skip
+            was = self.buffers[donor].layout if donor in self.buffers else None
+            if was is not None and (was.sizes, was.strides) == (lay.sizes, lay.strides) and \
+                    lay.offset == 0:  # the donor's tensor as it is: no view made at each call
+                self.lines.append(f"{b.name} = {donor}  # reuses {donor}")
+            else:
+                self.lines.append(f"{b.name} = reinterpret({donor}, {_text(sizes)}, "
+                                  f"{_text(strides)}, {_text(lay.offset)})  # reuses {donor}")
             if pooled:  # the new name holds the memory now; the old one would pin it forever
                 self.lines.append(f"del {donor}")
             self.art_steps.append(
