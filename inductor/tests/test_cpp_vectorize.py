@@ -53,6 +53,22 @@ def test_concatenation_along_an_outer_dim_runs_in_the_vector_loop():
     assert "[&]() -> ember::vf {" in compiled.source, compiled.source
 
 
+def test_concatenation_along_the_vector_dim_takes_masked_loads():
+    """RoPE's rotate_half (the row's halves swapped, one negated) and a pad of the last dim: the
+    which-input test varies across the lanes, so each input is read with a masked vector load
+    (no lane outside its input is read) and the mask picks between them."""
+    x, cos, sin = torch.randn(2, 3, 5, 32), torch.randn(5, 32), torch.randn(5, 32)
+
+    def rope(x, cos, sin):
+        half = torch.cat([-x[..., 16:], x[..., :16]], -1)
+        return x * cos + half * sin
+
+    compiled = check(rope, x, cos, sin, atol=1e-6, rtol=1e-5)
+    assert "ember::vmaskload" in compiled.source, compiled.source
+    padded = check(lambda a: F.pad(a, (3, 5), value=-2.0).exp(), torch.randn(7, 40))
+    assert "ember::vmaskload" in padded.source, padded.source
+
+
 def test_a_transposed_output_keeps_the_others_vectorized():
     """Splitting an attention projection into q, k^T and v: k^T's store is strided in the loop
     the others store contiguously, and is scattered lane by lane inside the vector loop rather

@@ -1,12 +1,12 @@
 """The C++/OpenMP renderer: parallel outer loops, an explicit vector inner loop plus a scalar tail.
 
-The vector loop is rendered first; a kernel it cannot express (a masked load whose mask varies
-across lanes, integer math beyond index arithmetic) raises CantRender and keeps only the scalar
-loop. Inside the vector loop, integer and bool values that do not vary with the vector variable
-(a token id, an index of the outer loops) stay scalars ("uniform" values, CSEVar.vec False), and
-index arithmetic that does vary (a causal mask's column minus row) runs in float lanes, exact
-while every value it takes is bounded by 2**24. Vector code uses the GCC vector types of
-csrc/ember_cpu.h, whose width and intrinsics follow the ISA the kernel is built for.
+The vector loop is rendered first; a kernel it cannot express (integer math beyond index
+arithmetic, a masked load other than contiguous float32) raises CantRender and keeps only the
+scalar loop. Inside the vector loop, integer and bool values that do not vary with the vector
+variable (a token id, an index of the outer loops) stay scalars ("uniform" values, CSEVar.vec
+False), and index arithmetic that does vary (a causal mask's column minus row) runs in float
+lanes, exact while every value it takes is bounded by 2**24. Vector code uses the GCC vector
+types of csrc/ember_cpu.h, whose width and intrinsics follow the ISA the kernel is built for.
 """
 
 from __future__ import annotations
@@ -163,6 +163,11 @@ class CppRenderer(Renderer):
                 torch.bfloat16: f"ember::bf2f({text})",
             }.get(dtype, text)
             return self.emit(text, compute_dtype(dtype), key=key)
+        if self._load_mask is not None:  # inside a lane-masked body: only masked loads
+            if dtype != torch.float32 or self._vec_stride(index) != 1:
+                raise CantRender("a lane-masked load other than contiguous float32")
+            return self.emit(f"ember::vmaskload({ptr} + {idx}, {self._load_mask})", dtype,
+                             key=key)
         if not dtype.is_floating_point and not index.has(self.vec_var):
             # one integer (a token id) or bool for every lane: kept a scalar
             self._bound = _DTYPE_BOUND.get(dtype)
@@ -440,7 +445,7 @@ class CppRenderer(Renderer):
 
     def masked(self, mask, body, other):
         if self.vector_mode and mask.vec:
-            raise CantRender("masked load in the vector loop, its mask varying across lanes")
+            return self._lane_masked(mask, body, other)
         # in the vector loop, a uniform mask (a concatenation's which-input test on an outer
         # index) picks the whole vector: the body's loads run only where it holds
         first_local = next(self._ids)
@@ -456,6 +461,25 @@ class CppRenderer(Renderer):
         text = f"{mask} ? [&]() -> {t} {{ {lam} }}() : {fill}"
         return self.emit(text, result.dtype, vec=result.vec if self.vector_mode else None,
                          key=self.masked_key(first_local, text))
+
+    _load_mask = None  # the vector mask a masked body's loads are taken under
+
+    def _lane_masked(self, mask, body, other):
+        """A masked body whose mask varies across the lanes (RoPE's rotate_half concatenates
+        the halves of a row): its loads read only the lanes where the mask holds (vmaskload,
+        contiguous float32 loads only), the rest of the body runs on every lane, and the mask
+        picks between its result and `other`. Values computed under the mask stay inside it."""
+        if self._load_mask is not None or mask.dtype != torch.bool:
+            raise CantRender("nested or non-bool lane mask")
+        saved_cse, self._load_mask = dict(self.cse), mask
+        try:
+            result = body()
+        finally:
+            self.cse, self._load_mask = saved_cse, None
+        if not result.vec or result.dtype != torch.float32:
+            raise CantRender(f"lane-masked {result.dtype} value")
+        fill = f"ember::vbcast({c_constant(other, torch.float32)})"
+        return self.emit(f"ember::vwhere({mask}, {result}, {fill})", torch.float32)
 
     def indirect_indexing(self, value, size):
         if self.vector_mode and value.vec:

@@ -230,6 +230,17 @@ inline vf vshr(vf a, vf b) { return vi2f(vf2i(a) >> vf2i(b)); }
 inline vf vand(vf a, vf b) { return vi2f(vf2i(a) & vf2i(b)); }
 inline vf vor(vf a, vf b) { return vi2f(vf2i(a) | vf2i(b)); }
 inline vf vload_b(const bool* p) { vf v; for (int i = 0; i < W; ++i) v[i] = p[i]; return v; }
+// the lanes of p where m holds, 0 elsewhere; lanes outside m are not read (no fault past a
+// buffer's end): a concatenation's load whose which-input test varies across the lanes
+inline vf vmaskload(const float* p, vm m) {
+#if defined(__AVX512F__) && EMBER_VEC_WIDTH == 16
+  return (vf)_mm512_maskz_loadu_ps(_mm512_test_epi32_mask((__m512i)m, (__m512i)m), p);
+#elif defined(__AVX2__) && EMBER_VEC_WIDTH == 8
+  return (vf)_mm256_maskload_ps(p, (__m256i)m);
+#else
+  vf v; for (int i = 0; i < W; ++i) v[i] = m[i] ? p[i] : 0.0f; return v;
+#endif
+}
 inline vm vmbcast(bool b) { return vm{} + (b ? -1 : 0); }  // a scalar bool in every lane
 inline vm vload_mask(const bool* p) { vm v; for (int i = 0; i < W; ++i) v[i] = p[i] ? -1 : 0; return v; }
 inline void vstore_mask(bool* p, vm m) { for (int i = 0; i < W; ++i) p[i] = m[i] != 0; }
