@@ -115,3 +115,17 @@ def test_exp_of_masked_lanes_takes_the_vector_path():
     slow = lib.count(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()), x.numel())
     assert slow == 16  # the 16 lanes of -95 (a subnormal result) only
     torch.testing.assert_close(out, torch.exp(x), atol=0, rtol=1e-6)
+
+
+def test_a_loop_is_split_by_its_work_per_thread():
+    """A kernel's loop is split across OpenMP's team only when each thread gets
+    PARALLEL_MIN_PER_THREAD elements: a 16K-element kernel asks at run time (on 2 threads it
+    is split, on 16 it is not), a tiny one has no parallel loop, a huge one always splits."""
+    from ember.inductor.codegen_cpp import PARALLEL_ALWAYS, PARALLEL_MIN
+
+    mid = check(lambda a: a.sigmoid() * 2, torch.randn(128, 128))  # 16384 elements
+    assert "if((16384) >= 2048 * ember::omp_threads())" in mid.source, mid.source
+    tiny = check(lambda a: a.sigmoid() * 2, torch.randn(PARALLEL_MIN // 2))
+    assert "omp parallel" not in tiny.source
+    huge = check(lambda a: a * 2, torch.randn(PARALLEL_ALWAYS))
+    assert "#pragma omp parallel for\n" in huge.source

@@ -12,6 +12,9 @@
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #ifndef EMBER_EXPORT  // ember.ir.toolchain defines it; standalone builds get the same
 #define EMBER_EXPORT extern "C" __attribute__((visibility("default")))
@@ -28,6 +31,15 @@
 #endif
 
 namespace ember {
+
+// the threads a parallel loop would split its work across (a kernel's `if` clause reads it)
+inline int omp_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
 
 // --- scalars -----------------------------------------------------------------------------------
 inline float bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
