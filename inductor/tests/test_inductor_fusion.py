@@ -1,5 +1,7 @@
 """Fusion: whole patterns become one kernel each, and match eager."""
 
+import re
+
 import torch
 import torch.nn.functional as F
 from ember.inductor import compile_prims, metrics
@@ -115,6 +117,35 @@ def test_inplace_donor_is_not_read_after_it_is_overwritten():
 
     compiled = check(f, torch.randn(8, 8), torch.randn(8, 8))
     assert "# reuses" in compiled.source  # d + 1, the exp's last reader, takes its memory
+
+
+def test_a_matmul_result_is_overwritten_by_its_pointwise_reader():
+    """A matmul's fresh result, read element for element by the kernel that adds its bias and
+    views it in another shape (an LM head's (B*S, V) as (B, S, V)), or applies GELU to it, is
+    stored over in place: no second buffer of its size each call."""
+
+    def head(x, w, b, v):
+        h = torch.nn.functional.gelu(x @ v)
+        return (h.reshape(-1, 6) @ w.t()).reshape(2, 4, 10) + b
+
+    compiled = check(head, torch.randn(2, 4, 6), torch.randn(10, 6), torch.randn(10),
+                     torch.randn(6, 6), atol=1e-5, rtol=1e-5)  # fmt: skip
+    assert compiled.source.count("empty_strided(") == 0, compiled.source
+    assert compiled.source.count("# reuses") == 2
+
+
+def test_memory_reused_in_the_same_layout_is_the_same_tensor():
+    """A buffer stored over another of its own sizes and strides takes the donor's tensor as it
+    is: no view is made at each call (torch's as_strided costs about a microsecond)."""
+
+    def f(a, w):
+        h = torch.mm(a, w).exp()
+        return torch.mm(h, w).sin() + 1
+
+    compiled = check(f, torch.randn(8, 8), torch.randn(8, 8) * 0.1, atol=1e-4, rtol=1e-4)
+    assert re.search(r"^    buf\d+ = buf\d+  # reuses buf\d+$", compiled.source, re.M), (
+        compiled.source
+    )
 
 
 def test_kernel_local_buffers_are_not_allocated():

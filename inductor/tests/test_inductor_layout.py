@@ -206,7 +206,13 @@ def _conv_graph(device="cpu"):
 def test_mode_selection(monkeypatch):
     gm, _ = _conv_graph()
     monkeypatch.setattr(config, "conv_channels_last", "auto")
-    assert not wants_channels_last(gm)  # auto: CUDA only
+    assert wants_channels_last(gm)  # auto: CPU inference in process (torch's oneDNN convolution)
+    monkeypatch.setattr(config, "packaging", True)
+    assert not wants_channels_last(gm)  # ... but not a package's C++ convolution
+    monkeypatch.setattr(config, "packaging", False)
+    gm.meta["ember_training"] = "forward"
+    assert not wants_channels_last(gm)  # nor training
+    del gm.meta["ember_training"]
     monkeypatch.setattr(config, "conv_channels_last", True)
     assert wants_channels_last(gm)
     monkeypatch.setattr(config, "conv_channels_last", False)
@@ -235,6 +241,7 @@ def test_mode_selection(monkeypatch):
 @pytest.mark.parametrize("mode", [False, "auto"])
 def test_off_keeps_nchw(mode, monkeypatch):
     monkeypatch.setattr(config, "conv_channels_last", mode)
+    monkeypatch.setattr(config, "packaging", mode == "auto")  # auto: NCHW in a CPU package
     model = resnet_like().eval()
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():

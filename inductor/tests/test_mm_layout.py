@@ -339,3 +339,22 @@ def test_an_unaligned_inner_dim_is_zero_padded_in_both_operands(pad_on):
     assert _matmul_sizes(fn, g, torch.randn(N, 64)) == [((512, N), (N, 64))]
     assert _matmul_sizes(fn, torch.randn(512, 1000), torch.randn(1000, 320)) == [
         ((512, 1000), (1000, 320))]
+
+
+def test_a_cpu_linear_read_elementwise_adds_its_bias_in_the_reader(monkeypatch):
+    """On the CPU a Linear whose product only elementwise ops read (GELU, a residual add) is an
+    mm with the bias added by the reading kernel: torch's addmm would first copy the bias into
+    the output, a pass that the reader makes for free. A product another matmul reads keeps
+    addmm (its bias would need a kernel of its own)."""
+    monkeypatch.setattr(config, "pad_mm", False)
+    x, w, b, w2 = torch.randn(2, 8, 16), torch.randn(24, 16), torch.randn(24), torch.randn(24, 24)
+
+    def mlp(x, w, b, w2):
+        h = F.gelu(F.linear(x, w, b))
+        return F.linear(h, w2, b) + h
+
+    compiled = check(mlp, x, w, b, w2, atol=1e-5, rtol=1e-5)
+    assert "extern_addmm(" not in compiled.source and compiled.source.count("extern_mm(") == 2
+    chained = check(lambda x, w, b, w2: F.linear(F.linear(x, w, b), w2), x, w, b, w2,
+                    atol=1e-4, rtol=1e-5)  # fmt: skip
+    assert "extern_addmm(" in chained.source

@@ -259,13 +259,17 @@ class Renderer:
 
             def op(*args):
                 dtype = torch.bool if name in COMPARE_OPS else args[0].dtype
-                return self.emit(self.op_text(name, args), dtype)
+                return self.emit(self.op_text(name, args), dtype, vec=self.op_is_vector(args))
 
             return op
         raise AttributeError(name)
 
     def op_text(self, name, args) -> str:
         raise NotImplementedError
+
+    def op_is_vector(self, args):
+        """Whether an op's result is a vector (None: as the loop being rendered is)."""
+        return None
 
     def index_text(self, expr) -> str:
         return print_index(simplify_index(expr, self.ranges))

@@ -1,8 +1,12 @@
 """The C++/OpenMP renderer: parallel outer loops, an explicit vector inner loop plus a scalar tail.
 
-The vector loop is rendered first; a kernel it cannot express (integer math, masked or indirect
-loads, strided stores) raises CantRender and keeps only the scalar loop. Vector code uses the GCC
-vector types of csrc/ember_cpu.h, whose width and intrinsics follow the ISA the kernel is built for.
+The vector loop is rendered first; a kernel it cannot express (integer math beyond index
+arithmetic, a masked load other than contiguous float32) raises CantRender and keeps only the
+scalar loop. Inside the vector loop, integer and bool values that do not vary with the vector
+variable (a token id, an index of the outer loops) stay scalars ("uniform" values, CSEVar.vec
+False), and index arithmetic that does vary (a causal mask's column minus row) runs in float
+lanes, exact while every value it takes is bounded by 2**24. Vector code uses the GCC vector
+types of csrc/ember_cpu.h, whose width and intrinsics follow the ISA the kernel is built for.
 """
 
 from __future__ import annotations
@@ -26,18 +30,26 @@ CTYPE = {
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
     torch.uint16: "uint16_t", torch.uint32: "uint32_t", torch.uint64: "uint64_t",
 }  # fmt: skip
-PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread
+# A loop is split across threads only when each of OpenMP's threads gets this many elements of
+# work: below it the fork and join cost more than the split saves. Per thread, not in all: on 2
+# threads a BERT layer's 16K-element kernels gain (small_bert 1.053 -> 0.945 ms), while on 16
+# the same total bar (32768) as before holds.
+PARALLEL_MIN_PER_THREAD = 2048
+PARALLEL_MIN = 2 * PARALLEL_MIN_PER_THREAD  # a static total below it: no parallel loop at all
+PARALLEL_ALWAYS = 1 << 20  # a static total from it on: split whatever the team's size
 
 
 def _parallel_for(total) -> str:
     """The OpenMP pragma of a kernel's outer loop over `total` elements of work. The team is always
     OpenMP's whole one (as torch's own parallel loops use): libgomp ends the surplus threads when
     a smaller team follows a larger one and creates them again for the next large one, so a team
-    sized by each kernel's work started threads at every call. A symbolic total below
-    PARALLEL_MIN runs on one thread through the `if` clause, which leaves the team alone."""
-    if total.is_Integer:
+    sized by each kernel's work started threads at every call. A total under
+    PARALLEL_MIN_PER_THREAD elements per thread of the team runs on one thread through the `if`
+    clause, which leaves the team alone."""
+    if total.is_Integer and total >= PARALLEL_ALWAYS:
         return "#pragma omp parallel for"
-    return f"#pragma omp parallel for if(({code_text(total)}) >= {PARALLEL_MIN})"
+    per_thread = f"{PARALLEL_MIN_PER_THREAD} * ember::omp_threads()"
+    return f"#pragma omp parallel for if(({code_text(total)}) >= {per_thread})"
 
 
 CHUNK = 4096  # elements per OpenMP work item in one-dimensional loops
@@ -96,6 +108,10 @@ SCALAR_COMBINE = {"sum": "{0} + {1}", "prod": "{0} * {1}", "max": "ember::max_pr
 VECTOR_COMBINE = {"sum": "{0} + {1}", "prod": "{0} * {1}", "max": "ember::vmax({0}, {1})",
                   "min": "ember::vmin({0}, {1})"}  # fmt: skip
 HORIZONTAL = {"sum": "hsum", "prod": "hprod", "max": "hmax", "min": "hmin"}
+# integers in float lanes ("lane ints"): index arithmetic, exact while |value| <= 2**24
+LANE_INTS = (torch.int64, torch.int32)
+LANE_EXACT = 1 << 24
+LANE_INT_OPS = ("add", "sub", "mul", "neg", "abs", "maximum", "minimum", *COMPARE_OPS)
 
 
 def ctype(dtype) -> str:
@@ -140,6 +156,8 @@ class CppRenderer(Renderer):
             v = self.locals[key]
             if not self.vector_mode:
                 return v
+            if not v.dtype.is_floating_point:  # an x-level int or bool: a uniform scalar
+                return CSEVar(v.name, v.dtype, False)
             if v.dtype != torch.float32:
                 raise CantRender("non-float value broadcast into the vector loop")
             return self.emit(f"ember::vbcast({v})", v.dtype, key=key)
@@ -153,6 +171,15 @@ class CppRenderer(Renderer):
                 torch.bfloat16: f"ember::bf2f({text})",
             }.get(dtype, text)
             return self.emit(text, compute_dtype(dtype), key=key)
+        if self._load_mask is not None:  # inside a lane-masked body: only masked loads
+            if dtype != torch.float32 or self._vec_stride(index) != 1:
+                raise CantRender("a lane-masked load other than contiguous float32")
+            return self.emit(f"ember::vmaskload({ptr} + {idx}, {self._load_mask})", dtype,
+                             key=key)
+        if not dtype.is_floating_point and not index.has(self.vec_var):
+            # one integer (a token id) or bool for every lane: kept a scalar
+            self._bound = _DTYPE_BOUND.get(dtype)
+            return self.emit(f"{ptr}[{idx}]", compute_dtype(dtype), vec=False, key=key)
         try:
             stride = self._vec_stride(index)
         except CantRender:
@@ -226,8 +253,14 @@ class CppRenderer(Renderer):
             )
             self.lines.append(f"{ptr}[{idx}] = {conv}({value});")
             return
-        if self._vec_stride(index) != 1:
-            raise CantRender("strided vector store")
+        stride = self._vec_stride(index) if value.vec else 0
+        if stride == 0:
+            raise CantRender("a vector store to one element, or of a uniform value")
+        if stride != 1:  # a transposed copy: the lanes stored one by one, the rest in vectors
+            if dtype != torch.float32:
+                raise CantRender(f"strided vector store of {dtype}")
+            self.lines.append(f"ember::vscatter({ptr} + {idx}, {stride}, {value});")
+            return
         fn = {torch.float32: "vstore", torch.float16: "vstore_h", torch.bfloat16: "vstore_bf",
               torch.bool: "vstore_mask"}.get(dtype)  # fmt: skip
         if fn is None:
@@ -238,6 +271,9 @@ class CppRenderer(Renderer):
     def constant(self, value, dtype):
         if self.vector_mode and dtype in BYTE_INTS:
             return self.emit(f"ember::vbcast({float(int(value))!r}f)", dtype)
+        if self.vector_mode and not dtype.is_floating_point:  # a uniform int or bool
+            self._bound = None if dtype == torch.bool else abs(int(value))
+            return self.emit(c_constant(value, dtype), compute_dtype(dtype), vec=False)
         if self.vector_mode:
             if compute_dtype(dtype) != torch.float32:
                 raise CantRender("non-float constant in the vector loop")
@@ -246,14 +282,76 @@ class CppRenderer(Renderer):
 
     def index_expr(self, expr, dtype):
         if self.vector_mode:
-            raise CantRender("index_expr in the vector loop")
+            return self._vector_index_expr(self.final_index(expr), dtype)
         return self.emit(
             f"static_cast<{ctype(dtype)}>({self.index_text(self.final_index(expr))})",
             compute_dtype(dtype),
         )
 
+    def _vector_index_expr(self, index, dtype):
+        """An index in the vector loop: a uniform scalar where the vector variable is absent,
+        else its lanes (base + stride * lane) in float lanes, refused past LANE_EXACT."""
+        bound = _affine_bound(index, self.ranges)
+        if not index.has(self.vec_var):
+            self._bound = bound
+            text = f"static_cast<{ctype(dtype)}>({self.index_text(index)})"
+            return self.emit(text, compute_dtype(dtype), vec=False)
+        if compute_dtype(dtype) not in (*LANE_INTS, torch.float32):
+            raise CantRender(f"vector index_expr of {dtype}")
+        if bound is None or bound > LANE_EXACT:
+            raise CantRender(f"index {index} is not bounded within float lanes")
+        stride = self._vec_stride(index)
+        lanes = "ember::viota()" if stride == 1 else f"ember::viota() * {float(stride)!r}f"
+        self._bound = bound if compute_dtype(dtype) in LANE_INTS else None
+        base = f"ember::vbcast(static_cast<float>({self.index_text(index)}))"
+        return self.emit(f"{base} + {lanes}", compute_dtype(dtype))
+
+    def emit(self, text, dtype, vec=None, key=None):
+        """Base emit, recording the bound an integer op's text was made with (self._bound)."""
+        bound, self._bound = self._bound, None
+        var = super().emit(text, dtype, vec=vec, key=key)
+        if bound is not None and not dtype.is_floating_point and dtype != torch.bool:
+            self.int_bounds.setdefault(var.name, bound)
+        return var
+
+    _bound = None  # the bound of the integer value the next emit names
+    int_bounds: dict = {}  # tmp name -> largest |value|, per loop body (_body makes a fresh one)
+
+    def _uniform_to_vector(self, value):
+        """A uniform scalar's value in every lane: a mask for bools, float lanes otherwise
+        (integers only while known to be exact there)."""
+        if value.vec:
+            return value
+        if value.dtype == torch.bool:
+            return self.emit(f"ember::vmbcast({value})", torch.bool, vec=True)
+        bound = self.int_bounds.get(value.name)
+        if value.dtype.is_floating_point or bound is None or bound > LANE_EXACT:
+            raise CantRender(f"uniform {value.dtype} value broadcast into float lanes")
+        self._bound = bound
+        return self.emit(f"ember::vbcast(static_cast<float>({value}))", value.dtype, vec=True)
+
+    def op_is_vector(self, args):
+        if not self.vector_mode:
+            return None
+        return any(a.vec for a in args)
+
     def to_dtype(self, value, dtype):
         src = value.dtype
+        if self.vector_mode and not value.vec:  # a uniform scalar
+            if dtype.is_floating_point:
+                if dtype != torch.float32:
+                    raise CantRender(f"uniform value cast to {dtype}")
+                return self.emit(f"ember::vbcast(static_cast<float>({value}))", torch.float32)
+            self._bound = self.int_bounds.get(value.name) if dtype in LANE_INTS else None
+            return self.emit(f"static_cast<{ctype(dtype)}>({value})", compute_dtype(dtype),
+                             vec=False)
+        if self.vector_mode and src in LANE_INTS:
+            if dtype in LANE_INTS or dtype == torch.float32:  # the lanes hold it exactly
+                self._bound = self.int_bounds.get(value.name)
+                return self.emit(str(value), compute_dtype(dtype))
+            if dtype == torch.bool:
+                return self.emit(f"ember::vf2m({value})", torch.bool)
+            raise CantRender(f"vector cast {src} -> {dtype}")
         if self.vector_mode:
             if dtype == torch.float32 and src == torch.float32:
                 return value
@@ -280,13 +378,28 @@ class CppRenderer(Renderer):
         if self.vector_mode:
             if not (cond.dtype == torch.bool and a.dtype == b.dtype):
                 raise CantRender("vector where")
-            fn = "ember::vwhere({0}, {1}, {2})" if a.dtype == torch.float32 else "{0} ? {1} : {2}"
+            ba, bb = self.int_bounds.get(a.name), self.int_bounds.get(b.name)
+            bound = max(ba, bb) if ba is not None and bb is not None else None
+            if not (cond.vec or a.vec or b.vec):
+                self._bound = bound
+                return self.emit(f"{cond} ? {a} : {b}", a.dtype, vec=False)
+            a, b = self._uniform_to_vector(a), self._uniform_to_vector(b)
+            if not cond.vec:  # one scalar condition picks a whole vector
+                self._bound = bound
+                return self.emit(f"{cond} ? {a} : {b}", a.dtype, vec=True)
+            fn = "ember::vwhere({0}, {1}, {2})" if a.dtype != torch.bool else "{0} ? {1} : {2}"
+            self._bound = bound
             return self.emit(fn.format(cond, a, b), a.dtype)
         return self.emit(f"{cond} ? {a} : {b}", a.dtype)
 
     def op_text(self, name, args):
+        if self.vector_mode and not any(a.vec for a in args):
+            return self._scalar_op_text(name, args)
         if self.vector_mode:
+            args = [self._uniform_to_vector(a) for a in args]
             dts = {a.dtype for a in args}
+            if dts <= set(LANE_INTS):
+                return self._lane_int_op_text(name, args)
             if dts == {torch.bool} and name in MASK_OPS:
                 return MASK_OPS[name].format(*args)
             if len(dts) == 1 and dts <= set(BYTE_INTS) and name in BYTE_VECTOR_OPS:
@@ -305,6 +418,25 @@ class CppRenderer(Renderer):
             )
             fn = "ember::vmap" if len(args) == 1 else "ember::vmap2"
             return f"{fn}({', '.join(map(str, args))}, {lam % scalar})"
+        return self._scalar_op_text(name, args)
+
+    def _lane_int_op_text(self, name, args):
+        """Index arithmetic in float lanes: the ops exact on integers while |value| <= 2**24."""
+        bounds = [self.int_bounds.get(a.name) for a in args]
+        if name not in LANE_INT_OPS or None in bounds:
+            raise CantRender(f"vector {name} on integer lanes")
+        bound = {"add": sum, "sub": sum, "mul": math.prod}.get(name, max)(bounds)
+        if bound > LANE_EXACT:
+            raise CantRender(f"vector {name} may leave the exact integers of float lanes")
+        self._bound = None if name in COMPARE_OPS else bound
+        return VECTOR_OPS[name].format(*args)
+
+    def _scalar_op_text(self, name, args):
+        """An op on scalars: the scalar loop's, or uniform values in the vector loop."""
+        if self.vector_mode:
+            bounds = [self.int_bounds.get(a.name) for a in args]
+            if None not in bounds and name in LANE_INT_OPS and name not in COMPARE_OPS:
+                self._bound = {"add": sum, "sub": sum, "mul": math.prod}.get(name, max)(bounds)
         dtype = args[0].dtype
         one = c_constant(1, dtype) if dtype != torch.bool else "1"
         if name == "fmod" and not dtype.is_floating_point:
@@ -320,22 +452,47 @@ class CppRenderer(Renderer):
         return text
 
     def masked(self, mask, body, other):
-        if self.vector_mode:
-            raise CantRender("masked load in the vector loop")
+        if self.vector_mode and mask.vec:
+            return self._lane_masked(mask, body, other)
+        # in the vector loop, a uniform mask (a concatenation's which-input test on an outer
+        # index) picks the whole vector: the body's loads run only where it holds
         first_local = next(self._ids)
         saved_lines, saved_cse = self.lines, dict(self.cse)
         self.lines = []
         result = body()
         inner, self.lines, self.cse = self.lines, saved_lines, saved_cse
-        t = ctype(result.dtype)
+        t, fill = ctype(result.dtype), c_constant(other, result.dtype)
+        if self.vector_mode and result.vec:
+            t, fill = ("ember::vm", f"ember::vmbcast({fill})") if result.dtype == torch.bool else (
+                "ember::vf", f"ember::vbcast(static_cast<float>({fill}))")  # fmt: skip
         lam = " ".join(inner + [f"return {result};"])
-        text = f"{mask} ? [&]() -> {t} {{ {lam} }}() : {c_constant(other, result.dtype)}"
-        return self.emit(text, result.dtype, key=self.masked_key(first_local, text))
+        text = f"{mask} ? [&]() -> {t} {{ {lam} }}() : {fill}"
+        return self.emit(text, result.dtype, vec=result.vec if self.vector_mode else None,
+                         key=self.masked_key(first_local, text))
+
+    _load_mask = None  # the vector mask a masked body's loads are taken under
+
+    def _lane_masked(self, mask, body, other):
+        """A masked body whose mask varies across the lanes (RoPE's rotate_half concatenates
+        the halves of a row): its loads read only the lanes where the mask holds (vmaskload,
+        contiguous float32 loads only), the rest of the body runs on every lane, and the mask
+        picks between its result and `other`. Values computed under the mask stay inside it."""
+        if self._load_mask is not None or mask.dtype != torch.bool:
+            raise CantRender("nested or non-bool lane mask")
+        saved_cse, self._load_mask = dict(self.cse), mask
+        try:
+            result = body()
+        finally:
+            self.cse, self._load_mask = saved_cse, None
+        if not result.vec or result.dtype != torch.float32:
+            raise CantRender(f"lane-masked {result.dtype} value")
+        fill = f"ember::vbcast({c_constant(other, torch.float32)})"
+        return self.emit(f"ember::vwhere({mask}, {result}, {fill})", torch.float32)
 
     def indirect_indexing(self, value, size):
-        if self.vector_mode:
+        if self.vector_mode and value.vec:
             raise CantRender("indirect indexing in the vector loop")
-        var = self.emit(f"static_cast<int64_t>({value})", torch.int64)
+        var = self.emit(f"static_cast<int64_t>({value})", torch.int64, vec=False)
         self.lines.append(f"{var} = {var} < 0 ? {var} + {size} : {var};")
         return sympy.Symbol(str(var), integer=True)
 
@@ -350,7 +507,7 @@ class CppRenderer(Renderer):
             self.lines.append(f"if ({value} {cmp} {acc}_v || ({value} != {value} && {acc}_v == {acc}_v)) "
                               f"{{ {acc}_v = {value}; {acc} = {self.rflat}; }}")  # fmt: skip
         elif self.vector_mode:
-            if rtype not in VECTOR_COMBINE or value.dtype != torch.float32:
+            if rtype not in VECTOR_COMBINE or value.dtype != torch.float32 or not value.vec:
                 raise CantRender(f"vector {rtype} reduction")
             self.lines.append(f"v{acc} = {VECTOR_COMBINE[rtype].format('v' + acc, value)};")
         else:
@@ -381,6 +538,7 @@ class CppRenderer(Renderer):
     def _body(self, members, xassign, rassign, vector, vec_var=None, x_level=False):
         """Lines of one loop body (vector or scalar), with a fresh CSE scope."""
         self.lines, self.cse, self.vector_mode, self.vec_var = [], {}, vector, vec_var
+        self.int_bounds = {}
         self.at_x_level, self.reds = x_level, []
         self.run_members(members, xassign, rassign)
         lines, self.vector_mode = self.lines, False
@@ -504,6 +662,25 @@ class CppRenderer(Renderer):
 
 
 MAX_VEC_WIDTH = 16  # AVX512's float lanes; every width divides it
+# the largest magnitude an integer load of these types takes (wider ones: unknown)
+_DTYPE_BOUND = {torch.int8: 128, torch.uint8: 255, torch.int16: 1 << 15, torch.uint16: 1 << 16}
+
+
+def _affine_bound(expr, ranges):
+    """The largest |expr| over the loop variables' ranges, for an affine expr with constant
+    sizes; None when it cannot tell (a division, a dynamic size, an indirect index)."""
+    total = 0
+    for term in sympy.Add.make_args(sympy.expand(expr)):
+        coeff, rest = term.as_coeff_Mul()
+        if not coeff.is_Integer:
+            return None
+        if rest == 1:
+            total += abs(int(coeff))
+        elif rest in ranges and sympy.sympify(ranges[rest]).is_Integer:
+            total += abs(int(coeff)) * max(int(ranges[rest]) - 1, 0)
+        else:
+            return None
+    return total
 
 
 def _uniform_in_vector(expr, v) -> bool:

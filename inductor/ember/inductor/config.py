@@ -70,7 +70,8 @@ class Config:
     dequantize_in_kernel: bool = True
     # 2-D convolutions in channels-last (NHWC) end to end: their inputs, weights and outputs, and
     # the pointwise kernels between them, so cuDNN converts no layouts around each conv. "auto":
-    # on for graphs with a 4-D convolution on CUDA; True: on for any graph with one (CPU too).
+    # on for inference graphs with a 4-D convolution, on CUDA, and on the CPU in process (not in
+    # a package, whose C++ convolution is not tuned for it); True: on for any graph with one.
     conv_channels_last: Union[bool, str] = "auto"
     # CUDA graphs for inference graphs with static sizes on CUDA (cudagraphs.py): "auto" = on
     cudagraphs: Union[bool, str] = "auto"

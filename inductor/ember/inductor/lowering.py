@@ -596,7 +596,9 @@ def wants_channels_last(gm: fx.GraphModule) -> bool:
         first = n.args[0].meta.get(NODE_META_KEY) if isinstance(n.args[0], fx.Node) else None
         if not isinstance(first, TensorMeta) or len(first.sizes) != 4:
             continue
-        if forced or str(first.device).startswith("cuda"):
+        # "auto" on the CPU: in process, where the convolution is torch's (oneDNN, which runs
+        # NHWC at up to twice NCHW's speed at small widths), not the C++ runtime's of a package
+        if forced or str(first.device).startswith("cuda") or not config.packaging:
             return True
     return False
 

@@ -20,6 +20,7 @@ from ember.ir.symbols import expand_index, expr_to_json
 
 from .codegen_common import PY_MINMAX, print_index
 from .config import config
+from .index_simplify import simplify_index
 from .loop_ir import (AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
                       TemplateBuffer)  # fmt: skip
 from .scheduler import Kernel, _step_reads
@@ -58,6 +59,10 @@ def _text(value) -> str:
 
 def _meta(lay) -> TensorMeta:
     return TensorMeta(lay.dtype, lay.sizes, lay.strides, lay.offset, lay.device)
+
+
+# externs whose result is a new tensor (never a view of an argument): a kernel may store over it
+FRESH_EXTERNS = ("extern.mm", "extern.addmm", "extern.bmm", "extern.baddbmm", "extern.convolution")
 
 
 class WrapperBuilder:
@@ -103,8 +108,13 @@ class WrapperBuilder:
             donor, pooled = self.pool[self._key(b)].pop(), True
             self.pool_until.pop(donor)
         if donor is not None:
-            self.lines.append(f"{b.name} = reinterpret({donor}, {_text(sizes)}, {_text(strides)}, "
-                              f"{_text(lay.offset)})  # reuses {donor}")  # fmt: skip
+            was = self.buffers[donor].layout if donor in self.buffers else None
+            if was is not None and (was.sizes, was.strides) == (lay.sizes, lay.strides) and \
+                    lay.offset == 0:  # the donor's tensor as it is: no view made at each call
+                self.lines.append(f"{b.name} = {donor}  # reuses {donor}")
+            else:
+                self.lines.append(f"{b.name} = reinterpret({donor}, {_text(sizes)}, "
+                                  f"{_text(strides)}, {_text(lay.offset)})  # reuses {donor}")
             if pooled:  # the new name holds the memory now; the old one would pin it forever
                 self.lines.append(f"del {donor}")
             self.art_steps.append(
@@ -139,17 +149,23 @@ class WrapperBuilder:
         for loop, post in k.phases:  # the order the kernel's body computes and stores them
             for m in loop + post:
                 emitted_at[m.node.name] = len(emitted_at)
+        xs, rs = k.vars()
+        ranges = dict(zip([*xs, *rs], [*k.xsizes, *k.rsizes]))
+
+        def element(index):  # a view's div/mod of a variable by its own range is affine here
+            return expand_index(simplify_index(index, ranges))
+
         for m in k.members:
             for name, index in k.record(m).loads:
-                reads.setdefault(name, []).append((expand_index(index), m.node.name))
-        want = expand_index(k.stores[b.name])
+                reads.setdefault(name, []).append((element(index), m.node.name))
+        want = element(k.stores[b.name])
         for name, uses in reads.items():
             src = self.buffers.get(name)
             if name in getattr(k, "operands", {}):
                 continue  # a matmul template's operand: other tiles still read it
-            if not (isinstance(src, ComputedBuffer) and last.get(name) == i and name not in self.outputs
+            if not (self._may_donate(src, b) and last.get(name) == i and name not in self.outputs
                     and not self._aliased(name)  # an output's view of it outlives the kernel
-                    and name not in self.donated and src.layout == b.layout
+                    and name not in self.donated
                     and all(idx == want for idx, _ in uses)
                     and all(emitted_at[r] <= emitted_at[b.name] for _, r in uses)):  # fmt: skip
                 continue
@@ -164,6 +180,17 @@ class WrapperBuilder:
                 self.donated.add(name)
                 return name
         return None
+
+    def _may_donate(self, src, b: ComputedBuffer) -> bool:
+        """Whether `src`'s memory may hold `b`: a kernel's buffer, or a matmul's or convolution's
+        fresh result (an mm's (256, 1000) that its bias add stores as (4, 64, 1000)), of `b`'s
+        dtype, device, storage size and offset (the caller checks that each element is read
+        where it is stored)."""
+        if not (isinstance(src, ComputedBuffer)
+                or (type(src) is ExternBuffer and src.op in FRESH_EXTERNS)):  # fmt: skip
+            return False
+        return src.layout == b.layout or (
+            self._key(src) == self._key(b) and src.layout.offset == b.layout.offset)
 
     def build(self) -> Program:
         last, self.donated = self._last_uses(), set()

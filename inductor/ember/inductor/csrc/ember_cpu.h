@@ -12,6 +12,9 @@
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #ifndef EMBER_EXPORT  // ember.ir.toolchain defines it; standalone builds get the same
 #define EMBER_EXPORT extern "C" __attribute__((visibility("default")))
@@ -28,6 +31,15 @@
 #endif
 
 namespace ember {
+
+// the threads a parallel loop would split its work across (a kernel's `if` clause reads it)
+inline int omp_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
 
 // --- scalars -----------------------------------------------------------------------------------
 inline float bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -152,6 +164,9 @@ inline vf viota() { vf v; for (int i = 0; i < W; ++i) v[i] = (float)i; return v;
 inline vf vgather(const float* p, int64_t stride) {
   vf v; for (int i = 0; i < W; ++i) v[i] = p[i * stride]; return v;
 }
+inline void vscatter(float* p, int64_t stride, vf v) {  // a transpose's store: lane by lane
+  for (int i = 0; i < W; ++i) p[i * stride] = v[i];
+}
 template <class F> inline vf vmap(vf x, F f) { vf r; for (int i = 0; i < W; ++i) r[i] = f(x[i]); return r; }
 template <class F> inline vf vmap2(vf x, vf y, F f) {
   vf r; for (int i = 0; i < W; ++i) r[i] = f(x[i], y[i]); return r;
@@ -227,6 +242,18 @@ inline vf vshr(vf a, vf b) { return vi2f(vf2i(a) >> vf2i(b)); }
 inline vf vand(vf a, vf b) { return vi2f(vf2i(a) & vf2i(b)); }
 inline vf vor(vf a, vf b) { return vi2f(vf2i(a) | vf2i(b)); }
 inline vf vload_b(const bool* p) { vf v; for (int i = 0; i < W; ++i) v[i] = p[i]; return v; }
+// the lanes of p where m holds, 0 elsewhere; lanes outside m are not read (no fault past a
+// buffer's end): a concatenation's load whose which-input test varies across the lanes
+inline vf vmaskload(const float* p, vm m) {
+#if defined(__AVX512F__) && EMBER_VEC_WIDTH == 16
+  return (vf)_mm512_maskz_loadu_ps(_mm512_test_epi32_mask((__m512i)m, (__m512i)m), p);
+#elif defined(__AVX2__) && EMBER_VEC_WIDTH == 8
+  return (vf)_mm256_maskload_ps(p, (__m256i)m);
+#else
+  vf v; for (int i = 0; i < W; ++i) v[i] = m[i] ? p[i] : 0.0f; return v;
+#endif
+}
+inline vm vmbcast(bool b) { return vm{} + (b ? -1 : 0); }  // a scalar bool in every lane
 inline vm vload_mask(const bool* p) { vm v; for (int i = 0; i < W; ++i) v[i] = p[i] ? -1 : 0; return v; }
 inline void vstore_mask(bool* p, vm m) { for (int i = 0; i < W; ++i) p[i] = m[i] != 0; }
 
@@ -277,12 +304,18 @@ inline vf vexp_in_range(vf x) {
   return y * (vf)((n + 127) << 23);
 }
 
-// exp: lanes outside vexp_in_range's range (overflow, subnormal results) are rare and go to
-// std::exp.
+// exp: lanes whose result is below the smallest subnormal (-inf: a masked score) are 0; those
+// outside vexp_in_range's range otherwise (overflow, subnormal results) are rare and go to
+// std::exp. A causal mask's -inf lanes once took that lane-by-lane path in half its vectors.
+#ifndef EMBER_SLOW_EXP  // a test counts the lanes that take it
+#define EMBER_SLOW_EXP(a) std::exp(a)
+#endif
 inline vf vexp(vf x) {
   vf out = vexp_in_range(x);
-  vm slow = (x < -87.3365478515625f) | (x > 88.3762626647949f);
-  if (hany(slow)) out = slow ? vmap(x, [](float a) { return std::exp(a); }) : out;
+  vm zero = x < -104.0f;
+  vm slow = ((x < -87.3365478515625f) & ~zero) | (x > 88.3762626647949f);
+  if (hany(slow)) out = slow ? vmap(x, [](float a) { return EMBER_SLOW_EXP(a); }) : out;
+  out = zero ? vbcast(0.0f) : out;
   return (x != x) ? x : out;
 }
 inline vf vtanh(vf x) {
