@@ -202,7 +202,8 @@ def eager_greedy(step, cfg, prompt, n, device, dtype):
             logits.append(out.float())
             tokens.append(out.argmax(-1))
             if i + 1 < n:
-                out = step(tokens[-1][:, None], torch.tensor([p + i], device=device), *caches)[:, -1]
+                pos = torch.tensor([p + i], device=device)
+                out = step(tokens[-1][:, None], pos, *caches)[:, -1]
     return torch.stack(tokens, 1).cpu(), torch.stack(logits, 1).cpu()
 
 

@@ -20,7 +20,8 @@ import torch
 from torch import fx
 
 from ember.ir import cache_files
-from ember.ir import INPUT_UPDATES_META_KEY, NODE_META_KEY, CompiledArtifact, TensorMeta, from_json, target_name, to_json
+from ember.ir import (INPUT_UPDATES_META_KEY, NODE_META_KEY, CompiledArtifact, TensorMeta,
+                       from_json, target_name, to_json)
 from ember.ir.symbols import expr_from_json
 
 from . import metrics

@@ -16,7 +16,8 @@ __version__ = component_version("ir", __file__)
 
 __all__ = [
     "ArgSpec", "BufferIR", "CeilDiv", "CompiledArtifact", "FloorDiv", "GraphIR", "IRVersionError",
-    "INPUT_UPDATES_META_KEY", "IR_VERSION", "KernelIR", "ModularIndexing", "NODE_META_KEY", "NodeIR", "OpSchema",
+    "INPUT_UPDATES_META_KEY",
+    "IR_VERSION", "KernelIR", "ModularIndexing", "NODE_META_KEY", "NodeIR", "OpSchema",
     "READABLE_VERSIONS", "RECOMPUTE_META_KEY", "StepIR", "SubgraphIR", "SymbolSpec", "TensorMeta", "as_expr",
     "check_golden",
     "component_version", "contiguous_strides", "current_schema", "define", "dtype_from_name", "dtype_name", "dumps",
