@@ -81,7 +81,7 @@ def _rotate(x, cos, sin):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg, batch, dtype):
+    def __init__(self, cfg):
         super().__init__()
         d, self.h, self.kvh = cfg.hidden, cfg.heads, cfg.kv_heads
         self.hd = d // self.h
@@ -89,74 +89,87 @@ class Attention(nn.Module):
         self.k = nn.Linear(d, self.kvh * self.hd, bias=False)
         self.v = nn.Linear(d, self.kvh * self.hd, bias=False)
         self.o = nn.Linear(d, d, bias=False)
-        shape = (batch, self.kvh, cfg.max_len, self.hd)
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype), persistent=False)
 
-    def forward(self, x, pos, cos, sin, mask):
+    def forward(self, x, pos, cos, sin, mask, k_cache, v_cache):
         b, t, _ = x.shape
         q = self.q(x).view(b, t, self.h, self.hd).transpose(1, 2)
         k = self.k(x).view(b, t, self.kvh, self.hd).transpose(1, 2)
         v = self.v(x).view(b, t, self.kvh, self.hd).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        self.k_cache.index_copy_(2, pos, k)
-        self.v_cache.index_copy_(2, pos, v)
-        rep = self.h // self.kvh
-        kc = self.k_cache[:, :, None].expand(b, self.kvh, rep, *self.k_cache.shape[2:])
-        vc = self.v_cache[:, :, None].expand(b, self.kvh, rep, *self.v_cache.shape[2:])
-        kc, vc = kc.reshape(b, self.h, -1, self.hd), vc.reshape(b, self.h, -1, self.hd)
-        a = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
+        k_cache.index_copy_(2, pos, _rotate(k, cos, sin))
+        v_cache.index_copy_(2, pos, v)
+        a = F.scaled_dot_product_attention(_rotate(q, cos, sin), k_cache, v_cache,
+                                           attn_mask=mask, enable_gqa=True)  # fmt: skip
         return self.o(a.transpose(1, 2).reshape(b, t, -1))
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg, batch, dtype):
+    def __init__(self, cfg):
         super().__init__()
-        self.attn = Attention(cfg, batch, dtype)
+        self.attn = Attention(cfg)
         self.n1, self.n2 = RMSNorm(cfg.hidden), RMSNorm(cfg.hidden)
         self.gate = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
         self.up = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
         self.down = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
 
-    def forward(self, x, pos, cos, sin, mask):
-        x = x + self.attn(self.n1(x), pos, cos, sin, mask)
+    def forward(self, x, pos, cos, sin, mask, k_cache, v_cache):
+        x = x + self.attn(self.n1(x), pos, cos, sin, mask, k_cache, v_cache)
         h = self.n2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
-class Llama(nn.Module):
-    """A Llama decoder for one new token per row: `forward(tokens (B, 1), pos (1,))` -> logits."""
+class Step(nn.Module):
+    """One decoder step over T new tokens, its caches inputs written in place."""
 
-    def __init__(self, cfg, batch, dtype):
+    def __init__(self, cfg):
         super().__init__()
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.layers = nn.ModuleList(Layer(cfg, batch, dtype) for _ in range(cfg.layers))
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         hd = cfg.hidden // cfg.heads
         inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
         ang = torch.outer(torch.arange(cfg.max_len).float(), inv)
-        self.register_buffer("cos", torch.cat([ang.cos()] * 2, -1).to(dtype), persistent=False)
-        self.register_buffer("sin", torch.cat([ang.sin()] * 2, -1).to(dtype), persistent=False)
+        self.register_buffer("cos", torch.cat([ang.cos()] * 2, -1), persistent=False)
+        self.register_buffer("sin", torch.cat([ang.sin()] * 2, -1), persistent=False)
         self.register_buffer("slots", torch.arange(cfg.max_len), persistent=False)
 
-    def forward(self, tokens, pos):
+    def forward(self, tokens, positions, *caches):
         x = self.embed(tokens)
-        cos, sin = self.cos[pos], self.sin[pos]  # (1, head_dim): the new token's rotation
-        mask = (self.slots <= pos)[None, None, None, :]  # the cache's filled slots
-        for layer in self.layers:
-            x = layer(x, pos, cos, sin, mask)
+        cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
+        mask = (self.slots[None, :] <= positions[:, None])[None, None]  # (1, 1, T, S)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, cos, sin, mask, caches[2 * i], caches[2 * i + 1])
         return self.lm_head(self.norm(x))
 
 
+class Cached(nn.Module):
+    """`step` with its caches held as buffers: forward(tokens, positions) -> logits."""
+
+    def __init__(self, step, caches):
+        super().__init__()
+        self.step = step
+        for i, c in enumerate(caches):
+            self.register_buffer(f"cache{i}", c, persistent=False)
+        self.n = len(caches)
+
+    def forward(self, tokens, positions):
+        return self.step(tokens, positions, *(getattr(self, f"cache{i}") for i in range(self.n)))
+
+
+def zero_caches(cfg, device, dtype, batch=1):
+    shape = (batch, cfg.kv_heads, cfg.max_len, cfg.hidden // cfg.heads)
+    return [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2 * cfg.layers)]
+
+
 def build(cfg, device, dtype):
+    """The step with its caches (batch cfg.batch) held as buffers: forward(tokens, pos)."""
     torch.manual_seed(0)
     with torch.device(device):
-        model = Llama(cfg, cfg.batch, dtype)
-    for m in model.modules():  # small weights: logits of a sensible scale through the layers
+        step = Step(cfg)
+    for m in step.modules():  # small weights: logits of a sensible scale through the layers
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=0.02)
-    return model.to(dtype).eval()
+    return Cached(step.to(dtype).eval(), zero_caches(cfg, device, dtype, cfg.batch))
 
 
 def variant(base, weights, group_size):

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -44,12 +43,11 @@ from pathlib import Path
 import _paths  # noqa: F401
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import ember
 import ember.cpp_wrapper as cw
-from decode import RMSNorm, _rotate, model_args
+from decode import Cached, Step, model_args, zero_caches
 
 
 def _args(argv=None):
@@ -66,87 +64,6 @@ def _args(argv=None):
     p.add_argument("--backends", default="eager,torch_compile_cg,ember,package")
     p.add_argument("--out", default=None, help="a directory for the package and results.json")
     return p.parse_args(argv)
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        d, self.h, self.kvh = cfg.hidden, cfg.heads, cfg.kv_heads
-        self.hd = d // self.h
-        self.q = nn.Linear(d, d, bias=False)
-        self.k = nn.Linear(d, self.kvh * self.hd, bias=False)
-        self.v = nn.Linear(d, self.kvh * self.hd, bias=False)
-        self.o = nn.Linear(d, d, bias=False)
-
-    def forward(self, x, pos, cos, sin, mask, k_cache, v_cache):
-        b, t, _ = x.shape
-        q = self.q(x).view(b, t, self.h, self.hd).transpose(1, 2)
-        k = self.k(x).view(b, t, self.kvh, self.hd).transpose(1, 2)
-        v = self.v(x).view(b, t, self.kvh, self.hd).transpose(1, 2)
-        k_cache.index_copy_(2, pos, _rotate(k, cos, sin))
-        v_cache.index_copy_(2, pos, v)
-        a = F.scaled_dot_product_attention(_rotate(q, cos, sin), k_cache, v_cache,
-                                           attn_mask=mask, enable_gqa=True)  # fmt: skip
-        return self.o(a.transpose(1, 2).reshape(b, t, -1))
-
-
-class Layer(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.attn = Attention(cfg)
-        self.n1, self.n2 = RMSNorm(cfg.hidden), RMSNorm(cfg.hidden)
-        self.gate = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
-        self.up = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
-        self.down = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
-
-    def forward(self, x, pos, cos, sin, mask, k_cache, v_cache):
-        x = x + self.attn(self.n1(x), pos, cos, sin, mask, k_cache, v_cache)
-        h = self.n2(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
-
-
-class Step(nn.Module):
-    """One decoder step over T new tokens, its caches inputs written in place."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
-        self.norm = RMSNorm(cfg.hidden)
-        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
-        hd = cfg.hidden // cfg.heads
-        inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
-        ang = torch.outer(torch.arange(cfg.max_len).float(), inv)
-        self.register_buffer("cos", torch.cat([ang.cos()] * 2, -1), persistent=False)
-        self.register_buffer("sin", torch.cat([ang.sin()] * 2, -1), persistent=False)
-        self.register_buffer("slots", torch.arange(cfg.max_len), persistent=False)
-
-    def forward(self, tokens, positions, *caches):
-        x = self.embed(tokens)
-        cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
-        mask = (self.slots[None, :] <= positions[:, None])[None, None]  # (1, 1, T, S)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, positions, cos, sin, mask, caches[2 * i], caches[2 * i + 1])
-        return self.lm_head(self.norm(x))
-
-
-class Cached(nn.Module):
-    """`step` with its caches held as buffers: forward(tokens, positions) -> logits."""
-
-    def __init__(self, step, caches):
-        super().__init__()
-        self.step = step
-        for i, c in enumerate(caches):
-            self.register_buffer(f"cache{i}", c, persistent=False)
-        self.n = len(caches)
-
-    def forward(self, tokens, positions):
-        return self.step(tokens, positions, *(getattr(self, f"cache{i}") for i in range(self.n)))
-
-
-def zero_caches(cfg, device, dtype, batch=1):
-    shape = (batch, cfg.kv_heads, cfg.max_len, cfg.hidden // cfg.heads)
-    return [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2 * cfg.layers)]
 
 
 def build(cfg, device, dtype):

@@ -1,17 +1,15 @@
-"""Device probe for #29: Ember's Triton flash-attention template on decode shapes, old vs new.
+"""Device probe for #29: Ember's Triton flash-attention template on decode shapes against torch.
 
 Times (CUDA events, median of many calls) the template launched directly through Triton for
 decode shapes (B=1, H=32, H_kv=8, E=64/128, L in {1, 4, 16}, S in {256, 1024, 4096}, bf16, an
 additive mask or none) and one prefill shape (L=S=1024, causal), against
 F.scaled_dot_product_attention (cuDNN/flash), and checks each output against torch's (max abs
-error). Variants: old = the template before #29 (bench/flash_attention_old.py) with its config;
-new = the current template with the static-L config; dyn = the dynamic-L kernel (as a package
-with dynamic lengths builds it). A "/pkg" column launches the same kernel with Triton's
-value and alignment specialisation off, as a package's cubin is compiled (triton_aot). Any
-variant that fails prints its error instead of a time.
+error). Variants: new = the template with the static-L config; dyn = the dynamic-L kernel (as
+a package with dynamic lengths builds it). Any variant that fails prints its error instead of a
+time. (Session 22, call 3, also timed the template before #29 and the kernels compiled with no
+divisibility specialisation, as packages then were: bench/RESULTS.md.)
 
-    python bench/flash_decode_probe.py            # ~60 s on an H200
-    python bench/flash_decode_probe.py --no-pkg   # skip the /pkg columns (fewer compiles)
+    python bench/flash_decode_probe.py            # under a minute on an H200
 """
 
 import argparse
@@ -24,52 +22,11 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from ember.inductor import runtime, triton_attention
+from ember.inductor import triton_attention
 
-OLD_SOURCE = (_paths.BENCH_DIR / "flash_attention_old.py").read_text()
-OLD_LAUNCH = {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2),
-              128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)}  # fmt: skip
-_UNSPECIALISED = [False]  # set while a /pkg variant builds its launcher
-
-
-_LAUNCHERS = {}
-
-
-def _template(name, source, cfg):
-    """runtime.triton_template, built once per kernel, with Triton's specialisation off while
-    _UNSPECIALISED[0] (a package's cubin: no "== 1", no divisibility, no pointer alignment)."""
-    key = (name, source, tuple(sorted(cfg.items())), _UNSPECIALISED[0])
-    if key in _LAUNCHERS:
-        return _LAUNCHERS[key]
-    launcher = runtime.TritonTemplateLauncher(name, source, cfg)
-    if _UNSPECIALISED[0]:
-        fn = getattr(runtime._load_module(launcher.source), launcher.fn_name)
-        every = [i for i, p in enumerate(fn.params) if not p.is_constexpr]
-        launcher._fn = triton.runtime.jit.JITFunction(
-            fn.fn, do_not_specialize=every, do_not_specialize_on_alignment=every)
-    _LAUNCHERS[key] = launcher
-    return launcher
-
-
-runtime.triton_template = _template  # triton_attention.run imports it at each call
-
-
-def variant(kind, pkg, q, k, v, mask, causal):
-    """A zero-argument callable running one variant (its launcher built once per config)."""
-    e, length = q.shape[3], q.shape[2]
-
-    def call():
-        _UNSPECIALISED[0] = pkg
-        try:
-            if kind == "old":
-                blocks = -(-length // 128) * q.shape[0] * q.shape[1]
-                return triton_attention.run(q, k, v, mask, causal, source=OLD_SOURCE,
-                                            launch=OLD_LAUNCH[e], blocks=blocks)  # fmt: skip
-            return triton_attention.run(q, k, v, mask, causal, dynamic=kind == "dyn")
-        finally:
-            _UNSPECIALISED[0] = False
-
-    return call
+def variant(kind, q, k, v, mask, causal):
+    """A zero-argument callable running one variant."""
+    return lambda: triton_attention.run(q, k, v, mask, causal, dynamic=kind == "dyn")
 
 
 def median_us(fn, reps):
@@ -123,9 +80,9 @@ def row(shape, kinds, reps):
 
     cells = [f"{kernel_us(eager, reps):7.1f}"]
     errs = []
-    for kind, pkg in kinds:
+    for kind in kinds:
         try:
-            fn = variant(kind, pkg, q, k, v, mask, causal)
+            fn = variant(kind, q, k, v, mask, causal)
             got = fn()
             torch.cuda.synchronize()
             errs.append((got.float() - want.float()).abs().max().item())
@@ -133,7 +90,7 @@ def row(shape, kinds, reps):
         except Exception as exc:  # one variant failing must not stop the probe
             cells.append(f"{'ERR':>7}")
             errs.append(float("nan"))
-            print(f"  {kind}{'/pkg' if pkg else ''} {shape}: {type(exc).__name__}: "
+            print(f"  {kind} {shape}: {type(exc).__name__}: "
                   f"{str(exc).splitlines()[-1][:200] if str(exc) else ''}", file=sys.stderr)
     what = "mask" if masked else "causal" if causal else "-"
     tag = f"E={e:<3} L={length:<4} S={source:<5} {what:6}"
@@ -142,17 +99,14 @@ def row(shape, kinds, reps):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--no-pkg", action="store_true", help="skip the unspecialised columns")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
     start = time.time()
-    kinds = [("old", False), ("new", False), ("dyn", False)]
-    if not args.no_pkg:
-        kinds += [("old", True), ("new", True), ("dyn", True)]
+    kinds = ["new", "dyn"]
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
     print("B=1 H=32 H_kv=8 bf16; kernel time in us (CUDA graph replay, median of "
           f"{args.reps}); err: the worst variant's max abs error against torch")
-    head = ["torch"] + [f"{k}{'/pkg' if p else ''}" for k, p in kinds]
+    head = ["torch", *kinds]
     print(f"{'shape':33} {' '.join(f'{c:>7}' for c in head)}")
     shapes = [(1, 32, 8, length, source, e, masked, False)
               for e, masks in ((64, (True, False)), (128, (True,)))

@@ -195,13 +195,10 @@ def sdpa_cudnn(L, query, key, value, attn_bias=None, is_causal=False, *, scale=N
                  single_output=True)  # fmt: skip
 
 
-def run(q, k, v, mask=None, causal: bool = False, scale=None, dynamic: bool = False,
-        source: str | None = None, launch: dict | None = None, blocks: int | None = None):
+def run(q, k, v, mask=None, causal: bool = False, scale=None, dynamic: bool = False):
     """The template on tensors, outside any graph: a (B, H, L, E) output like
     F.scaled_dot_product_attention's (GQA implied by the heads). `dynamic`: the kernel built for
-    a length known only at run time. `source` (a template naming its kernel KERNEL_NAME),
-    `launch` (block sizes, warps, stages) and `blocks` (the grid) replace the template's: the
-    device probe's old kernel. For tests and bench/flash_decode_probe.py."""
+    a length known only at run time. For tests and bench/flash_decode_probe.py."""
     from .runtime import triton_template
 
     b, h, length, e = q.shape
@@ -217,14 +214,10 @@ def run(q, k, v, mask=None, causal: bool = False, scale=None, dynamic: bool = Fa
                   SCALE=float(scale) if scale is not None else 1.0 / math.sqrt(e))  # fmt: skip
     rows = length * params["GROUP"]
     cfg = kernel_config(params, q.dtype, None if dynamic else rows)
-    if launch is not None:
-        cfg = {**{n: x for n, x in cfg.items() if n not in launch_config(16, q.dtype)}, **launch}
-    text = source or (CSRC / "triton_flash_attention.py").read_text()
-    launcher = triton_template("flash_run", text.replace("KERNEL_NAME", "flash_run"), cfg)
+    launcher = triton_template("flash_run", render_source("flash_run"), cfg)
     strides = [*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
                *m_strides[:3]]  # fmt: skip
-    if blocks is None:
-        blocks = int(grid(b, h // params["GROUP"], rows, cfg["BLOCK_M"])[0])
+    blocks = int(grid(b, h // params["GROUP"], rows, cfg["BLOCK_M"])[0])
     launcher[(blocks,)](q, k, v, q if mask is None else mask, out, b, length, k.shape[2],
                         *strides)  # fmt: skip
     return out
