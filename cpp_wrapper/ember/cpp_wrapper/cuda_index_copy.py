@@ -27,10 +27,6 @@ from .exported import resolve_entry
 BLOCK = 256  # elements per program
 DIMS = 4  # the update's dimensions after the indexed one are padded to DIMS - 1
 NAME = "ember_index_copy"
-_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
-          "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8",
-          "bool": "i1"}  # fmt: skip
-
 SOURCE = '''
 import triton
 import triton.language as tl
@@ -57,10 +53,11 @@ def ember_index_copy(DST, IDX, SRC, N, A, B, C, ROWS, DS0, DS1, DS2, DS3, SS0, S
 
 
 def _type(meta) -> str:
-    name = str(meta.dtype).replace("torch.", "")
-    if name not in _TYPES:
-        raise NotImplementedError(f"no Triton type for {meta.dtype}")
-    return _TYPES[name]
+    """The Triton element type of a buffer's pointer ("bf16"), as inductor's kernels name it."""
+    try:
+        return resolve_entry("buffer_ptr_type")(meta.dtype)[1:]
+    except KeyError:
+        raise NotImplementedError(f"no Triton type for {meta.dtype}") from None
 
 
 def _padded(sizes, strides) -> tuple[list, list]:

@@ -38,6 +38,7 @@ _ENTRIES = {
     "compile_prims": "ember.inductor:compile_prims",
     "attach_cubins": "ember.inductor.triton_aot:attach_cubins",
     "compile_kernel": "ember.inductor.triton_aot:compile_kernel",  # cuda_index_copy's kernel
+    "buffer_ptr_type": "ember.inductor.codegen_common:buffer_ptr_type",  # and its pointer types
     "decompose_externs": "ember.primtorch:decompose_externs",
     "export": "ember.dynamo:export",  # decode.py exports the user's step itself
     "Dim": "ember.dynamo:Dim",  # and gives a prefill step's new tokens a dynamic length

@@ -23,16 +23,19 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ember.ir import INPUT_UPDATES_META_KEY, target_name
+from ember.ir import INPUT_UPDATES_META_KEY, lookup, target_name, vocabulary
 
 IN_PLACE_META = "ember_index_put_in_place"
 # a layout copy between such an index_put and the output: the view itself when the layouts agree
 SAME_LAYOUT_VIEW_META = "ember_copy_strided_may_view"
-# views that address x's elements one to one (no broadcasting or reinterpreting view)
-_VIEWS = frozenset({"prims.collapse_view", "prims.expand_dims", "prims.permute", "prims.reshape",
-                    "prims.slice", "prims.slice_in_dim", "prims.split_dim", "prims.squeeze",
-                    "prims.view_of"})  # fmt: skip
-_BACK = _VIEWS | {"prims.copy_strided"}  # between the index_put and the output
+# the vocabulary's views, but those that do not address x's elements one to one (a broadcast, a
+# view by strides, a reinterpreted dtype)
+_NOT_ONE_TO_ONE = frozenset({"prims.broadcast_in_dim", "prims.as_strided",
+                             "prims.view_element_type"})  # fmt: skip
+
+
+def _is_view(name: str) -> bool:
+    return name not in _NOT_ONE_TO_ONE and name in vocabulary() and "view" in lookup(name).tags
 
 
 def _name(n) -> str:
@@ -42,7 +45,7 @@ def _name(n) -> str:
 def _index_put_behind(n) -> tuple:
     """(the index_put `n` is, seen through views and layout copies, or None; the copies)."""
     copies = []
-    while _name(n) in _BACK:
+    while _is_view(_name(n)) or _name(n) == "prims.copy_strided":
         if _name(n) == "prims.copy_strided":
             copies.append(n)
         n = n.args[0]
@@ -53,7 +56,7 @@ def _only_reader_chain(x: fx.Node, end) -> bool:
     """Is `end` x seen through single-reader views, and the index_put the only reader of it?"""
     n = end
     while n is not x:
-        if _name(n) not in _VIEWS or len(n.users) != 1:
+        if not _is_view(_name(n)) or len(n.users) != 1:
             return False
         n = n.args[0]
     return len(x.users) == 1 and (end is x or len(end.users) == 1)
