@@ -48,6 +48,7 @@ from torch import nn
 import ember
 import ember.cpp_wrapper as cw
 from decode import Cached, Step, model_args, zero_caches
+from measure import kernel_table
 
 
 def _args(argv=None):
@@ -63,6 +64,8 @@ def _args(argv=None):
                    help="the output head: random, or the embedding table permuted (see above)")
     p.add_argument("--backends", default="eager,torch_compile_cg,ember,package")
     p.add_argument("--out", default=None, help="a directory for the package and results.json")
+    p.add_argument("--profile", action="store_true",
+                   help="each backend's top GPU kernels of one one-token step (CUDA)")
     return p.parse_args(argv)
 
 
@@ -221,10 +224,22 @@ def main(cfg):
         result["package"] = {"tokens_per_s": float(fields["tokens_per_s"]),
                              "ms_per_token": round(float(fields["median_ms"]) / cfg.tokens, 4)}
         print(json.dumps({"package": result["package"]}), flush=True)
+        if cfg.profile and device == "cuda":
+            loaded, caches = cw.load_package(pkg), zero_caches(cfg, device, dtype)
+            tok = torch.zeros(1, 1, dtype=torch.long, device=device)
+            at = torch.tensor([cfg.tokens], device=device)
+            table = kernel_table(lambda: loaded(tok, at, *caches))
+            result["package_kernels"] = table
+            print(json.dumps({"package_kernels": table}), flush=True)
     for b in (b for b in backends if b != "package"):
         try:
-            module = Cached(step, zero_caches(cfg, device, dtype))
-            result[b] = in_process_rate(backend(b, module), cfg, device, cfg.tokens, cfg.repeat)
+            fn = backend(b, Cached(step, zero_caches(cfg, device, dtype)))
+            result[b] = in_process_rate(fn, cfg, device, cfg.tokens, cfg.repeat)
+            if cfg.profile and device == "cuda":
+                tok = torch.zeros(1, 1, dtype=torch.long, device=device)
+                at = torch.arange(cfg.max_len, device=device)[cfg.tokens : cfg.tokens + 1]
+                with torch.no_grad():
+                    result[b + "_kernels"] = kernel_table(lambda: fn(tok, at))
         except Exception as e:  # a backend's failure is a result
             result[b] = {"error": f"{type(e).__name__}: {e}"[:400]}
         print(json.dumps({b: result[b]}), flush=True)

@@ -293,3 +293,27 @@ def compare(got, eager, ref64, eager64_sums, tol):
 def eager_vs_fp64(eager, ref64):
     """Error statistics of eager itself against the float64 reference (the drift to tolerate)."""
     return _sums(eager, ref64)
+
+
+def kernel_table(fn, calls=5, top=15):
+    """The `top` GPU kernels of `calls` calls by total time: [name, us per call, launches per
+    call], from torch.profiler (the loaded package's launches are seen as any other)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(10):  # CUDA graphs are recorded after a few calls
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            t, n = total.get(e.name, (0.0, 0))
+            total[e.name] = (t + e.device_time, n + 1)
+    rows = sorted(total.items(), key=lambda kv: -kv[1][0])
+    table = [[k[:90], round(t / calls, 1), n // calls] for k, (t, n) in rows[:top]]
+    table.append(["(all)", round(sum(t for t, _ in total.values()) / calls, 1),
+                  sum(n for _, n in total.values()) // calls])  # fmt: skip
+    return table

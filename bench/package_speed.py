@@ -28,6 +28,7 @@ import torch
 
 import ember
 from ember.cpp_wrapper import install_run_package, load_package, package
+from measure import kernel_table
 from models import MODELS
 
 
@@ -74,6 +75,11 @@ def one_model(name, device, dtype, exe, work, args):
         loaded = load_package(path)
         row["package_err"] = rel_err(loaded(*inputs)[0], want)
         row["loaded_ms"] = per_call_ms(lambda: loaded(*inputs), device)
+        if args.profile and device == "cuda":
+            row["kernels_loaded"] = kernel_table(lambda: loaded(*inputs))
+            compiled = ember.compile(model)  # the cache is warm: the same kernels as above
+            compiled(*inputs)
+            row["kernels_ember"] = kernel_table(lambda: compiled(*inputs))
     files = []
     for i, x in enumerate(inputs):  # bf16 travels as float32 (run_package rounds it back)
         files.append(work / f"{name}.in{i}.npy")
@@ -96,6 +102,8 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=0)
     p.add_argument("--seq", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--profile", action="store_true",
+                   help="also each side's top GPU kernels (torch.profiler; CUDA only)")
     args = p.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     work = Path(tempfile.mkdtemp(prefix="package_speed_"))

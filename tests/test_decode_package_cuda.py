@@ -65,9 +65,6 @@ def test_a_prefill_step_on_cuda_runs_the_prompt_in_one_call(prefill):
         assert cw.run_count(loaded) - before == 16  # the prompt in one call, then 15 tokens
 
 
-@pytest.mark.xfail(reason="on an H200 (session 22, call 5) no graph was launched: the capture "
-                   "fell back to plain steps (tokens right); EMBER_GENERATE_GRAPHS=verbose, set "
-                   "here, prints why on stderr", strict=True)
 def test_generate_replays_its_one_token_steps_as_a_cuda_graph(prefill, monkeypatch, capfd):
     """With graphs (the default) the prefill and the first one-token step run plainly, the
     second is captured and every later one relaunched: a fraction of the plain run's kernel
@@ -85,11 +82,11 @@ def test_generate_replays_its_one_token_steps_as_a_cuda_graph(prefill, monkeypat
             got = cw.generate(loaded, PROMPT, 16)
         assert got.tolist() == want.tolist()
         assert cw.run_count(loaded) - before == 16
-        names = [e.name for e in prof.events()]
-        return (sum("LaunchKernel" in n for n in names), sum("GraphLaunch" in n for n in names))
+        # kernel launches the host made (the profiler leaves out the driver's cuGraphLaunch)
+        return sum("LaunchKernel" in e.name for e in prof.events())
 
-    plain, plain_graphs = launches("0")
-    graphed, graph_launches = launches("verbose")
-    why = capfd.readouterr().err
-    assert plain_graphs == 0 and graph_launches == 14, why  # the one-token steps after the first
+    plain = launches("0")
+    graphed = launches("verbose")
+    said = capfd.readouterr().err
+    assert "one-token steps replay a CUDA graph" in said, said
     assert 3 * graphed < plain, (graphed, plain)

@@ -140,18 +140,18 @@ def matmul_eager(op, *xs):
     return getattr(torch, op)(*xs, beta=0.5, alpha=2)
 
 
-def linear_view(m=4, k=8, n=3):
+def linear_view(m=4, k=8, n=3, dtype=torch.float32):
     """y = x @ w.t() + b, with w.t() a view step of the input w (as inductor plans a Linear)."""
     return new_artifact(
         device="cpu",
         symbols=(),
         guards=(),
         buffers=(
-            BufferIR("w", "input", meta((n, k))),
-            BufferIR("b", "input", meta((n,))),
-            BufferIR("x", "input", meta((m, k))),
-            BufferIR("wt", "intermediate", meta((k, n), strides=(1, k))),
-            BufferIR("y", "output", meta((m, n))),
+            BufferIR("w", "input", meta((n, k), dtype)),
+            BufferIR("b", "input", meta((n,), dtype)),
+            BufferIR("x", "input", meta((m, k), dtype)),
+            BufferIR("wt", "intermediate", meta((k, n), dtype, strides=(1, k))),
+            BufferIR("y", "output", meta((m, n), dtype)),
         ),
         kernels=(),
         steps=(

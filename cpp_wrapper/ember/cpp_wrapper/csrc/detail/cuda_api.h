@@ -107,6 +107,11 @@ struct CublasGemm {
   double alpha, beta;
 };
 void cublas_gemm(int device, const char* library_path, CUstream stream, const CublasGemm& g);
+// C = alpha * op(A) @ op(B) + bias, the bias (g.m values, C's dtype) added to every column of the
+// column-major C by cuBLASLt's epilogue; g.beta must be 0. False, having run nothing, where
+// cuBLASLt is missing (or EMBER_CUBLASLT=0) or its heuristic has no kernel for the problem.
+bool cublas_gemm_bias(int device, const char* library_path, CUstream stream, const CublasGemm& g,
+                      const void* bias);
 
 }  // namespace ember
 

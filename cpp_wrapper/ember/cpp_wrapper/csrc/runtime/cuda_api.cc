@@ -1,4 +1,4 @@
-// libcuda and libcublas through dlopen: the runtime builds and runs without a GPU.
+// libcuda through dlopen: the runtime builds and runs without a GPU (cuBLAS: cublas.cc).
 #include "detail/cuda_api.h"
 
 #include <dlfcn.h>
@@ -115,90 +115,6 @@ CudaContextScope::~CudaContextScope() {
     CUcontext ignored;
     cuda_driver().ctx_pop(&ignored);
   }
-}
-
-// ---- cuBLAS -----------------------------------------------------------------------------------
-// Declared here, not from cublas_api.h (which a CPU build machine does not have); the values are
-// those of the cuBLAS 12/13 ABI.
-
-namespace {
-
-typedef struct cublasContext* cublasHandle_t;
-typedef int (*CublasCreate)(cublasHandle_t*);
-typedef int (*CublasSetStream)(cublasHandle_t, CUstream);
-typedef int (*CublasSetWorkspace)(cublasHandle_t, void*, size_t);
-typedef int (*CublasGemmStridedBatchedEx)(
-    cublasHandle_t, int transa, int transb, int m, int n, int k, const void* alpha, const void* a,
-    int a_type, int lda, long long stride_a, const void* b, int b_type, int ldb, long long stride_b,
-    const void* beta, void* c, int c_type, int ldc, long long stride_c, int batch, int compute,
-    int algo);
-constexpr int kCublasOpN = 0, kCublasOpT = 1;
-constexpr int kComputeF32 = 68, kComputeF64 = 70, kGemmDefault = -1;
-
-struct Cublas {
-  CublasCreate create;
-  CublasSetStream set_stream;
-  CublasGemmStridedBatchedEx gemm;
-  CublasSetWorkspace set_workspace;  // null before cuBLAS 11.4: its own workspace then
-};
-
-// Each handle's workspace, allocated with the handle and kept for the process (as the handles
-// are): cuBLAS then allocates nothing while a stream is captured into a CUDA graph.
-constexpr size_t kCublasWorkspace = size_t(32) << 20;
-
-const Cublas& cublas(const char* library_path) {
-  static std::mutex mu;
-  static std::unique_ptr<Cublas> api;
-  std::lock_guard<std::mutex> lock(mu);
-  if (api) return *api;
-  std::vector<std::string> names;
-  if (library_path && *library_path) names.push_back(library_path);
-  if (const char* env = getenv("EMBER_CUBLAS_PATH")) names.push_back(env);
-  for (const char* n : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) names.push_back(n);
-  void* lib = nullptr;
-  for (const auto& n : names) {
-    if ((lib = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
-  }
-  if (!lib) {
-    fail(EMBER_ERR_CUDA,
-         "cannot load libcublas (needed for matmul on CUDA): install nvidia-cublas or set "
-         "EMBER_CUBLAS_PATH / EmberLoadOptions.cublas_path");
-  }
-  Cublas c{};
-  c.create = reinterpret_cast<CublasCreate>(dlsym(lib, "cublasCreate_v2"));
-  c.set_stream = reinterpret_cast<CublasSetStream>(dlsym(lib, "cublasSetStream_v2"));
-  c.gemm = reinterpret_cast<CublasGemmStridedBatchedEx>(dlsym(lib, "cublasGemmStridedBatchedEx"));
-  c.set_workspace = reinterpret_cast<CublasSetWorkspace>(dlsym(lib, "cublasSetWorkspace_v2"));
-  if (!c.create || !c.set_stream || !c.gemm) fail(EMBER_ERR_CUDA, "libcublas lacks the GEMM API");
-  api = std::make_unique<Cublas>(c);
-  return *api;
-}
-
-}  // namespace
-
-void cublas_gemm(int device, const char* library_path, CUstream stream, const CublasGemm& g) {
-  const Cublas& api = cublas(library_path);
-  // cuBLAS handles are not safe to share between threads: one per thread and device.
-  thread_local std::map<int, cublasHandle_t> handles;
-  cublasHandle_t& h = handles[device];
-  if (!h) {
-    if (api.create(&h) != 0) fail(EMBER_ERR_CUDA, "cublasCreate failed");
-    CUdeviceptr ws = 0;
-    if (api.set_workspace && cuda_driver().mem_alloc(&ws, kCublasWorkspace) == CUDA_SUCCESS &&
-        api.set_workspace(h, reinterpret_cast<void*>(ws), kCublasWorkspace) != 0) {
-      cuda_driver().mem_free(ws);  // cuBLAS keeps its own
-    }
-  }
-  if (api.set_stream(h, stream) != 0) fail(EMBER_ERR_CUDA, "cublasSetStream failed");
-  bool f64 = g.dtype == 1;
-  float af = float(g.alpha), bf = float(g.beta);
-  const void* alpha = f64 ? static_cast<const void*>(&g.alpha) : &af;
-  const void* beta = f64 ? static_cast<const void*>(&g.beta) : &bf;
-  int st = api.gemm(h, g.trans_a ? kCublasOpT : kCublasOpN, g.trans_b ? kCublasOpT : kCublasOpN,
-                    g.m, g.n, g.k, alpha, g.a, g.dtype, int(g.lda), g.stride_a, g.b, g.dtype,
-                    int(g.ldb), g.stride_b, beta, g.c, g.dtype, int(g.ldc), g.stride_c, g.batch,
-                    f64 ? kComputeF64 : kComputeF32, kGemmDefault);
-  if (st != 0) fail(EMBER_ERR_CUDA, "cublasGemmStridedBatchedEx failed (" + std::to_string(st) + ")");
 }
 
 }  // namespace ember

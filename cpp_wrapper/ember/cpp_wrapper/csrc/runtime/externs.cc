@@ -218,9 +218,9 @@ void operand(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool* trans, in
   }
 }
 
-// out[b] = alpha * a[b] @ b[b] + beta * out[b] for 2-D (batch 1) or 3-D views.
-void cuda_matmul(const Model& model, void* stream, const View& a, const View& b, const View& out,
-                 double alpha, double beta) {
+// out[b] = alpha * a[b] @ b[b] + beta * out[b] for 2-D (batch 1) or 3-D views, as cuBLAS's
+// column-major problem.
+CublasGemm gemm_of(const View& a, const View& b, const View& out, double alpha, double beta) {
   int d = a.ndim - 2;
   int64_t m = a.sizes[d], k = a.sizes[d + 1], n = b.sizes[d + 1];
   int64_t batch = d ? a.sizes[0] : 1;
@@ -246,8 +246,31 @@ void cuda_matmul(const Model& model, void* stream, const View& a, const View& b,
   g.dtype = cuda_dtype(out.dtype);
   g.alpha = alpha;
   g.beta = beta;
-  if (m == 0 || n == 0) return;
+  return g;
+}
+
+void cuda_matmul(const Model& model, void* stream, const View& a, const View& b, const View& out,
+                 double alpha, double beta) {
+  CublasGemm g = gemm_of(a, b, out, alpha, beta);
+  if (g.m == 0 || g.n == 0) return;
   cublas_gemm(model.device().device_id, model.cublas_path().c_str(), static_cast<CUstream>(stream), g);
+}
+
+// addmm with beta 1 and a dense bias row (a Linear layer): the bias added in the GEMM's
+// epilogue by cuBLASLt, as torch's addmm does. False where that does not apply.
+bool cuda_addmm_epilogue(const Model& model, void* stream, const View& bias, const View& a,
+                         const View& b, const View& out, double beta, double alpha) {
+  const DLDataType bt = bias.dtype, ot = out.dtype;
+  if (beta != 1.0 || out.ndim != 2 || a.ndim != 2) return false;
+  if (bt.code != ot.code || bt.bits != ot.bits || bt.lanes != ot.lanes) return false;
+  int64_t n = out.sizes[1];
+  bool row = (bias.ndim == 1 && bias.sizes[0] == n && (bias.strides[0] == 1 || n == 1)) ||
+             (bias.ndim == 2 && bias.sizes[0] == 1 && bias.sizes[1] == n &&
+              (bias.strides[1] == 1 || n == 1));
+  if (!row || out.sizes[0] == 0 || n == 0) return false;
+  CublasGemm g = gemm_of(a, b, out, alpha, 0.0);
+  return cublas_gemm_bias(model.device().device_id, model.cublas_path().c_str(),
+                          static_cast<CUstream>(stream), g, bias.data);
 }
 
 // out = beta * broadcast(bias): an outer product with a vector of ones, through cuBLAS.
@@ -326,6 +349,9 @@ void cuda_extern(const Model& model, void* stream, int32_t op, const View* t, in
       return cuda_matmul(model, stream, t[0], t[1], t[2], 1.0, 0.0);
     case ember_abi::kAddMM:
       need(nt == 4 && nf == 2, "addmm takes bias, a, b, out and (beta, alpha)");
+      if (cuda_addmm_epilogue(model, stream, t[0], t[1], t[2], t[3], floats[0], floats[1])) {
+        return;
+      }
       cuda_fill_bias(model, stream, t[0], t[3], floats[0]);
       return cuda_matmul(model, stream, t[1], t[2], t[3], floats[1], 1.0);
     case ember_abi::kCopy: {

@@ -142,7 +142,8 @@ void run_plain(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out, vo
 // each launch, and the blocks of the call's own stream, cached by the pool, are never handed to
 // another stream's runs (pool.h). A capture that fails (an op that synchronises, an allocation
 // the cache cannot serve) turns the graph off for the call: its steps run plainly.
-// EMBER_GENERATE_GRAPHS=0 turns it off; =verbose prints why a call's steps run plainly.
+// EMBER_GENERATE_GRAPHS=0 turns it off; =verbose says whether a call's steps replay a graph,
+// and why not.
 class StepGraph {
  public:
   explicit StepGraph(const Model& model) : device_(model.device()), pool_(model.pool()) {
@@ -223,6 +224,7 @@ class StepGraph {
     if (why.empty() && ended == CUDA_SUCCESS && graph &&
         (made = cu.graph_instantiate(&exec_, graph, 0)) == CUDA_SUCCESS) {
       graph_ = graph;
+      if (verbose_) fprintf(stderr, "ember_generate: one-token steps replay a CUDA graph\n");
       return true;
     }
     if (why.empty()) {
