@@ -187,6 +187,8 @@ def test_generate_refuses_a_package_that_is_not_a_decode_step(pkg, tmp_path, run
     {"max_positions": 0},
     {"positions": "1"},
     {"caches": 2},
+    {"greedy_kernel": "ember_greedy_nope"},  # no such kernel in the library
+    {"greedy_kernel": 3},
 ], ids=lambda e: json.dumps(e))  # fmt: skip
 def test_a_hostile_decode_entry_is_a_package_error(pkg, tmp_path, entry):
     bad = edited_copy(pkg, tmp_path, lambda m: m["decode"].update(entry))

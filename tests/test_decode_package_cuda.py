@@ -4,6 +4,7 @@ driver copies, and `ember_generate` standalone (`run_package --generate`) and in
 the eager greedy tokens. Skipped without CUDA.
 """
 
+import json
 import subprocess
 
 import numpy as np
@@ -90,3 +91,54 @@ def test_generate_replays_its_one_token_steps_as_a_cuda_graph(prefill, monkeypat
     said = capfd.readouterr().err
     assert "one-token steps replay a CUDA graph" in said, said
     assert 3 * graphed < plain, (graphed, plain)
+
+
+def test_greedy_tokens_are_chosen_on_the_gpu_with_no_copy_back_per_token(prefill, monkeypatch):
+    """The package carries ember_greedy: after the prompt's token, the tokens are chosen on the
+    GPU and read back once (two device-to-host copies in all: the prompt's logits and the
+    tokens); with EMBER_GENERATE_GREEDY=host, one copy of the logits per token. Same tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, path = prefill
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["decode"]["greedy_kernel"].startswith("ember_greedy_")
+    loaded = cw.load_package(path)
+    want, _ = eager_greedy(model, PROMPT, 16, LENGTH, "cuda")
+
+    def copies_back(where: str):
+        monkeypatch.setenv("EMBER_GENERATE_GREEDY", where)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = cw.generate(loaded, PROMPT, 16)
+        assert got.tolist() == want.tolist()
+        return sum("Memcpy DtoH" in e.name for e in prof.events())
+
+    assert copies_back("device") == 2
+    assert copies_back("host") >= 16
+
+
+def test_calls_from_threads_each_get_a_session_and_the_eager_tokens(prefill):
+    """Concurrent calls on one loaded package: each runs in a session of its own (its stream,
+    caches and graph), kept by the model for later calls; every call gives eager's tokens."""
+    import threading
+
+    model, path = prefill
+    loaded = cw.load_package(path)
+    prompts = [torch.tensor([[5, 17, 99, 3]]), torch.tensor([[7]]), torch.tensor([[2, 4, 6]])]
+    wants = [eager_greedy(model, p, 12, LENGTH, "cuda")[0].tolist() for p in prompts]
+    errors = []
+
+    def worker(i):
+        try:
+            for j in range(3):
+                k = (i + j) % len(prompts)
+                got = cw.generate(loaded, prompts[k], 12).tolist()
+                assert got == wants[k], (i, j, got, wants[k])
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors

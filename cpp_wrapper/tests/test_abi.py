@@ -12,7 +12,7 @@ from ember.cpp_wrapper import _build, package
 from ember.cpp_wrapper.errors import STATUS
 
 
-@pytest.mark.parametrize("name", ["abi_test", "formats_test", "gemm_test"])
+@pytest.mark.parametrize("name", ["abi_test", "formats_test", "gemm_test", "pool_test"])
 def test_cpp_program(name):
     exe = _build.build_cpp_test(name)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)

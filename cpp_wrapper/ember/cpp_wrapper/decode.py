@@ -16,7 +16,9 @@ token ids (B, 1), the positions (1,) and the caches, each cache written in place
    the writes are launches of a kernel that reads the positions on the GPU
    (cuda_index_copy.py), not host copies after a synchronisation;
 4. package it, and record in manifest.json which inputs are the tokens, positions and caches,
-   which output the logits (the "decode" entry ember_generate reads) and the caches' length.
+   which output the logits (the "decode" entry ember_generate reads) and the caches' length;
+   a CUDA package also carries a kernel that chooses greedy tokens on the GPU (cuda_greedy.py,
+   the entry's "greedy_kernel").
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 from ember.ir import CompiledArtifact, StepIR
 
 from .codegen_values import step_refs
+from .cuda_greedy import add_greedy_kernel
 from .cuda_index_copy import launch_index_copies
 from .errors import UnsupportedArtifactError
 from .exported import compile_exported, resolve_entry
@@ -88,6 +91,8 @@ def decode_step_artifact(model, example_inputs: Sequence[torch.Tensor], *, token
             raise ValueError(f"max_new_tokens={max_new_tokens} exceeds the caches' length "
                              f"{spec['max_positions']}")  # fmt: skip
         spec["max_new_tokens"] = max_new_tokens
+    if torch.device(device).type == "cuda":  # greedy generation chooses tokens on the GPU
+        artifact, spec = add_greedy_kernel(artifact, spec)
     return artifact, consts, spec
 
 

@@ -235,11 +235,17 @@ EMBER_API void ember_generate_options_init(EmberGenerateOptions* options);
  * whose tokens input is not (B, 1); EMBER_ERR_INVALID_ARGUMENT for a wrong batch, an empty
  * prompt, a prompt token outside the vocabulary or too many positions.
  * `options` may be NULL (greedy). Thread-safe as ember_model_run (each call has its own caches).
- * On CUDA the call runs on a stream of its own (options->stream is then unused: the call is
- * synchronous either way) and replays its one-token steps as a CUDA graph captured at the
- * second of them (the run count counts each replay as a run); a step that cannot be captured
- * (one that synchronises the stream) runs plainly instead. EMBER_GENERATE_GRAPHS=0 in the
- * environment turns the graphs off (every step then runs on options->stream). */
+ * On CUDA the call runs on a stream of its own (options->stream is unused: the call is
+ * synchronous) with caches and one-token inputs that the model keeps for later calls (one set
+ * per concurrent call, freed with the model), and replays its one-token steps as a CUDA graph
+ * captured at the second one-token step of the first such call and replayed by later calls
+ * (the run count counts each replay as a run); a step that cannot be captured (one that
+ * synchronises the stream) runs plainly instead. EMBER_GENERATE_GRAPHS=0 in the environment
+ * turns the graphs off for the calls made while it is set. Greedy decoding on CUDA with a
+ * package that carries a greedy kernel (the "decode" entry's greedy_kernel, as
+ * package_decode_step writes for CUDA) chooses the tokens after the first on the GPU (the same
+ * rule, a NaN logit counting as the largest) and reads them back once at the end;
+ * EMBER_GENERATE_GREEDY=host makes the host choose each token instead. */
 EMBER_API EmberStatus ember_generate(EmberModel* model, const int64_t* prompt, size_t batch,
                                      size_t prompt_len, size_t max_new_tokens,
                                      const EmberGenerateOptions* options, int64_t* out_tokens);

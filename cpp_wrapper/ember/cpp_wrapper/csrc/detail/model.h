@@ -5,6 +5,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,9 @@ struct DecodeSpec {
   // token); more for a step whose tokens (B, T) and positions (T,) share a dynamic size T in
   // [1, max_new_tokens] (a prompt goes in runs of up to that many tokens).
   int64_t max_new_tokens = 1;
+  // The model's ember_greedy kernel (cuda_greedy.py), by its index among the model's kernels:
+  // greedy generation on CUDA chooses each token on the GPU. -1: none (the host chooses).
+  int64_t greedy_kernel = -1;
 };
 
 class Model {
@@ -85,6 +89,17 @@ class Model {
   const DecodeSpec& decode() const { return decode_; }
   void set_decode(DecodeSpec spec) { decode_ = std::move(spec); }
 
+  // CUDA streams for ember_generate's sessions, kept after a session ends: the pool's blocks
+  // cached for a stream then serve the next session on it without cuMemAlloc or cuMemFree. A
+  // session takes one (a new one if none is idle; nullptr if it cannot be made) and gives it
+  // back when it ends.
+  void* take_stream();
+  void give_stream(void* stream);
+  // ember_generate's sessions (generate.cc), kept between calls: an idle one (nullptr if none)
+  // for a call, given back when the call returns.
+  std::shared_ptr<void> take_session();
+  void give_session(std::shared_ptr<void> session);
+
  private:
   Model() = default;
   void bind_constants(const std::vector<ConstantArg>& constants);
@@ -105,6 +120,9 @@ class Model {
   std::string cublas_path_;
   DecodeSpec decode_;
   std::atomic<uint64_t> run_count_{0};
+  std::mutex streams_mu_;
+  std::vector<void*> idle_streams_;
+  std::vector<std::shared_ptr<void>> idle_sessions_;
 };
 
 // Extern ops (externs.cc): run `op` for `model` on the call's stream. Throws Error.

@@ -28,11 +28,16 @@ class Pool {
   // nullptr when the device is out of memory.
   void* allocate(size_t nbytes, void* stream);
   void release(void* ptr, void* stream);
-  // Return every cached block to the device.
+  // Return every cached block to the device, but those of pinned streams.
   void trim();
+  // A pinned stream's cached blocks stay cached through trim() (a CUDA graph captured on the
+  // stream uses them as its scratch); trim_stream still returns them.
+  void pin_stream(void* stream, bool pinned);
   // Return the blocks cached for `stream` to the device (before the stream is destroyed).
   void trim_stream(void* stream);
   DLDevice device() const { return device_; }
+  // False with a caller's allocator: freed blocks go straight back to it.
+  bool caches() const { return user_ == nullptr; }
   size_t cached_bytes() const;
 
   // Blocks above this many cached bytes are given back instead of kept.
@@ -52,6 +57,7 @@ class Pool {
   mutable std::mutex mu_;
   std::unordered_map<void*, Block> live_;
   std::map<std::pair<size_t, void*>, std::vector<void*>> free_;
+  std::vector<void*> pinned_;
   size_t cached_ = 0;
 };
 

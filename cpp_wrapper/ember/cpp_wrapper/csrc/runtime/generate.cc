@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -27,8 +29,45 @@ struct TensorDeleter {
 };
 using Owned = std::unique_ptr<DLManagedTensor, TensorDeleter>;
 
+// A dense tensor from the model's pool, given back to it (cached for `stream`) when deleted: on
+// CUDA a call's caches and inputs reuse the blocks of an earlier call on the same stream.
+struct PooledTensor {
+  DLManagedTensor managed{};
+  std::vector<int64_t> shape;
+  std::shared_ptr<Pool> pool;
+  void* stream = nullptr;
+};
+
+void delete_pooled(DLManagedTensor* m) {
+  auto* p = static_cast<PooledTensor*>(m->manager_ctx);
+  p->pool->release(m->dl_tensor.data, p->stream);
+  delete p;
+}
+
+Owned pooled(const Model& model, DLDataType dtype, std::vector<int64_t> shape, void* stream) {
+  auto p = std::make_unique<PooledTensor>();
+  int64_t nbytes = itemsize(dtype);
+  for (int64_t n : shape) nbytes *= n;
+  void* data = model.pool()->allocate(size_t(nbytes > 0 ? nbytes : 1), stream);
+  if (!data) fail(EMBER_ERR_OUT_OF_MEMORY, "ember_generate: out of memory");
+  p->shape = std::move(shape);
+  p->pool = model.pool();
+  p->stream = stream;
+  DLTensor& t = p->managed.dl_tensor;
+  t.data = data;
+  t.device = model.device();
+  t.ndim = int32_t(p->shape.size());
+  t.dtype = dtype;
+  t.shape = p->shape.data();
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  p->managed.manager_ctx = p.get();
+  p->managed.deleter = delete_pooled;
+  return Owned(&p.release()->managed);
+}
+
 // An uninitialised tensor of `info`'s shape, its dynamic sizes (the new tokens') set to `t`.
-Owned empty(DLDevice device, const EmberTensorInfo& info, const std::string& what,
+Owned empty(const Model& model, void* stream, const EmberTensorInfo& info, const std::string& what,
             int64_t t = -1) {
   std::vector<int64_t> shape(info.shape, info.shape + info.ndim);
   for (int64_t& n : shape) {
@@ -38,8 +77,10 @@ Owned empty(DLDevice device, const EmberTensorInfo& info, const std::string& wha
     }
     if (n < 0) n = t;
   }
+  if (model.device().device_type == kDLCUDA) return pooled(model, info.dtype, shape, stream);
   DLManagedTensor* out = nullptr;
-  EmberStatus st = ember_tensor_empty(device, info.dtype, info.ndim, shape.data(), &out);
+  EmberStatus st =
+      ember_tensor_empty(model.device(), info.dtype, info.ndim, shape.data(), &out);
   if (st != EMBER_OK) fail(st, ember_last_error());
   return Owned(out);
 }
@@ -48,6 +89,31 @@ int64_t numel(const DLTensor& t) {
   int64_t n = 1;
   for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
   return n;
+}
+
+// Zeros into `t` (dense): a memset on the device, queued on `stream`.
+void zero(const DLTensor& t, void* stream) {
+  size_t nbytes = size_t(numel(t) * itemsize(t.dtype));
+  if (t.device.device_type == kDLCPU) {
+    memset(t.data, 0, nbytes);
+    return;
+  }
+  CudaContextScope scope(t.device.device_id);
+  CUdeviceptr p = reinterpret_cast<CUdeviceptr>(static_cast<char*>(t.data) + t.byte_offset);
+  CUstream st = static_cast<CUstream>(stream);
+  if (nbytes % 4 == 0) {
+    cuda_check(cuda_driver().memset_d32_async(p, 0, nbytes / 4, st), "cuMemsetD32Async");
+  } else if (nbytes % 2 == 0) {
+    cuda_check(cuda_driver().memset_d16_async(p, 0, nbytes / 2, st), "cuMemsetD16Async");
+  } else {
+    std::vector<char> zeros(nbytes, 0);
+    DLTensor host = t;
+    host.device = DLDevice{kDLCPU, 0};
+    host.data = zeros.data();
+    host.byte_offset = 0;
+    EmberStatus s = ember_tensor_copy(&host, &t, stream);
+    if (s != EMBER_OK) fail(s, ember_last_error());
+  }
 }
 
 // `bytes` (host) into `t` (dense, on the model's device).
@@ -135,73 +201,153 @@ void run_plain(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out, vo
   for (DLManagedTensor* r : raw) outputs->emplace_back(r);
 }
 
-// The one-token steps of one ember_generate call on CUDA as a CUDA graph: the first runs
-// plainly (which fills the pool's cache for this call's stream), the second is captured and
-// launched, the later ones relaunch it. The step's inputs (the one-token ids and positions, the
-// caches) and the pool's blocks keep their addresses: the ids and positions are uploaded before
-// each launch, and the blocks of the call's own stream, cached by the pool, are never handed to
-// another stream's runs (pool.h). A capture that fails (an op that synchronises, an allocation
-// the cache cannot serve) turns the graph off for the call: its steps run plainly.
-// EMBER_GENERATE_GRAPHS=0 turns it off; =verbose says whether a call's steps replay a graph,
-// and why not.
-class StepGraph {
+using AfterRun = std::function<void(const DLTensor& logits, void* stream)>;
+
+// Greedy choice on the GPU (cuda_greedy.py's ember_greedy, which the package names): after each
+// one-token step the kernel writes the best token of each row into the tokens input and into
+// `chosen` (B x (max_positions + 1), int64, on the device) at the column of the step's position
+// plus one, and advances the position input, so the steps queue back to back with no copy to
+// the host between them. EMBER_GENERATE_GREEDY=host turns it off.
+class DeviceGreedy {
  public:
-  explicit StepGraph(const Model& model) : device_(model.device()), pool_(model.pool()) {
-    if (device_.device_type != kDLCUDA) return;
-    const char* env = getenv("EMBER_GENERATE_GRAPHS");
-    if (env && std::string(env) == "0") return;
-    verbose_ = env && std::string(env) == "verbose";
-    const CudaDriver& cu = cuda_driver();
-    if (!cu.has_graphs()) {
-      off("the driver lacks the CUDA graph API");
-      return;
-    }
-    CudaContextScope scope(device_.device_id);
-    CUresult r = cu.stream_create(&stream_, 1 /* CU_STREAM_NON_BLOCKING */);
-    if (r != CUDA_SUCCESS) {
-      stream_ = nullptr;
-      off("cuStreamCreate: " + std::to_string(int(r)));
+  DeviceGreedy(const Model& model, size_t n_new, const EmberGenerateOptions& o) {
+    const DecodeSpec& spec = model.decode();
+    const char* env = getenv("EMBER_GENERATE_GREEDY");
+    bool on = model.device().device_type == kDLCUDA && spec.greedy_kernel >= 0 &&
+              o.top_k <= 1 && n_new >= 2 && !(env && std::string(env) == "host");
+    if (on) kernel_ = int(spec.greedy_kernel);
+  }
+  bool on() const { return kernel_ >= 0; }
+
+  // Queue the choice from `logits` (B, V) or (B, 1, V) on `stream`.
+  void launch(const Model& model, const DLTensor& logits, const DLTensor& tokens,
+              const DLTensor& positions, const DLTensor& chosen, void* stream) const {
+    auto at = [](const DLTensor& t) {
+      return reinterpret_cast<CUdeviceptr>(static_cast<char*>(t.data) + t.byte_offset);
+    };
+    CUdeviceptr l = at(logits), tok = at(tokens), pos = at(positions), out = at(chosen);
+    int64_t row = 1;  // the batch and the vocabulary are the kernel's, compiled in
+    for (int i = 1; i < logits.ndim; ++i) row *= logits.shape[i];
+    if (logits.strides) row = logits.strides[0];
+    int64_t first = 0, width = chosen.shape[1];  // column: the position + 1
+    void *scratch0 = nullptr, *scratch1 = nullptr;  // Triton >= 3.3's trailing scratch pointers
+    void* args[] = {&l, &tok, &pos, &out, &row, &first, &width, &scratch0, &scratch1};
+    const auto& k = model.desc().kernels[kernel_];
+    CudaContextScope scope(model.device().device_id);
+    cuda_check(cuda_driver().launch_kernel(model.function(kernel_), 1, 1, 1,
+                                           uint32_t(32 * k.num_warps), 1, 1,
+                                           uint32_t(k.shared_mem), static_cast<CUstream>(stream),
+                                           args, nullptr),
+               "launching ember_greedy");
+  }
+
+  // New tokens 1.. of each row (chosen after positions prompt_len ..) into `out_tokens`.
+  static void read(const DLTensor& chosen, size_t prompt_len, size_t n_new, int64_t* out_tokens,
+                   void* stream) {
+    int64_t batch = chosen.shape[0], width = chosen.shape[1];
+    std::vector<int64_t> host(size_t(batch * width));
+    DLTensor h = chosen;
+    h.device = DLDevice{kDLCPU, 0};
+    h.data = host.data();
+    h.byte_offset = 0;
+    h.strides = nullptr;
+    EmberStatus st = ember_tensor_copy(&chosen, &h, stream);  // synchronises
+    if (st != EMBER_OK) fail(st, ember_last_error());
+    for (int64_t b = 0; b < batch; ++b) {
+      for (size_t k = 1; k < n_new; ++k) {
+        out_tokens[size_t(b) * n_new + k] = host[size_t(b * width) + prompt_len + k];
+      }
     }
   }
-  ~StepGraph() {
-    if (!stream_) return;
+
+ private:
+  int kernel_ = -1;
+};
+
+// ember_generate's state on CUDA, kept by the model between calls (Model::take_session): a
+// stream of its own; the caches, the one-token ids and positions and the greedy kernel's token
+// array, allocated once from the pool on that stream (their addresses fixed); and the one-token
+// step as a CUDA graph. The first one-token step of the session's first call runs plainly
+// (which fills the pool's cache for the stream), the second is captured and launched, and every
+// later one, of this call and of the next ones, relaunches it. Its intermediates are blocks the
+// pool keeps for the stream, never handed to another stream's runs (pool.h); a later call's
+// prompt runs may use them between replays, in stream order. A capture that fails turns the
+// graph off for the rest of the call (its steps run plainly; the next call tries again);
+// EMBER_GENERATE_GRAPHS=0, read at each call, turns it off for the call; =verbose says whether
+// a call's steps replay a graph, and why not.
+class Session {
+ public:
+  explicit Session(Model& model) : model_(model), device_(model.device()) {
+    stream_ = static_cast<CUstream>(model.take_stream());
+    if (!stream_) fail(EMBER_ERR_CUDA, "ember_generate: cuStreamCreate failed");
+    if (!cuda_driver().has_graphs()) {
+      never_ = "the driver lacks the CUDA graph API";
+    } else if (!model.pool()->caches()) {  // the graph's scratch would go back to the caller
+      never_ = "the model allocates through the caller's allocator";
+    }
+  }
+
+  // At the start of each call: EMBER_GENERATE_GRAPHS, read again.
+  void begin_call() {
+    const char* env = getenv("EMBER_GENERATE_GRAPHS");
+    disabled_ = env && std::string(env) == "0";
+    verbose_ = env && std::string(env) == "verbose";
+    said_ = false;
+    failed_ = !never_.empty();  // a capture that failed in an earlier call is tried again
+    if (failed_) say("one-token steps run plainly: " + never_);
+  }
+  ~Session() {
     try {
       const CudaDriver& cu = cuda_driver();
       CudaContextScope scope(device_.device_id);
       cu.stream_synchronize(stream_);
-      if (exec_) cu.graph_exec_destroy(exec_);
-      if (graph_) cu.graph_destroy(graph_);
-      outputs_.clear();  // their blocks go back to the pool, cached for this stream
-      pool_->trim_stream(stream_);
-      cu.stream_destroy(stream_);
+      drop_graph();
+      model_.pool()->pin_stream(stream_, false);
+      caches_.clear();  // their blocks go back to the pool, cached for this stream
+      tokens_.reset();
+      positions_.reset();
+      chosen_.reset();
+      model_.give_stream(stream_);
     } catch (const Error&) {
     }
   }
-  StepGraph(const StepGraph&) = delete;
-  StepGraph& operator=(const StepGraph&) = delete;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
-  bool on() const { return stream_ != nullptr && !failed_; }
+  bool graphs() const { return !failed_ && !disabled_; }
   void* stream() const { return stream_; }
 
-  // The logits of one one-token step (plain runs leave their outputs in `plain`).
+  // The session's tensors, made at first use: the caches (in the order of spec.caches), the
+  // one-token ids and positions, and the tokens chosen on the GPU.
+  std::vector<Owned>& caches() { return caches_; }
+  Owned& tokens() { return tokens_; }
+  Owned& positions() { return positions_; }
+  Owned& chosen() { return chosen_; }
+
+  // The logits of one one-token step (plain runs leave their outputs in `plain`). `after`, if
+  // given, queues work on the step's stream after each run that reads its logits (captured
+  // with it into the graph); a graph captured with other `after` work is captured again.
   const DLTensor& step(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out,
-                       size_t logits, std::vector<Owned>* plain) {
-    if (exec_) {
+                       size_t logits, std::vector<Owned>* plain, const AfterRun* after) {
+    if (exec_ && with_after_ != (after != nullptr)) drop_graph();
+    if (exec_ && graphs()) {
       launch();
       model.count_run(1);
       return outputs_[logits]->dl_tensor;
     }
-    if (warmed_ && capture(model, in, n_out)) {
+    if (warmed_ && graphs() && capture(model, in, n_out, logits, after)) {
       launch();  // this step's run (the capture counted it)
       return outputs_[logits]->dl_tensor;
     }
     warmed_ = true;
     run_plain(model, in, n_out, stream_, plain);
+    if (after) (*after)((*plain)[logits]->dl_tensor, stream_);
     return (*plain)[logits]->dl_tensor;
   }
 
  private:
-  bool capture(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out) {
+  bool capture(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out, size_t logits,
+               const AfterRun* after) {
     const CudaDriver& cu = cuda_driver();
     CudaContextScope scope(device_.device_id);
     CUresult begun = cu.stream_begin_capture(stream_, 1 /* thread-local */);
@@ -218,13 +364,19 @@ class StepGraph {
       why = std::string("the captured run failed: ") + e.what();
     }
     for (DLManagedTensor* r : raw) outputs_.emplace_back(r);
+    try {
+      if (why.empty() && after) (*after)(outputs_[logits]->dl_tensor, stream_);
+    } catch (const Error& e) {
+      why = std::string("the captured greedy kernel failed: ") + e.what();
+    }
     CUgraph graph = nullptr;
     CUresult ended = cu.stream_end_capture(stream_, &graph);
     CUresult made = CUDA_SUCCESS;
     if (why.empty() && ended == CUDA_SUCCESS && graph &&
         (made = cu.graph_instantiate(&exec_, graph, 0)) == CUDA_SUCCESS) {
       graph_ = graph;
-      if (verbose_) fprintf(stderr, "ember_generate: one-token steps replay a CUDA graph\n");
+      with_after_ = after != nullptr;
+      model.pool()->pin_stream(stream_, true);  // the graph's scratch stays cached for it
       return true;
     }
     if (why.empty()) {
@@ -239,23 +391,43 @@ class StepGraph {
     return false;
   }
 
+  void drop_graph() {  // the stream is idle or its queued launches no longer need the graph
+    const CudaDriver& cu = cuda_driver();
+    if (exec_) cu.graph_exec_destroy(exec_);
+    if (graph_) cu.graph_destroy(graph_);
+    exec_ = nullptr;
+    graph_ = nullptr;
+    outputs_.clear();
+  }
+
   void off(const std::string& why) {
     failed_ = true;
-    if (verbose_) fprintf(stderr, "ember_generate: one-token steps run plainly: %s\n", why.c_str());
+    warmed_ = false;  // the next call warms the stream's blocks again before it captures
+    say("one-token steps run plainly: " + why);
+  }
+
+  void say(const std::string& what) {
+    if (verbose_ && !said_) fprintf(stderr, "ember_generate: %s\n", what.c_str());
+    said_ = true;
   }
 
   void launch() {
+    say("one-token steps replay a CUDA graph");
     CudaContextScope scope(device_.device_id);
     cuda_check(cuda_driver().graph_launch(exec_, static_cast<CUstream>(stream_)), "cuGraphLaunch");
   }
 
+  Model& model_;
   DLDevice device_;
-  std::shared_ptr<Pool> pool_;
   CUstream stream_ = nullptr;
   CUgraph graph_ = nullptr;
   CUgraphExec exec_ = nullptr;
   std::vector<Owned> outputs_;  // the captured run's outputs: the graph writes them
-  bool warmed_ = false, failed_ = false, verbose_ = false;
+  std::vector<Owned> caches_;
+  Owned tokens_, positions_, chosen_;
+  std::string never_;  // why this session never captures, if it does not
+  bool warmed_ = false, failed_ = false, with_after_ = false;
+  bool disabled_ = false, verbose_ = false, said_ = false;  // this call's
 };
 
 }  // namespace
@@ -310,31 +482,62 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
     }
   }
   DLDevice device = model.device();
-  StepGraph graph(model);  // destroyed last: after the tensors its launches read
-  void* stream = device.device_type == kDLCPU ? nullptr : graph.on() ? graph.stream() : o.stream;
+  // On CUDA the call runs in a session of the model's (a new one if none is idle), given back
+  // when the call returns; a call that fails drops its session.
+  std::shared_ptr<Session> session;
+  if (device.device_type == kDLCUDA) {
+    session = std::static_pointer_cast<Session>(model.take_session());
+    if (!session) session = std::make_shared<Session>(model);
+    session->begin_call();
+  }
+  struct GiveBack {
+    Model& model;
+    std::shared_ptr<Session>& session;
+    ~GiveBack() {
+      if (session && std::uncaught_exceptions() == 0) model.give_session(std::move(session));
+    }
+  } give_back{model, session};
+  void* stream = session ? session->stream() : nullptr;
+  const DeviceGreedy greedy(model, n_new, o);
   size_t n_in = size_t(model.desc().num_inputs), n_out = size_t(model.desc().num_outputs);
-  std::vector<Owned> inputs(n_in);
+  std::vector<Owned> inputs(n_in);  // on the CPU, the call's caches
+  std::vector<DLManagedTensor*> in(n_in);
+  std::vector<Owned>* caches = session ? &session->caches() : nullptr;
+  for (size_t j = 0; j < spec.caches.size(); ++j) {
+    size_t c = size_t(spec.caches[j]);
+    if (!caches) {
+      inputs[c] = empty(model, stream, model.input_info(c), "cache");
+      in[c] = inputs[c].get();
+      continue;
+    }
+    if (caches->size() == j) caches->push_back(empty(model, stream, model.input_info(c), "cache"));
+    in[c] = (*caches)[j].get();
+  }
+  for (int64_t c : spec.caches) {  // zeros: unwritten slots are masked, and 0 * NaN is NaN
+    zero(in[size_t(c)]->dl_tensor, stream);
+  }
   // The prompt runs in chunks of at most `chunk` tokens (the step's max_new_tokens; 1 without
   // a prefill step), positions continuing; then one token per run. The tokens and positions
-  // inputs, by length: a full chunk, the prompt's last (shorter) chunk, one token.
+  // inputs, by length: a full chunk, the prompt's last (shorter) chunk, one token (the
+  // session's, which its graph reads).
   const size_t chunk = prefill ? size_t(spec.max_new_tokens) : 1;
   std::map<size_t, std::pair<Owned, Owned>> by_length;
-  auto ids_for = [&](size_t t) -> std::pair<Owned, Owned>& {
-    auto& p = by_length[t];
-    if (!p.first) {
-      p.first = empty(device, tok, "tokens", int64_t(t));
-      p.second = empty(device, pos, "positions", int64_t(t));
+  auto ids_for = [&](size_t t) -> std::pair<DLManagedTensor*, DLManagedTensor*> {
+    Owned* ids = nullptr;
+    Owned* at = nullptr;
+    if (session && t == 1) {
+      ids = &session->tokens();
+      at = &session->positions();
+    } else {
+      ids = &by_length[t].first;
+      at = &by_length[t].second;
     }
-    return p;
+    if (!*ids) {
+      *ids = empty(model, stream, tok, "tokens", int64_t(t));
+      *at = empty(model, stream, pos, "positions", int64_t(t));
+    }
+    return {ids->get(), at->get()};
   };
-  for (int64_t c : spec.caches) {  // zeros: unwritten slots are masked, and 0 * NaN is NaN
-    Owned t = empty(device, model.input_info(size_t(c)), "cache");
-    std::vector<char> zeros(size_t(numel(t->dl_tensor) * itemsize(t->dl_tensor.dtype)), 0);
-    upload(t->dl_tensor, zeros.data(), stream);
-    inputs[size_t(c)] = std::move(t);
-  }
-  std::vector<DLManagedTensor*> in(n_in);
-  for (size_t i = 0; i < n_in; ++i) in[i] = inputs[i].get();
   uint64_t rng = o.seed;
   std::vector<int64_t> current, where;
   std::vector<double> row(static_cast<size_t>(vocab));
@@ -344,8 +547,7 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
   };
   for (size_t done = 0;;) {  // `done`: positions the caches hold
     size_t t = done < prompt_len ? std::min(chunk, prompt_len - done) : 1;
-    DLManagedTensor* tok_in = ids_for(t).first.get();
-    DLManagedTensor* pos_in = ids_for(t).second.get();
+    auto [tok_in, pos_in] = ids_for(t);
     current.assign(batch * t, 0);
     where.assign(t, 0);
     for (size_t j = 0; j < t; ++j) {
@@ -358,8 +560,9 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
     in[size_t(spec.positions)] = pos_in;
     std::vector<Owned> outputs;
     const DLTensor* logits = nullptr;
-    if (t == 1 && graph.on()) {
-      logits = &graph.step(model, in, n_out, size_t(spec.logits), &outputs);
+    // with the choice on the GPU the graph is captured after the prompt, with the kernel in it
+    if (t == 1 && session && !greedy.on()) {
+      logits = &session->step(model, in, n_out, size_t(spec.logits), &outputs, nullptr);
     } else {
       run_plain(model, in, n_out, stream, &outputs);
       logits = &outputs[size_t(spec.logits)]->dl_tensor;
@@ -393,7 +596,32 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
       out_tokens[b * n_new + k] = choose(row, o, &rng);
     }
     if (k + 1 == n_new) return;
+    if (greedy.on()) break;  // the first new token chosen: the rest on the GPU
   }
+  // Greedy on the GPU: the first one-token step's inputs from the host, the later ones written
+  // by the kernel after each step; nothing waits for the host until the tokens are read.
+  DLManagedTensor* tok_in = ids_for(1).first;
+  DLManagedTensor* pos_in = ids_for(1).second;
+  current.assign(batch, 0);
+  for (size_t b = 0; b < batch; ++b) current[b] = out_tokens[b * n_new];
+  where.assign(1, int64_t(prompt_len));
+  upload(tok_in->dl_tensor, ids_as(tok, current).data(), stream);
+  upload(pos_in->dl_tensor, ids_as(pos, where).data(), stream);
+  in[size_t(spec.tokens)] = tok_in;
+  in[size_t(spec.positions)] = pos_in;
+  Owned& chosen = session->chosen();
+  if (!chosen) {
+    chosen = pooled(model, DLDataType{kDLInt, 64, 1},
+                    {int64_t(batch), spec.max_positions + 1}, stream);
+  }
+  const AfterRun choose_next = [&](const DLTensor& logits, void* s) {
+    greedy.launch(model, logits, tok_in->dl_tensor, pos_in->dl_tensor, chosen->dl_tensor, s);
+  };
+  for (size_t k = 1; k < n_new; ++k) {
+    std::vector<Owned> outputs;
+    session->step(model, in, n_out, size_t(spec.logits), &outputs, &choose_next);
+  }
+  DeviceGreedy::read(chosen->dl_tensor, prompt_len, n_new, out_tokens, stream);
 }
 
 }  // namespace ember

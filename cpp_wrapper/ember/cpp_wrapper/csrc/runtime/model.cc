@@ -403,7 +403,58 @@ void Model::resolve_kernels() {
   }
 }
 
+void* Model::take_stream() {
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    if (!idle_streams_.empty()) {
+      void* s = idle_streams_.back();
+      idle_streams_.pop_back();
+      return s;
+    }
+  }
+  CudaContextScope scope(device_.device_id);
+  CUstream s = nullptr;
+  if (cuda_driver().stream_create(&s, 1 /* CU_STREAM_NON_BLOCKING */) != CUDA_SUCCESS) {
+    return nullptr;
+  }
+  return s;
+}
+
+void Model::give_stream(void* stream) {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  idle_streams_.push_back(stream);
+}
+
+std::shared_ptr<void> Model::take_session() {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  if (idle_sessions_.empty()) return nullptr;
+  std::shared_ptr<void> s = std::move(idle_sessions_.back());
+  idle_sessions_.pop_back();
+  return s;
+}
+
+void Model::give_session(std::shared_ptr<void> session) {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  idle_sessions_.push_back(std::move(session));
+}
+
 Model::~Model() {
+  std::vector<std::shared_ptr<void>> sessions;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    sessions.swap(idle_sessions_);
+  }
+  sessions.clear();  // each gives its stream back: destroyed below
+  if (!idle_streams_.empty()) {
+    try {
+      CudaContextScope scope(device_.device_id);
+      for (void* s : idle_streams_) {
+        pool_->trim_stream(s);  // their cached blocks, before the stream goes
+        cuda_driver().stream_destroy(static_cast<CUstream>(s));
+      }
+    } catch (const Error&) {
+    }
+  }
   if (!modules_.empty()) {
     try {
       CudaContextScope scope(device_.device_id);

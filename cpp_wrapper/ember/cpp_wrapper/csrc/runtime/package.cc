@@ -511,6 +511,14 @@ DecodeSpec decode_spec(const Json& manifest, const ember_abi::ModelDesc& d) {
     spec.max_new_tokens = int_member(e, "max_new_tokens", 1, spec.max_positions, where);
   }
   if (spec.max_new_tokens > 1) check_prefill(manifest, d, spec);
+  if (e.has("greedy_kernel")) {
+    const std::string& name = str_member(e, "greedy_kernel", where);
+    for (int i = 0; i < d.num_kernels && spec.greedy_kernel < 0; ++i) {
+      bool triton = std::string(d.kernels[i].language) == "triton";
+      if (triton && name == d.kernels[i].name) spec.greedy_kernel = i;
+    }
+    if (spec.greedy_kernel < 0) bad(where + ".greedy_kernel: no Triton kernel " + shown(name));
+  }
   return spec;
 }
 

@@ -1,6 +1,7 @@
 // The caching pool: per-(size, stream) free lists behind one mutex.
 #include "detail/pool.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "detail/common.h"
@@ -10,7 +11,10 @@ namespace ember {
 
 Pool::Pool(DLDevice device, const EmberAllocator* user) : device_(device), user_(user) {}
 
-Pool::~Pool() { trim(); }
+Pool::~Pool() {
+  pinned_.clear();
+  trim();
+}
 
 size_t Pool::round_size(size_t nbytes) {
   if (nbytes <= 512) return 512;
@@ -87,7 +91,8 @@ void Pool::release(void* ptr, void* stream) {
     if (it == live_.end()) return;
     block = it->second;
     live_.erase(it);
-    if (!user_ && cached_ + block.size <= kMaxCachedBytes) {
+    bool pinned = std::find(pinned_.begin(), pinned_.end(), block.stream) != pinned_.end();
+    if (!user_ && (cached_ + block.size <= kMaxCachedBytes || pinned)) {
       free_[{block.size, block.stream}].push_back(ptr);
       cached_ += block.size;
       return;
@@ -96,12 +101,25 @@ void Pool::release(void* ptr, void* stream) {
   raw_release(ptr, block.size, block.stream);
 }
 
+void Pool::pin_stream(void* stream, bool pinned) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find(pinned_.begin(), pinned_.end(), stream);
+  if (pinned && it == pinned_.end()) pinned_.push_back(stream);
+  if (!pinned && it != pinned_.end()) pinned_.erase(it);
+}
+
 void Pool::trim() {
   std::map<std::pair<size_t, void*>, std::vector<void*>> blocks;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    blocks.swap(free_);
-    cached_ = 0;
+    for (auto it = free_.begin(); it != free_.end();) {
+      if (std::find(pinned_.begin(), pinned_.end(), it->first.second) != pinned_.end()) {
+        ++it;
+        continue;
+      }
+      cached_ -= it->first.first * it->second.size();
+      blocks.insert(free_.extract(it++));
+    }
   }
   for (auto& [key, ptrs] : blocks) {
     for (void* p : ptrs) raw_release(p, key.first, key.second);
