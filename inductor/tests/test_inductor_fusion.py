@@ -265,14 +265,35 @@ def _residual_norm_over_channels(a, r, w, b):
 def test_a_pointwise_kernel_in_another_loop_order_takes_the_reduction():
     """The residual sum's kernel runs its loops in (B, C, L) order, the norm's in (B, L) x C: the
     sum's loops are reordered as the norm's and both are one kernel (they were two, the sum
-    written in float32 and read back twice). C == L too, where both orders have equal sizes."""
-    for c, l in ((48, 40), (32, 32)):
-        args = torch.randn(2, c, l), torch.randn(2, c, l), torch.randn(c), torch.randn(c)
+    written in float32 and read back twice). C == L too, where both orders have equal sizes; and
+    at batch 1, where the sum's kernel has dropped its size-1 loop."""
+    for b, c, l in ((2, 48, 40), (2, 32, 32), (1, 40, 48)):
+        args = torch.randn(b, c, l), torch.randn(b, c, l), torch.randn(c), torch.randn(c)
         compiled = compile_prims(trace_to_prims(_residual_norm_over_channels, *args), list(args))
         assert len(compiled.program.kernels) == 1, compiled.source
         # values only: the norm's strides over a permuted input are primtorch's, not eager's
         for got, want in zip(compiled(*args), _residual_norm_over_channels(*args)):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def _residual_rms_norm(x, y, w):
+    """A pre-norm block's residual add, kept for the next add, and the RMSNorm that reads it."""
+    h = x + y
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * w, h
+
+
+def test_the_residual_add_of_a_single_row_joins_its_norm():
+    """At batch 1 (a decoding step's one token, or one image's rows) the add's kernel has no
+    size-1 loops left, the norm's keeps them: given them back, the add joins the norm (one
+    kernel; it was two, the sum written and read back by a second launch). A single row that
+    no block holds keeps two kernels: one row's kernel is one program."""
+    for shape in ((1, 1, 128), (1, 128), (3, 1, 128), (1, 5, 128), (1, 3, 8192)):
+        args = torch.randn(shape), torch.randn(shape), torch.randn(shape[-1])
+        compiled = check(_residual_rms_norm, *args, atol=1e-5, rtol=1e-4)
+        assert len(compiled.program.kernels) == 1, compiled.source
+    args = torch.randn(1, 1, 8192), torch.randn(1, 1, 8192), torch.randn(8192)
+    compiled = check(_residual_rms_norm, *args, atol=1e-5, rtol=1e-4)
+    assert len(compiled.program.kernels) == 2, compiled.source
 
 
 def _bn_relu_branches(x, y, m, s, w, b):

@@ -75,6 +75,17 @@ def test_reduction_copied_by_its_epilogue_is_stored(persistent_max, monkeypatch)
           kernels=1)  # fmt: skip
 
 
+def test_a_single_row_residual_add_fused_into_its_norm():
+    """At one row (a decoding step at batch 1) the add joins the norm's kernel (the fusion
+    test's case), rendered for Triton: the add's sum is stored and normalised in one program."""
+    def fn(x, y, w):
+        h = x + y
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * w, h
+
+    check(fn, torch.randn(1, 1, 64), torch.randn(1, 1, 64), torch.randn(64), kernels=1,
+          atol=1e-5, rtol=1e-4)  # fmt: skip
+
+
 def test_half_masked_and_indirect_loads():
     h = torch.randn(4, 6, dtype=torch.float16)
     check(lambda a: (a.float().exp() * 2).half(), h, atol=1e-2, rtol=1e-2)

@@ -288,16 +288,25 @@ def _candidates_of(kernel: Kernel, node: ComputedBuffer) -> list:
         full = node.ranges + node.reduction_ranges
         if not kernel.rsizes and kernel.xsizes == full:
             out.append(("red", ident, node.ranges, node.reduction_ranges))  # x members become xr
-        if not kernel.rsizes and len(kernel.xsizes) == len(full) <= 5 and _norm_like(node):
+        one_row = all(n == 1 for n in node.ranges)
+        if not kernel.rsizes and kernel.xsizes != full and (
+            not one_row or whole_rows(node.reduction_ranges)
+        ):
+            # A pointwise kernel over the same elements, its size-1 loops dropped (batch 1: a
+            # decoding step's or a single image's residual add before its norm): given them
+            # back, it takes the reduction as above. One row only if a block holds it: that
+            # kernel is one program, which a long row's separate pointwise pass would beat.
+            order = _unit_loops(kernel.xsizes, full)
+            if order is not None:
+                out.append(("red", ident, node.ranges, node.reduction_ranges, order))
+        if not kernel.rsizes and _norm_like(node):
             # A pointwise kernel whose loops run in another order than the reduction's (a residual
             # add stored as (B, C, L), then a LayerNorm over C: SqueezeBERT, ConvNeXt's NCHW
-            # norms): its loops reordered as the reduction's, its members' values are the same
-            # and it takes the reduction as a prologue. try_fuse checks every value read.
-            for order in itertools.permutations(range(len(full))):
-                if order != tuple(range(len(full))) and all(
-                    kernel.xsizes[o] == n for o, n in zip(order, full)
-                ):
-                    out.append(("red", ident, node.ranges, node.reduction_ranges, order))
+            # norms; at batch 1 too, its size-1 loops dropped): its loops reordered as the
+            # reduction's, its members' values are the same and it takes the reduction as a
+            # prologue. try_fuse checks every value read.
+            out += [("red", ident, node.ranges, node.reduction_ranges, order)
+                    for order in _loop_orders(kernel.xsizes, full)]  # fmt: skip
         return out
     full = kernel.xsizes + kernel.rsizes
     order = _stride_order(node)
@@ -344,12 +353,42 @@ def _norm_like(node: ComputedBuffer) -> bool:
 
 
 def _reordered(kernel: Kernel, order) -> Kernel:
-    """A pointwise kernel whose loop j is the old loop order[j]: each member reads and stores the
-    same elements, visited in another order."""
-    k = Kernel(kernel.name, tuple(kernel.xsizes[o] for o in order), ())
+    """A pointwise kernel whose loop j is the old loop order[j] (a new size-1 loop where that is
+    None): each member reads and stores the same elements, visited in another order."""
+    k = Kernel(kernel.name, tuple(1 if o is None else kernel.xsizes[o] for o in order), ())
     for m in kernel.members:
-        k.members.append(Member(m.node, m.role, tuple(m.perm[o] for o in order)))
+        perm = tuple(None if o is None else m.perm[o] for o in order)
+        k.members.append(Member(m.node, m.role, perm))
     return _retarget(k, k.xsizes, k.rsizes)
+
+
+def _loop_orders(sizes, target) -> list:
+    """Orders for `_reordered` that run loops of `sizes` as `target` in another order than
+    their own (the non-1 sizes permuted; size-1 loops dropped or added), at most five loops."""
+    kept = [d for d, n in enumerate(sizes) if n != 1]
+    slots = [j for j, n in enumerate(target) if n != 1]
+    if len(kept) != len(slots) or len(kept) > 5:
+        return []
+    plain = _unit_loops(sizes, target)
+    out = []
+    for p in itertools.permutations(kept):
+        if all(sizes[d] == target[j] for d, j in zip(p, slots)):
+            order = [None] * len(target)
+            for d, j in zip(p, slots):
+                order[j] = d
+            if tuple(order) != plain:
+                out.append(tuple(order))
+    return out
+
+
+def _unit_loops(sizes, target) -> tuple | None:
+    """An order for `_reordered` that runs loops of `sizes` as `target` when the two differ only
+    in size-1 loops (the non-1 sizes equal, in order); None otherwise."""
+    kept = [d for d, n in enumerate(sizes) if n != 1]
+    if [sizes[d] for d in kept] != [n for n in target if n != 1]:
+        return None
+    feed = iter(kept)
+    return tuple(None if n == 1 else next(feed) for n in target)
 
 
 # Random draws (ops.philox, ten rounds of 32-bit multiplies each) one kernel computes at most.
