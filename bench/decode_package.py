@@ -228,7 +228,7 @@ def main(cfg):
             loaded, caches = cw.load_package(pkg), zero_caches(cfg, device, dtype)
             tok = torch.zeros(1, 1, dtype=torch.long, device=device)
             at = torch.tensor([cfg.tokens], device=device)
-            table = kernel_table(lambda: loaded(tok, at, *caches))
+            table = kernel_table(lambda: loaded(tok, at, *caches), top=40)
             result["package_kernels"] = table
             print(json.dumps({"package_kernels": table}), flush=True)
     for b in (b for b in backends if b != "package"):
@@ -239,7 +239,7 @@ def main(cfg):
                 tok = torch.zeros(1, 1, dtype=torch.long, device=device)
                 at = torch.arange(cfg.max_len, device=device)[cfg.tokens : cfg.tokens + 1]
                 with torch.no_grad():
-                    result[b + "_kernels"] = kernel_table(lambda: fn(tok, at))
+                    result[b + "_kernels"] = kernel_table(lambda: fn(tok, at), top=40)
         except Exception as e:  # a backend's failure is a result
             result[b] = {"error": f"{type(e).__name__}: {e}"[:400]}
         print(json.dumps({b: result[b]}), flush=True)
