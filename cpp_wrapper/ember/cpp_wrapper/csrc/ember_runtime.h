@@ -244,7 +244,7 @@ EMBER_API void ember_generate_options_init(EmberGenerateOptions* options);
  * turns the graphs off for the calls made while it is set. Greedy decoding on CUDA with a
  * package that carries a greedy kernel (the "decode" entry's greedy_kernel, as
  * package_decode_step writes for CUDA) chooses the tokens after the first on the GPU (the same
- * rule, a NaN logit counting as the largest) and reads them back once at the end;
+ * rule, NaN included) and reads them back once at the end;
  * EMBER_GENERATE_GREEDY=host makes the host choose each token instead. */
 EMBER_API EmberStatus ember_generate(EmberModel* model, const int64_t* prompt, size_t batch,
                                      size_t prompt_len, size_t max_new_tokens,

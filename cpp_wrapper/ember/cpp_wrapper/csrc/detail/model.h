@@ -89,12 +89,9 @@ class Model {
   const DecodeSpec& decode() const { return decode_; }
   void set_decode(DecodeSpec spec) { decode_ = std::move(spec); }
 
-  // CUDA streams for ember_generate's sessions, kept after a session ends: the pool's blocks
-  // cached for a stream then serve the next session on it without cuMemAlloc or cuMemFree. A
-  // session takes one (a new one if none is idle; nullptr if it cannot be made) and gives it
-  // back when it ends.
-  void* take_stream();
-  void give_stream(void* stream);
+  // A dense tensor of the model's pool, allocated for `stream` and given back to the pool
+  // (cached for that stream) when deleted.
+  DLManagedTensor* empty(DLDataType dtype, const std::vector<int64_t>& shape, void* stream) const;
   // ember_generate's sessions (generate.cc), kept between calls: an idle one (nullptr if none)
   // for a call, given back when the call returns.
   std::shared_ptr<void> take_session();
@@ -120,8 +117,7 @@ class Model {
   std::string cublas_path_;
   DecodeSpec decode_;
   std::atomic<uint64_t> run_count_{0};
-  std::mutex streams_mu_;
-  std::vector<void*> idle_streams_;
+  std::mutex sessions_mu_;
   std::vector<std::shared_ptr<void>> idle_sessions_;
 };
 

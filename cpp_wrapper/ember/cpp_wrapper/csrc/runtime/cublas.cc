@@ -171,7 +171,7 @@ struct Handles {
   cublasHandle_t blas = nullptr;
   LtHandle lt = nullptr;
   CUdeviceptr workspace = 0;  // 0: cuBLAS's own (cuBLASLt then runs without one)
-  std::map<std::vector<int64_t>, LtPlan> plans;
+  std::map<std::array<int64_t, 17>, LtPlan> plans;
 };
 
 Handles& handles_for(int device, const Libraries& libs) {
@@ -198,15 +198,16 @@ uint32_t alignment(const void* p) {
   return a;
 }
 
-LtPlan plan_lt(const CublasLt& lt, Handles& h, const CublasGemm& g, const void* bias) {
+// Looked up at every call (a map of a small key, no allocation); planned once per problem.
+const LtPlan& plan_lt(const CublasLt& lt, Handles& h, const CublasGemm& g, const void* bias) {
   std::array<uint32_t, 4> align = {alignment(g.a), alignment(g.b), alignment(g.c),
                                    alignment(g.c)};
-  std::vector<int64_t> key = {g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
-                              g.stride_a, g.stride_b, g.stride_c, g.batch, g.dtype,
-                              align[0], align[1], align[2], alignment(bias)};
+  const std::array<int64_t, 17> key = {g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
+                                       g.stride_a, g.stride_b, g.stride_c, g.batch, g.dtype,
+                                       align[0], align[1], align[2], alignment(bias)};
   auto it = h.plans.find(key);
   if (it != h.plans.end()) return it->second;
-  LtPlan p;
+  LtPlan& p = h.plans[key];  // kept (a failed one too: it is not planned again)
   int compute = g.dtype == 1 ? kComputeF64 : kComputeF32;
   bool made = lt.desc_create(&p.desc, compute, scale_type(g.dtype)) == 0;
   int ta = g.trans_a ? kCublasOpT : kCublasOpN, tb = g.trans_b ? kCublasOpT : kCublasOpN;
@@ -245,7 +246,6 @@ LtPlan plan_lt(const CublasLt& lt, Handles& h, const CublasGemm& g, const void* 
     }
     lt.pref_destroy(pref);
   }
-  h.plans[key] = p;  // kept (a failed one too: it is not planned again)
   return p;
 }
 
@@ -286,7 +286,7 @@ bool cublas_gemm_bias(int device, const char* library_path, CUstream stream, con
   if (!libs.lt || g.beta != 0.0) return false;
   Handles& h = handles_for(device, libs);
   if (!h.lt) return false;
-  LtPlan p = plan_lt(*libs.lt, h, g, bias);
+  const LtPlan& p = plan_lt(*libs.lt, h, g, bias);
   if (!p.ok || p.workspace > (h.workspace ? kCublasWorkspace : 0)) return false;
   if (libs.lt->desc_set(p.desc, kLtDescBias, &bias, sizeof bias) != 0) return false;
   bool f64 = g.dtype == 1;

@@ -260,9 +260,8 @@ void cuda_matmul(const Model& model, void* stream, const View& a, const View& b,
 // epilogue by cuBLASLt, as torch's addmm does. False where that does not apply.
 bool cuda_addmm_epilogue(const Model& model, void* stream, const View& bias, const View& a,
                          const View& b, const View& out, double beta, double alpha) {
-  const DLDataType bt = bias.dtype, ot = out.dtype;
   if (beta != 1.0 || out.ndim != 2 || a.ndim != 2) return false;
-  if (bt.code != ot.code || bt.bits != ot.bits || bt.lanes != ot.lanes) return false;
+  if (!dtype_matches(bias.dtype, out.dtype)) return false;
   int64_t n = out.sizes[1];
   bool row = (bias.ndim == 1 && bias.sizes[0] == n && (bias.strides[0] == 1 || n == 1)) ||
              (bias.ndim == 2 && bias.sizes[0] == 1 && bias.sizes[1] == n &&

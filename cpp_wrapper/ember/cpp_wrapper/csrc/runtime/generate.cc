@@ -29,43 +29,6 @@ struct TensorDeleter {
 };
 using Owned = std::unique_ptr<DLManagedTensor, TensorDeleter>;
 
-// A dense tensor from the model's pool, given back to it (cached for `stream`) when deleted: on
-// CUDA a call's caches and inputs reuse the blocks of an earlier call on the same stream.
-struct PooledTensor {
-  DLManagedTensor managed{};
-  std::vector<int64_t> shape;
-  std::shared_ptr<Pool> pool;
-  void* stream = nullptr;
-};
-
-void delete_pooled(DLManagedTensor* m) {
-  auto* p = static_cast<PooledTensor*>(m->manager_ctx);
-  p->pool->release(m->dl_tensor.data, p->stream);
-  delete p;
-}
-
-Owned pooled(const Model& model, DLDataType dtype, std::vector<int64_t> shape, void* stream) {
-  auto p = std::make_unique<PooledTensor>();
-  int64_t nbytes = itemsize(dtype);
-  for (int64_t n : shape) nbytes *= n;
-  void* data = model.pool()->allocate(size_t(nbytes > 0 ? nbytes : 1), stream);
-  if (!data) fail(EMBER_ERR_OUT_OF_MEMORY, "ember_generate: out of memory");
-  p->shape = std::move(shape);
-  p->pool = model.pool();
-  p->stream = stream;
-  DLTensor& t = p->managed.dl_tensor;
-  t.data = data;
-  t.device = model.device();
-  t.ndim = int32_t(p->shape.size());
-  t.dtype = dtype;
-  t.shape = p->shape.data();
-  t.strides = nullptr;
-  t.byte_offset = 0;
-  p->managed.manager_ctx = p.get();
-  p->managed.deleter = delete_pooled;
-  return Owned(&p.release()->managed);
-}
-
 // An uninitialised tensor of `info`'s shape, its dynamic sizes (the new tokens') set to `t`.
 Owned empty(const Model& model, void* stream, const EmberTensorInfo& info, const std::string& what,
             int64_t t = -1) {
@@ -77,7 +40,8 @@ Owned empty(const Model& model, void* stream, const EmberTensorInfo& info, const
     }
     if (n < 0) n = t;
   }
-  if (model.device().device_type == kDLCUDA) return pooled(model, info.dtype, shape, stream);
+  // on CUDA from the pool: a session's tensors reuse the blocks cached for its stream
+  if (model.device().device_type == kDLCUDA) return Owned(model.empty(info.dtype, shape, stream));
   DLManagedTensor* out = nullptr;
   EmberStatus st =
       ember_tensor_empty(model.device(), info.dtype, info.ndim, shape.data(), &out);
@@ -278,8 +242,9 @@ class DeviceGreedy {
 class Session {
  public:
   explicit Session(Model& model) : model_(model), device_(model.device()) {
-    stream_ = static_cast<CUstream>(model.take_stream());
-    if (!stream_) fail(EMBER_ERR_CUDA, "ember_generate: cuStreamCreate failed");
+    CudaContextScope scope(device_.device_id);
+    cuda_check(cuda_driver().stream_create(&stream_, 1 /* CU_STREAM_NON_BLOCKING */),
+               "cuStreamCreate (ember_generate)");
     if (!cuda_driver().has_graphs()) {
       never_ = "the driver lacks the CUDA graph API";
     } else if (!model.pool()->caches()) {  // the graph's scratch would go back to the caller
@@ -307,7 +272,8 @@ class Session {
       tokens_.reset();
       positions_.reset();
       chosen_.reset();
-      model_.give_stream(stream_);
+      model_.pool()->trim_stream(stream_);  // before the stream goes
+      cu.stream_destroy(stream_);
     } catch (const Error&) {
     }
   }
@@ -327,26 +293,26 @@ class Session {
   // The logits of one one-token step (plain runs leave their outputs in `plain`). `after`, if
   // given, queues work on the step's stream after each run that reads its logits (captured
   // with it into the graph); a graph captured with other `after` work is captured again.
-  const DLTensor& step(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out,
-                       size_t logits, std::vector<Owned>* plain, const AfterRun* after) {
+  const DLTensor& step(std::vector<DLManagedTensor*>& in, size_t n_out, size_t logits,
+                       std::vector<Owned>* plain, const AfterRun* after) {
     if (exec_ && with_after_ != (after != nullptr)) drop_graph();
     if (exec_ && graphs()) {
       launch();
-      model.count_run(1);
+      model_.count_run(1);
       return outputs_[logits]->dl_tensor;
     }
-    if (warmed_ && graphs() && capture(model, in, n_out, logits, after)) {
+    if (warmed_ && graphs() && capture(in, n_out, logits, after)) {
       launch();  // this step's run (the capture counted it)
       return outputs_[logits]->dl_tensor;
     }
     warmed_ = true;
-    run_plain(model, in, n_out, stream_, plain);
+    run_plain(model_, in, n_out, stream_, plain);
     if (after) (*after)((*plain)[logits]->dl_tensor, stream_);
     return (*plain)[logits]->dl_tensor;
   }
 
  private:
-  bool capture(Model& model, std::vector<DLManagedTensor*>& in, size_t n_out, size_t logits,
+  bool capture(std::vector<DLManagedTensor*>& in, size_t n_out, size_t logits,
                const AfterRun* after) {
     const CudaDriver& cu = cuda_driver();
     CudaContextScope scope(device_.device_id);
@@ -357,9 +323,9 @@ class Session {
     }
     std::vector<DLManagedTensor*> raw(n_out, nullptr);
     std::string why;
-    const uint64_t counted = model.run_count();
+    const uint64_t counted = model_.run_count();
     try {
-      model.run(in.data(), in.size(), raw.data(), n_out, stream_);
+      model_.run(in.data(), in.size(), raw.data(), n_out, stream_);
     } catch (const Error& e) {
       why = std::string("the captured run failed: ") + e.what();
     }
@@ -376,7 +342,7 @@ class Session {
         (made = cu.graph_instantiate(&exec_, graph, 0)) == CUDA_SUCCESS) {
       graph_ = graph;
       with_after_ = after != nullptr;
-      model.pool()->pin_stream(stream_, true);  // the graph's scratch stays cached for it
+      model_.pool()->pin_stream(stream_, true);  // the graph's scratch stays cached for it
       return true;
     }
     if (why.empty()) {
@@ -386,7 +352,7 @@ class Session {
     if (graph) cu.graph_destroy(graph);
     exec_ = nullptr;
     outputs_.clear();
-    model.count_run(-int(model.run_count() - counted));  // nothing ran: the step runs plainly
+    model_.count_run(-int(model_.run_count() - counted));  // nothing ran: the step runs plainly
     off(why);
     return false;
   }
@@ -562,7 +528,7 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
     const DLTensor* logits = nullptr;
     // with the choice on the GPU the graph is captured after the prompt, with the kernel in it
     if (t == 1 && session && !greedy.on()) {
-      logits = &session->step(model, in, n_out, size_t(spec.logits), &outputs, nullptr);
+      logits = &session->step(in, n_out, size_t(spec.logits), &outputs, nullptr);
     } else {
       run_plain(model, in, n_out, stream, &outputs);
       logits = &outputs[size_t(spec.logits)]->dl_tensor;
@@ -611,15 +577,15 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
   in[size_t(spec.positions)] = pos_in;
   Owned& chosen = session->chosen();
   if (!chosen) {
-    chosen = pooled(model, DLDataType{kDLInt, 64, 1},
-                    {int64_t(batch), spec.max_positions + 1}, stream);
+    chosen.reset(model.empty(DLDataType{kDLInt, 64, 1},
+                             {int64_t(batch), spec.max_positions + 1}, stream));
   }
   const AfterRun choose_next = [&](const DLTensor& logits, void* s) {
     greedy.launch(model, logits, tok_in->dl_tensor, pos_in->dl_tensor, chosen->dl_tensor, s);
   };
   for (size_t k = 1; k < n_new; ++k) {
     std::vector<Owned> outputs;
-    session->step(model, in, n_out, size_t(spec.logits), &outputs, &choose_next);
+    session->step(in, n_out, size_t(spec.logits), &outputs, &choose_next);
   }
   DeviceGreedy::read(chosen->dl_tensor, prompt_len, n_new, out_tokens, stream);
 }

@@ -34,6 +34,27 @@ struct OutputTensor {
 
 void delete_output(DLManagedTensor* t) { delete static_cast<OutputTensor*>(t->manager_ctx); }
 
+// A tensor over `v`'s elements of `storage`, which it holds until it is deleted.
+DLManagedTensor* output_tensor(std::shared_ptr<Storage> storage, const View& v, DLDevice device) {
+  auto* out = new OutputTensor();
+  out->storage = std::move(storage);
+  for (int i = 0; i < v.ndim; ++i) {
+    out->shape[i] = v.sizes[i];
+    out->strides[i] = v.strides[i];
+  }
+  DLTensor& t = out->managed.dl_tensor;
+  t.data = v.data;
+  t.device = device;
+  t.ndim = v.ndim;
+  t.dtype = v.dtype;
+  t.shape = out->shape;
+  t.strides = out->strides;
+  t.byte_offset = 0;
+  out->managed.manager_ctx = out;
+  out->managed.deleter = delete_output;
+  return &out->managed;
+}
+
 }  // namespace ember
 
 // The per-call state behind HostApi: nothing here is shared between concurrent runs.
@@ -169,23 +190,7 @@ int32_t host_set_output(Call* c, int32_t index, const View* view, void* base) {
     } else {
       storage = copy_out(c, *view, &v);
     }
-    auto* out = new OutputTensor();
-    out->storage = std::move(storage);
-    for (int i = 0; i < v.ndim; ++i) {
-      out->shape[i] = v.sizes[i];
-      out->strides[i] = v.strides[i];
-    }
-    DLTensor& t = out->managed.dl_tensor;
-    t.data = v.data;
-    t.device = c->model->device();
-    t.ndim = v.ndim;
-    t.dtype = v.dtype;
-    t.shape = out->shape;
-    t.strides = out->strides;
-    t.byte_offset = 0;
-    out->managed.manager_ctx = out;
-    out->managed.deleter = delete_output;
-    c->outputs[size_t(index)] = &out->managed;
+    c->outputs[size_t(index)] = output_tensor(std::move(storage), v, c->model->device());
     return 0;
   } catch (const Error& e) {
     return record(c, e);
@@ -403,30 +408,24 @@ void Model::resolve_kernels() {
   }
 }
 
-void* Model::take_stream() {
-  {
-    std::lock_guard<std::mutex> lock(streams_mu_);
-    if (!idle_streams_.empty()) {
-      void* s = idle_streams_.back();
-      idle_streams_.pop_back();
-      return s;
-    }
+DLManagedTensor* Model::empty(DLDataType dtype, const std::vector<int64_t>& shape,
+                              void* stream) const {
+  if (shape.size() > size_t(EMBER_MAX_DIMS)) fail(EMBER_ERR_UNSUPPORTED, "too many dimensions");
+  View v{nullptr, dtype, int32_t(shape.size()), {}, {}};
+  int64_t n = 1;
+  for (int i = v.ndim - 1; i >= 0; --i) {
+    v.sizes[i] = shape[size_t(i)];
+    v.strides[i] = n;
+    n *= shape[size_t(i)];
   }
-  CudaContextScope scope(device_.device_id);
-  CUstream s = nullptr;
-  if (cuda_driver().stream_create(&s, 1 /* CU_STREAM_NON_BLOCKING */) != CUDA_SUCCESS) {
-    return nullptr;
-  }
-  return s;
-}
-
-void Model::give_stream(void* stream) {
-  std::lock_guard<std::mutex> lock(streams_mu_);
-  idle_streams_.push_back(stream);
+  size_t nbytes = size_t(n * itemsize(dtype));
+  v.data = pool_->allocate(nbytes ? nbytes : 1, stream);
+  if (!v.data) fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory for a tensor of the model's pool");
+  return output_tensor(std::make_shared<Storage>(pool_, v.data, stream), v, device_);
 }
 
 std::shared_ptr<void> Model::take_session() {
-  std::lock_guard<std::mutex> lock(streams_mu_);
+  std::lock_guard<std::mutex> lock(sessions_mu_);
   if (idle_sessions_.empty()) return nullptr;
   std::shared_ptr<void> s = std::move(idle_sessions_.back());
   idle_sessions_.pop_back();
@@ -434,27 +433,12 @@ std::shared_ptr<void> Model::take_session() {
 }
 
 void Model::give_session(std::shared_ptr<void> session) {
-  std::lock_guard<std::mutex> lock(streams_mu_);
+  std::lock_guard<std::mutex> lock(sessions_mu_);
   idle_sessions_.push_back(std::move(session));
 }
 
 Model::~Model() {
-  std::vector<std::shared_ptr<void>> sessions;
-  {
-    std::lock_guard<std::mutex> lock(streams_mu_);
-    sessions.swap(idle_sessions_);
-  }
-  sessions.clear();  // each gives its stream back: destroyed below
-  if (!idle_streams_.empty()) {
-    try {
-      CudaContextScope scope(device_.device_id);
-      for (void* s : idle_streams_) {
-        pool_->trim_stream(s);  // their cached blocks, before the stream goes
-        cuda_driver().stream_destroy(static_cast<CUstream>(s));
-      }
-    } catch (const Error&) {
-    }
-  }
+  idle_sessions_.clear();  // first: a session gives its tensors back to the pool
   if (!modules_.empty()) {
     try {
       CudaContextScope scope(device_.device_id);

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ember_runtime.h"
+#include "check.h"
 
 // Documented layout (ember_runtime.h), LP64.
 static_assert(EMBER_ABI_VERSION == 1, "bump the documented layouts with the ABI version");
@@ -51,14 +52,7 @@ static_assert(offsetof(DLManagedTensor, deleter) == 56, "DLManagedTensor.deleter
 
 namespace {
 
-int failures = 0;
-
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "FAIL: %s\n", what);
-    ++failures;
-  }
-}
+using check::expect;
 
 struct Field {
   const char* name;
@@ -81,7 +75,7 @@ int main() {
   for (const Field& f : fields) {
     if (f.got != f.want) {
       fprintf(stderr, "FAIL: %s is %zu, documented %zu\n", f.name, f.got, f.want);
-      ++failures;
+      ++check::failures;
     }
   }
   expect(ember_abi_version() == EMBER_ABI_VERSION, "ember_abi_version matches the header");
@@ -129,6 +123,5 @@ int main() {
     a->deleter(a);
     b->deleter(b);
   }
-  if (failures == 0) printf("abi_test: all checks passed\n");
-  return failures == 0 ? 0 : 1;
+  return check::done("abi_test");
 }

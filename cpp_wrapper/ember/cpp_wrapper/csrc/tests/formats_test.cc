@@ -9,15 +9,10 @@
 #include "detail/json.h"
 #include "detail/npy.h"
 #include "detail/sha256.h"
+#include "check.h"
 
 namespace {
-int failures = 0;
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "FAIL: %s\n", what);
-    ++failures;
-  }
-}
+using check::expect;
 // What ember_model_run copies before a CUDA run (ember_runtime.h): a data pointer off a
 // 16-byte boundary, and the bytes its elements span.
 void check_alignment() {
@@ -83,6 +78,5 @@ int main() {
   expect(ember::npy_read(path).shape.empty(), "0-d npy");
   remove(path.c_str());
   check_alignment();
-  if (failures == 0) printf("formats_test: all checks passed\n");
-  return failures == 0 ? 0 : 1;
+  return check::done("formats_test");
 }

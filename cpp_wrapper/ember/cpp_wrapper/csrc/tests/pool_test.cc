@@ -4,15 +4,10 @@
 #include <cstdio>
 
 #include "detail/pool.h"
+#include "check.h"
 
 namespace {
-int failures = 0;
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "FAIL: %s\n", what);
-    ++failures;
-  }
-}
+using check::expect;
 }  // namespace
 
 int main() {
@@ -39,6 +34,5 @@ int main() {
   pool.pin_stream(a, true);
   pool.trim_stream(a);
   expect(pool.cached_bytes() == 0, "trim_stream gives back a pinned stream's blocks");
-  if (failures == 0) printf("pool_test: all checks passed\n");
-  return failures == 0 ? 0 : 1;
+  return check::done("pool_test");
 }
