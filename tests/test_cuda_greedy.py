@@ -36,15 +36,18 @@ def _choose(logits, tokens, position, out, first):
 @pytest.mark.parametrize("ids", [torch.int64, torch.int32])
 def test_the_first_largest_logit_of_each_row_across_chunks(ids):
     v = 2 * cuda_greedy.BLOCK + 37  # three chunks, the last partial
-    logits = torch.randn(4, v).to(torch.bfloat16)
+    logits = torch.randn(5, v).to(torch.bfloat16)
     logits[0, 5] = logits[0, v - 3] = 100  # a tie across chunks: the first
     logits[1, cuda_greedy.BLOCK + 1] = logits[1, cuda_greedy.BLOCK + 7] = 50  # a tie in a chunk
     logits[2] = float("-inf")  # every logit -inf: index 0, as argmax
     logits[3, 9] = float("nan")  # NaN is the largest
-    tokens, position = torch.full((4,), -1, dtype=ids), torch.tensor([6])
-    out = torch.full((4, 5), -1, dtype=torch.int64)
+    logits[4, 2], logits[4, cuda_greedy.BLOCK + 2] = float("inf"), float("nan")  # even than inf
+    logits[4, v - 1] = float("nan")
+    tokens, position = torch.full((5,), -1, dtype=ids), torch.tensor([6])
+    out = torch.full((5, 5), -1, dtype=torch.int64)
     _choose(logits, tokens, position, out, first=4)  # position 6: new token 3 (6 + 1 - 4)
-    want = [5, cuda_greedy.BLOCK + 1, 0, 9]
+    want = [5, cuda_greedy.BLOCK + 1, 0, 9, cuda_greedy.BLOCK + 2]
+    assert want == logits.float().argmax(-1).tolist()
     assert tokens.tolist() == want and tokens.dtype == ids
     assert out[:, 3].tolist() == want and (out[:, [0, 1, 2, 4]] == -1).all()
     assert position.tolist() == [7]

@@ -52,12 +52,21 @@ def ember_index_copy(DST, IDX, SRC, N, A, B, C, ROWS, DS0, DS1, DS2, DS3, SS0, S
 '''
 
 
-def _type(meta) -> str:
+def triton_type(meta) -> str:
     """The Triton element type of a buffer's pointer ("bf16"), as inductor's kernels name it."""
     try:
         return resolve_entry("buffer_ptr_type")(meta.dtype)[1:]
     except KeyError:
         raise NotImplementedError(f"no Triton type for {meta.dtype}") from None
+
+
+def cubin_kernel(name: str, source: str, entry: str, arg_types: tuple, cfg: dict,
+                 arch=None) -> KernelIR:
+    """The package's kernel `name`: the @triton.jit `entry` of `source` compiled to a cubin for
+    sm_`arch` (the current GPU's by default) with the constexprs and num_warps of `cfg`."""
+    c = resolve_entry("compile_kernel")(source, entry, arg_types, cfg, arch)
+    return KernelIR(name, "triton", source, c.name, arg_types, num_warps=c.num_warps,
+                    shared_mem=c.shared_mem, binary=c.path)  # fmt: skip
 
 
 def _padded(sizes, strides) -> tuple[list, list]:
@@ -116,7 +125,7 @@ def index_copy_step(artifact: CompiledArtifact, step: StepIR, layout_of) -> tupl
     sizes, dst = _padded(shape, dst_strides)
     _, src = _padded(shape, src)
     n = sympy.Mul(*[sympy.sympify(s) for s in sizes])
-    types = tuple(_type(artifact.buffer(b).meta) for b in (out, index, values))
+    types = tuple(triton_type(artifact.buffer(b).meta) for b in (out, index, values))
     kernel = f"{NAME}_{'_'.join(types)}"
     args = [{"node": out}, {"node": index}, {"node": values},
             *(_json(x) for x in (n, *sizes[1:], dst_sizes[0], *dst, *src, idx_strides[0]))]
@@ -145,14 +154,10 @@ def launch_index_copies(artifact: CompiledArtifact, arch=None) -> CompiledArtifa
         kernels[name] = arg_types
     if not kernels:
         return artifact
-    compile_kernel = resolve_entry("compile_kernel")
-    built = []
-    for name, arg_types in sorted(kernels.items()):
-        c = compile_kernel(SOURCE, NAME, arg_types, {"BLOCK": BLOCK, "num_warps": 4}, arch)
-        built.append(KernelIR(name, "triton", SOURCE, c.name, arg_types, num_warps=c.num_warps,
-                              shared_mem=c.shared_mem, binary=c.path))  # fmt: skip
+    built = [cubin_kernel(name, SOURCE, NAME, arg_types, {"BLOCK": BLOCK, "num_warps": 4}, arch)
+             for name, arg_types in sorted(kernels.items())]  # fmt: skip
     return dataclasses.replace(artifact, steps=tuple(steps),
                                kernels=(*artifact.kernels, *built))  # fmt: skip
 
 
-__all__ = ["SOURCE", "index_copy_step", "launch_index_copies"]
+__all__ = ["SOURCE", "cubin_kernel", "index_copy_step", "launch_index_copies", "triton_type"]

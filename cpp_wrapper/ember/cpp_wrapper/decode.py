@@ -82,7 +82,8 @@ def decode_step_artifact(model, example_inputs: Sequence[torch.Tensor], *, token
     artifact, consts = compile_exported(exported, device)
     donated = [artifact.inputs[i] for i in caches]
     artifact, lengths = donate_index_puts(artifact, donated, artifact.outputs[n_out:])
-    if torch.device(device).type == "cuda":  # the updates on the GPU, not through the host
+    cuda = torch.device(device).type == "cuda"
+    if cuda:  # the updates on the GPU, not through the host
         artifact = launch_index_copies(artifact)
     spec = {"tokens": tokens, "positions": positions, "caches": caches, "logits": logits,
             "max_positions": min(lengths)}  # fmt: skip
@@ -91,7 +92,7 @@ def decode_step_artifact(model, example_inputs: Sequence[torch.Tensor], *, token
             raise ValueError(f"max_new_tokens={max_new_tokens} exceeds the caches' length "
                              f"{spec['max_positions']}")  # fmt: skip
         spec["max_new_tokens"] = max_new_tokens
-    if torch.device(device).type == "cuda":  # greedy generation chooses tokens on the GPU
+    if cuda:  # greedy generation chooses tokens on the GPU
         artifact, spec = add_greedy_kernel(artifact, spec)
     return artifact, consts, spec
 

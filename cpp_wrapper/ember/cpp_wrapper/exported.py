@@ -37,7 +37,7 @@ from .errors import UnsupportedArtifactError
 _ENTRIES = {
     "compile_prims": "ember.inductor:compile_prims",
     "attach_cubins": "ember.inductor.triton_aot:attach_cubins",
-    "compile_kernel": "ember.inductor.triton_aot:compile_kernel",  # cuda_index_copy's kernel
+    "compile_kernel": "ember.inductor.triton_aot:compile_kernel",  # the decode packages' kernels
     "buffer_ptr_type": "ember.inductor.codegen_common:buffer_ptr_type",  # and its pointer types
     "decompose_externs": "ember.primtorch:decompose_externs",
     "export": "ember.dynamo:export",  # decode.py exports the user's step itself
