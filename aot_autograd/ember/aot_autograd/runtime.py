@@ -136,13 +136,15 @@ def _copy_back(plan: RuntimePlan, inputs, graph_outs) -> None:
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Is `b` `a`'s elements where they are (a compiler wrote the new value in place)?"""
+    """Is `b` `a`'s elements where they are (a compiler wrote the new value in place)? Checked
+    on every call for every mutated input: a pointer, then the layout (a copy onto the same
+    memory in another layout would be wrong, not just slow)."""
     if a is b:
         return True
-    if a.data_ptr() != b.data_ptr() or a.shape != b.shape or a.dtype != b.dtype:
+    if a.data_ptr() != b.data_ptr() or a.shape != b.shape:
         return False
-    return a.device == b.device and all(
-        n == 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride()))
+    sa, sb = a.stride(), b.stride()  # a size-1 dimension's stride is any
+    return sa == sb or all(n == 1 or x == y for n, x, y in zip(a.shape, sa, sb))
 
 
 def make_finisher(plan: RuntimePlan) -> Callable:

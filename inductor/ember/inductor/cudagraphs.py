@@ -80,6 +80,17 @@ class SharedPool:
         self.static: set = set()  # addresses of those outputs (inputs read in place)
 
 
+def _fixed_storages(inputs, fixed) -> dict:
+    """The storage of each argument the graph reads in place: its index."""
+    return {_storage(a): j for j, a in enumerate(inputs)
+            if isinstance(a, torch.Tensor) and fixed[j]}  # fmt: skip
+
+
+def _view_of(j: int, o) -> tuple:
+    """How output `o` views argument j: (j, shape, strides, storage offset)."""
+    return j, tuple(o.shape), o.stride(), o.storage_offset()
+
+
 def _storage(t) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -170,7 +181,7 @@ class GraphedCall:
             torch.cuda.synchronize()
             return self.run(args)
         if self.alias_from is None:
-            if not self._plan_input_views(inputs, outs):
+            if not self._plan_input_views(inputs, fixed, outs):
                 return self.run(args)
         elif not self._plan_aliases(inputs, fixed, outs):
             return self.run(args)
@@ -182,12 +193,12 @@ class GraphedCall:
         self.fixed = [(i, ptrs[i]) for i, f in enumerate(fixed) if f]
         return self._replay(args)
 
-    def _plan_input_views(self, inputs, outs) -> bool:
-        """An inference graph's outputs that are views of an input (an input it wrote in place:
-        input_updates.py) are returned as that view of the argument (an in-place argument) or
-        as a copy of it (a copied one: the graph wrote its own tensor). False (graph given up):
+    def _plan_input_views(self, inputs, fixed, outs) -> bool:
+        """An inference graph's outputs that are views of an in-place argument (one it wrote:
+        input_updates.py) are returned as that view of the caller's tensor; a view of a copied
+        argument is the graph's own tensor, copied out as any output. False (graph given up):
         an output that is a view of another output."""
-        by_storage = {_storage(a): j for j, a in enumerate(inputs) if isinstance(a, torch.Tensor)}
+        by_storage = _fixed_storages(inputs, fixed)
         storages = []
         self.through = {}
         for i, o in enumerate(outs):
@@ -195,7 +206,7 @@ class GraphedCall:
                 continue
             j = by_storage.get(_storage(o))
             if j is not None:
-                self.through[i] = (j, tuple(o.shape), o.stride(), o.storage_offset())
+                self.through[i] = _view_of(j, o)
             else:
                 storages.append(_storage(o))
         if len(set(storages)) < len(storages):
@@ -215,8 +226,7 @@ class GraphedCall:
             # a backward whose forward is not replayed would copy every saved activation in
             self._give_up("a backward whose inputs are mostly copies")
             return False
-        by_storage = {_storage(a): j for j, a in enumerate(inputs)
-                      if isinstance(a, torch.Tensor) and fixed[j]}  # fmt: skip
+        by_storage = _fixed_storages(inputs, fixed)
         self.through, kept = {}, []
         for i, o in enumerate(outs):
             if not isinstance(o, torch.Tensor):
@@ -226,7 +236,7 @@ class GraphedCall:
                 if i < self.alias_from:
                     self._give_up("a training graph's output that is its input")
                     return False
-                self.through[i] = (j, tuple(o.shape), o.stride(), o.storage_offset())
+                self.through[i] = _view_of(j, o)
             elif i >= self.alias_from:
                 kept.append((i, o.untyped_storage()))
         self.kept = [(i, st, _use_count(st)) for i, st in kept]
@@ -265,17 +275,12 @@ class GraphedCall:
         inputs = self.inputs
         for i in self.copied:
             inputs[i].copy_(args[i])
-        # views of arguments: of the caller's tensor where the graph reads it in place, else of
-        # the graph's copy of it (copied out below, as any output)
-        through = {i: (args[j] if inputs[j] is None else inputs[j]).as_strided(*how)
-                   for i, (j, *how) in self.through.items()}  # fmt: skip
+        through = {i: args[j].as_strided(*how) for i, (j, *how) in self.through.items()}
         args.clear()  # as the wrapper does: the caller's references are the only ones left
         self.graph.replay()
         metrics.cudagraph_replays += 1
         copied = self.outs[: self.alias_from]
-        outs = [through[i] if i in through and inputs[self.through[i][0]] is None
-                else through[i].clone() if i in through
-                else o.clone() if isinstance(o, torch.Tensor) else o
+        outs = [through[i] if i in through else o.clone() if isinstance(o, torch.Tensor) else o
                 for i, o in enumerate(copied)]  # fmt: skip
         if self.alias_from is not None:  # the rest as new tensors over the graph's memory
             outs += [through[i] if i in through else o.detach() if isinstance(o, torch.Tensor)

@@ -59,20 +59,19 @@ def _only_reader_chain(x: fx.Node, end) -> bool:
         if not _is_view(_name(n)) or len(n.users) != 1:
             return False
         n = n.args[0]
-    return len(x.users) == 1 and (end is x or len(end.users) == 1)
+    return len(x.users) == 1  # (each node from `end` down had one reader: the loop)
 
 
-def mark_in_place_updates(gm: fx.GraphModule) -> tuple[str, ...]:
-    """Mark the index_puts that may write into their graph input (module doc); their names."""
+def mark_in_place_updates(gm: fx.GraphModule) -> None:
+    """Mark the index_puts that may write into their graph input (module doc)."""
     updates = gm.meta.get(INPUT_UPDATES_META_KEY) or {}
     if not updates:
-        return ()
+        return
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     (output,) = gm.graph.find_nodes(op="output")
     outs = output.args[0]
     if not isinstance(outs, (list, tuple)):
-        return ()
-    marked = []
+        return
     for pos, i in sorted(updates.items()):
         if not (0 <= pos < len(outs) and 0 <= i < len(placeholders)):
             continue
@@ -89,8 +88,6 @@ def mark_in_place_updates(gm: fx.GraphModule) -> tuple[str, ...]:
             node.meta[IN_PLACE_META] = True
             for c in copies:  # the output is then the input's own memory, not a copy of it
                 c.meta[SAME_LAYOUT_VIEW_META] = True
-            marked.append(node.name)
-    return tuple(marked)
 
 
 __all__ = ["IN_PLACE_META", "SAME_LAYOUT_VIEW_META", "mark_in_place_updates"]

@@ -476,7 +476,8 @@ def _index_put(L, a, indices, values, accumulate=False):
         raise NotImplementedError("no lowering")
     target = L.realize_as_buffer(a)
     lay = target.layout
-    meta = TensorMeta(lay.dtype, tuple(lay.sizes), tuple(lay.strides), 0, L.meta().device)
+    meta = TensorMeta(lay.dtype, tuple(lay.sizes), tuple(lay.strides), lay.offset,
+                      L.meta().device)  # fmt: skip
     return L.extern("prims.index_put", runtime_index_put, (target, indices, values, False),
                     {"in_place": True}, meta=meta)  # fmt: skip
 

@@ -77,7 +77,7 @@ def launch_config(e_pad: int, dtype: torch.dtype, rows: int | None = None) -> di
         bm, bn, warps, stages = (32, 32, 4, 1) if wide else (64, 64, 8, 2)
         decode_n = 32
     if rows is not None and rows <= DECODE_ROWS:
-        bm = max(16, 1 << (int(rows) - 1).bit_length())
+        bm = pad(rows)
         bn, warps = decode_n, 4
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, STAGES=stages,
                 DECODE=rows is None, DECODE_N=decode_n)

@@ -23,25 +23,16 @@ from __future__ import annotations
 import sympy
 
 from ember.ir import CompiledArtifact
-from ember.ir.symbols import expr_from_json
+from ember.ir.symbols import exact_quotient, expr_from_json
 
 ALIGN = 16  # bytes for a pointer, and the divisor for an integer, that Triton specialises on
 _POOLED = ("intermediate", "output", "constant")
 
 
 def multiple_of(expr, n: int = ALIGN) -> bool:
-    """Is the integer expression `expr` a multiple of n for every integer value of its symbols?"""
-    expr = sympy.expand(sympy.sympify(expr))
-    if expr.is_Integer:
-        return int(expr) % n == 0
-    gens = sorted(expr.free_symbols, key=str)
-    if not gens:
-        return False
-    try:
-        coeffs = sympy.Poly(expr, *gens).coeffs()
-    except sympy.PolynomialError:
-        return False  # floor, Mod, max, ...: not provable this way
-    return all(c.is_Integer and int(c) % n == 0 for c in coeffs)
+    """Is the integer expression `expr` a multiple of n for every integer value of its symbols?
+    (every coefficient of its expansion is: ember.ir's exact_quotient)"""
+    return exact_quotient(expr, n) is not None
 
 
 def _expr(value):

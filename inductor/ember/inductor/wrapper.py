@@ -383,9 +383,9 @@ class WrapperBuilder:
         args = [_json_arg(a) for a in s.args]
         if s.kwargs.get("in_place"):  # input_updates.py: the result is a view of the target,
             # written in place (the convention ember.cpp_wrapper's decode donation also uses)
-            lay = s.layout
             self.art_steps.append(StepIR("view", "", [s.args[0].name, [
-                list(_ints(lay.sizes)), list(_ints(lay.strides)), 0]], {}, (s.name,)))
+                list(_ints(lay.sizes)), list(_ints(lay.strides)), _ints([lay.offset])[0]]], {},
+                (s.name,)))  # fmt: skip
             args[0] = {"node": s.name}
         self.art_steps.append(StepIR("extern", s.op, args,
                                      {k: _json_arg(v) for k, v in s.kwargs.items()},
