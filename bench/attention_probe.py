@@ -11,11 +11,11 @@ first. One device call runs it all.
 
 import argparse
 import re
-import statistics
 
 import _paths  # noqa: F401 - puts the Ember components on sys.path
 import torch
 import torch.nn.functional as F
+from measure import event_median_ms
 
 MASK_KINDS = ("none", "causal", "float", "sliding_bool")
 WINDOW = 128  # the sliding window (Mistral-style), in keys
@@ -56,19 +56,6 @@ def compile_side(side, fn):
 
     config.cudnn_attention = side == "ember"  # "ember-nocudnn": flash / memory-efficient
     return ember.compile(fn)
-
-
-def time_us(call, replays):
-    """Median of `replays` calls, each timed with CUDA events, in microseconds."""
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
 
 
 def kernels(call):
@@ -115,7 +102,7 @@ def main(argv=None):
                 for _ in range(5):  # compile, record and warm the CUDA graphs
                     out = compiled(*args)
                 err = (out.float() - want.float()).abs().max().item()
-                us = time_us(lambda: compiled(*args), opts.replays)
+                us = 1000 * event_median_ms(lambda: compiled(*args), opts.replays)
                 names = kernels(lambda: compiled(*args))
             rows.append((kind, side, us))
             print(f"  {side:>14}: {us:9.1f} us  max|err| {err:.3g}")

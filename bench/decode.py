@@ -161,15 +161,20 @@ def zero_caches(cfg, device, dtype, batch=1):
     return [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2 * cfg.layers)]
 
 
-def build(cfg, device, dtype):
-    """The step with its caches (batch cfg.batch) held as buffers: forward(tokens, pos)."""
+def build_step(cfg, device, dtype):
+    """The step (seed 0), in `dtype`, for inference: what decode_package.py races too."""
     torch.manual_seed(0)
     with torch.device(device):
         step = Step(cfg)
     for m in step.modules():  # small weights: logits of a sensible scale through the layers
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=0.02)
-    return Cached(step.to(dtype).eval(), zero_caches(cfg, device, dtype, cfg.batch))
+    return step.to(dtype).eval()
+
+
+def build(cfg, device, dtype):
+    """The step with its caches (batch cfg.batch) held as buffers: forward(tokens, pos)."""
+    return Cached(build_step(cfg, device, dtype), zero_caches(cfg, device, dtype, cfg.batch))
 
 
 def variant(base, weights, group_size):

@@ -43,11 +43,10 @@ from pathlib import Path
 import _paths  # noqa: F401
 import numpy as np
 import torch
-from torch import nn
 
 import ember
 import ember.cpp_wrapper as cw
-from decode import Cached, Step, model_args, zero_caches
+from decode import Cached, build_step, model_args, zero_caches
 from measure import kernel_table
 
 
@@ -70,17 +69,12 @@ def _args(argv=None):
 
 
 def build(cfg, device, dtype):
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Step(cfg)
-    for m in model.modules():  # small weights: logits of a sensible scale through the layers
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=0.02)
+    model = build_step(cfg, device, dtype)
     if cfg.head == "peaked":  # each token's successor is decisive: see the module's docstring
         perm = torch.randperm(cfg.vocab, generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             model.lm_head.weight.copy_(model.embed.weight[perm.to(device)])
-    return model.to(dtype).eval()
+    return model
 
 
 def rel_err(got, want):

@@ -13,7 +13,6 @@ divisibility specialisation, as packages then were: bench/RESULTS.md.)
 """
 
 import argparse
-import statistics
 import sys
 import time
 
@@ -23,25 +22,11 @@ import torch.nn.functional as F
 import triton
 
 from ember.inductor import triton_attention
+from measure import event_median_ms
 
 def variant(kind, q, k, v, mask, causal):
     """A zero-argument callable running one variant."""
     return lambda: triton_attention.run(q, k, v, mask, causal, dynamic=kind == "dyn")
-
-
-def median_us(fn, reps):
-    """Median time of one call in microseconds, CUDA events around each call."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000)
-    return statistics.median(times)
 
 
 def kernel_us(fn, reps):
@@ -51,7 +36,7 @@ def kernel_us(fn, reps):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    return median_us(g.replay, reps)
+    return 1000 * event_median_ms(g.replay, reps, warm=3)
 
 
 def inputs(b, h, hkv, length, source, e, masked, causal=False):

@@ -84,6 +84,22 @@ def time_steady(fn, device, timing):
     return _median(times), len(times)
 
 
+def event_median_ms(fn, calls, warm=0):
+    """Median milliseconds of fn() over `calls` calls on the GPU, each between two CUDA events
+    (after `warm` untimed calls): what the probes time a kernel or an op with."""
+    for _ in range(warm):
+        fn()
+    events = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return _median([s.elapsed_time(e) for s, e in events])
+
+
 def _time_loop(fn, device, timing):
     rounds = []
     for _ in range(timing.iters):

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
+from measure import event_median_ms
 
 
 def _args(argv=None):
@@ -46,23 +47,6 @@ def mm_bias_gelu(a, w, b):
     return F.gelu(a @ w + b)
 
 
-def time_ms(fn, iters: int) -> float:
-    """Median milliseconds of fn() over `iters` calls, each between two CUDA events."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    events = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in events)
-    return times[len(times) // 2]
-
-
 def measured_peak(dtype, iters: int) -> dict:
     """The best TFLOP/s torch.mm reaches on large square products: the device's matmul peak as
     this software stack can use it (the datasheet number is not measured)."""
@@ -70,7 +54,7 @@ def measured_peak(dtype, iters: int) -> dict:
     for size in (4096, 8192):
         a = torch.randn(size, size, device="cuda", dtype=dtype)
         b = torch.randn(size, size, device="cuda", dtype=dtype)
-        ms = time_ms(lambda: torch.mm(a, b), iters)
+        ms = event_median_ms(lambda: torch.mm(a, b), iters, warm=5)
         tflops = 2 * size**3 / ms / 1e9
         if tflops > best["tflops"]:
             best = {"tflops": tflops, "shape": size, "ms": ms}
@@ -105,7 +89,7 @@ def main(argv=None) -> int:
     b = torch.randn(args.n, device="cuda", dtype=dtype)
     flops = 2 * args.m * args.n * args.k
     peak = measured_peak(dtype, args.iters)
-    mm_ms = time_ms(lambda: torch.mm(a, w), args.iters)  # the product alone: no epilogue at all
+    mm_ms = event_median_ms(lambda: torch.mm(a, w), args.iters, warm=5)  # the product alone: no epilogue at all
     with torch.no_grad():
         expected = mm_bias_gelu(a, w, b)
         rows = []
@@ -118,7 +102,7 @@ def main(argv=None) -> int:
             out = fn(a, w, b).clone()  # CUDA-graph outputs are overwritten by the next replay
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - start
-            ms = time_ms(lambda: fn(a, w, b), args.iters)
+            ms = event_median_ms(lambda: fn(a, w, b), args.iters, warm=5)
             tflops = flops / ms / 1e9
             row = {"backend": name, "ms": ms, "tflops": tflops,
                    "of_peak": tflops / peak["tflops"], "compile_s": compile_s,
