@@ -159,7 +159,7 @@ def _child(args) -> dict:
             out["total"] = time.perf_counter() - start
             out["build"] = span[-1] - span[0] if len(span) == 2 else None
         else:
-            spans = {"compile": 0.0, "build": 0.0}
+            spans = {"compile": 0.0, "build": 0.0, "cubins": 0.0}
 
             def timed(fn, what):
                 def wrapper(*a, **k):
@@ -172,6 +172,8 @@ def _child(args) -> dict:
 
             cw_package.compile_exported = timed(cw_exported.compile_exported, "compile")
             cw_package.build_model_library = timed(cw_package.build_model_library, "build")
+            aot = importlib.import_module("ember.inductor.triton_aot")
+            aot.attach_cubins = timed(aot.attach_cubins, "cubins")  # within compile
             start = time.perf_counter()
             ep = ember.export(model, inputs)
             out["export"] = time.perf_counter() - start
@@ -182,6 +184,9 @@ def _child(args) -> dict:
                 out["units"] = {"compiled": counters.compiled, "cached": counters.cached}
             got = cw.load_package(path)(*inputs)[0]
             sync()
+        from ember.ir.progress import stage_totals
+
+        out["stages"] = {k: round(v, 2) for k, v in stage_totals().items() if v >= 0.2}
         got = got[0] if isinstance(got, (list, tuple)) else got
         want = want[0] if isinstance(want, (list, tuple)) else want
         out["max_abs_diff"] = float((got.float() - want.float()).abs().max())
@@ -238,6 +243,8 @@ def main(argv=None) -> int:
                     help="the checkout whose components run (compare before and after)")
     ap.add_argument("--child", choices=("compile", "package"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help="write the results as JSON here too")
+    ap.add_argument("--stages", action="store_true",
+                    help="also print the seconds of each compile stage (ember.ir.progress)")
     args = ap.parse_args(argv)
     root_components = [str(Path(args.components_from) / c) for c in COMPONENTS]
     sys.path[:0] = [*root_components, str(BENCH)]
@@ -283,6 +290,10 @@ def main(argv=None) -> int:
                   f"{col('cold', 'export')} {col('cold', 'compile'):>8} {col('cold', 'build')} "
                   f"{col('warm', 'total')}  {units('cold'):>8} / {units('warm'):<8}"
                   f"{'':17}{diff:.1e}", flush=True)  # fmt: skip
+            if args.stages:  # where the seconds went, the last run's, stages of >= 0.2 s
+                for phase in ("compile", "cold"):
+                    extra = {k: runs[-1][phase][k] for k in ("cubins",) if k in runs[-1][phase]}
+                    print(f"  {phase}: {json.dumps({**extra, **runs[-1][phase]['stages']})}")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     return 0

@@ -120,3 +120,25 @@ def test_a_silent_worker_is_given_up(fresh_pool, monkeypatch):
     while sum(p.poll() is not None for p in pool.procs) < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sum(p.poll() is not None for p in pool.procs) == 1  # and killed
+
+
+def test_a_packages_cubin_compiles_in_a_worker_and_this_process_only_loads_it(fresh_pool,
+                                                                               monkeypatch):
+    """triton_aot's cubins for packages: the workers run the triton.compile the main process
+    then makes, which finds every file in Triton's cache and writes none."""
+    pytest.importorskip("triton.backends.nvidia")
+    from ember.ir import toolchain
+    from ember.inductor import triton_aot
+
+    monkeypatch.setattr(toolchain.config, "cache_dir", str(fresh_pool / "ember"))
+    cfg = {"XBLOCK": 1024, "num_warps": 4}
+    job = ("scale_kernel", KERNEL, ["*fp32", "*fp32", "i32"], cfg, [0, 1])
+    assert triton_aot._compile_in_workers([job], 90)
+    built = _files(fresh_pool)
+    made = [name for name, *_ in built if name.endswith(".cubin")]
+    assert len(made) == 1, built
+    cubin = triton_aot.compile_kernel(KERNEL, "scale_kernel", ("*fp32", "*fp32", "i32"), cfg, 90,
+                                      (0, 1))  # fmt: skip
+    assert _files(fresh_pool) == built
+    with open(cubin.path, "rb") as mine, open(made[0], "rb") as theirs:
+        assert mine.read() == theirs.read()

@@ -5,7 +5,8 @@ kernels took 4.9 s on one thread and 1.6 s on 8 or 16 threads (session 18). A wo
 shares no GIL. It compiles for the main process's GPU target into Triton's own on-disk cache,
 without touching the GPU (its Triton driver answers device 0, stream 0 and that target); the
 main process's compile of the same kernel, same arguments, then finds the result in that cache
-and only loads it.
+and only loads it. Packages' cubins (triton_aot.py) are compiled the same way, as the
+`triton.compile` call the main process then makes.
 
 Workers are plain subprocesses running this file, talking over their stdin and stdout, started at
 the first kernel a process compiles ahead on a GPU. (multiprocessing's spawn would import the
@@ -151,7 +152,20 @@ def compile_ahead(path: str, module: str, fn_name: str, target, args: tuple, kwa
     pool = _pool()
     if pool is None:
         return None
-    return pool.threads.submit(pool.run, (path, module, fn_name, target, args, kwargs))
+    return pool.threads.submit(pool.run, ("warmup", path, module, fn_name, target, args, kwargs))
+
+
+def compile_source(path: str, module: str, fn_name: str, target, signature: dict,
+                   constexprs: dict, attrs: dict, options: dict):  # fmt: skip
+    """A future (of True when it compiled) of `triton.compile(ASTSource(fn, signature,
+    constexprs, attrs), target=target, options=options)` of `fn_name` of the kernel file at
+    `path`, in a worker; None without workers. The same call in this process then only loads
+    the result from Triton's cache (how packages compile their cubins, triton_aot.py)."""
+    pool = _pool()
+    if pool is None:
+        return None
+    request = ("source", path, module, fn_name, target, signature, constexprs, attrs, options)
+    return pool.threads.submit(pool.run, request)
 
 
 def wait(futures) -> None:
@@ -195,23 +209,36 @@ def _serve() -> None:
     modules, target_now = {}, [None]
     while True:
         try:
-            path, module, fn_name, target, args, kwargs = _receive(stdin)
+            kind, path, module, fn_name, target, *rest = _receive(stdin)
         except EOFError:
             return
         try:
-            _compile(modules, target_now, path, module, fn_name, target, args, kwargs)
+            _set_target(target_now, target)
+            fn = getattr(_module(modules, path, module), fn_name)
+            if kind == "warmup":
+                args, kwargs = rest
+                fn.warmup(*args, **kwargs)
+            else:  # "source": triton.compile of the function with these parameters
+                from triton.compiler import ASTSource, compile
+
+                signature, constexprs, attrs, options = rest
+                src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+                compile(src, target=target, options=options)
             reply = (True, "")
         except Exception as e:  # noqa: BLE001  (the main process compiles it again)
             reply = (False, f"{type(e).__name__}: {e}")
         _send(stdout, reply)
 
 
-def _compile(modules, target_now, path, module, fn_name, target, args, kwargs) -> None:
+def _set_target(target_now, target) -> None:
     from triton.runtime.driver import driver
 
     if target_now[0] != target:  # (asking for driver.active would look for a GPU)
         driver.set_active(_CompileOnlyDriver(target))
         target_now[0] = target
+
+
+def _module(modules, path, module):
     mod = modules.get(path)
     if mod is None:
         spec = importlib.util.spec_from_file_location(module, path)
@@ -219,7 +246,7 @@ def _compile(modules, target_now, path, module, fn_name, target, args, kwargs) -
         spec.loader.exec_module(mod)
         sys.modules[module] = mod
         modules[path] = mod
-    getattr(mod, fn_name).warmup(*args, **kwargs)
+    return mod
 
 
 if __name__ == "__main__":  # a worker: this file alone, not the ember.inductor package

@@ -89,24 +89,57 @@ def compile_kernel(source: str, name: str, arg_types: tuple, cfg: dict,
 def _compile(source: str, name: str, arg_types, cfg: dict, arch: int, divisible: tuple):
     """triton.compile of a kernel for sm_`arch` (what compile_kernel caches the cubin of)."""
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    fn = _jit_function(source, name)
+    signature, consts, attrs, target, options = _compile_parameters(fn, name, arg_types, cfg,
+                                                                    arch, divisible)  # fmt: skip
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
+                          target=target, options=options)  # fmt: skip
+
+
+def _compile_parameters(fn, name: str, arg_types, cfg: dict, arch: int, divisible: tuple):
+    """(signature, constexprs, attrs, target, options) of triton.compile for a kernel's JITFunction
+    (or anything with its arg_names): what _compile passes, and a compile worker too."""
+    from triton.backends.compiler import GPUTarget
 
     options = {k: int(cfg[k]) for k in ("num_warps", "num_stages") if k in cfg}
     options.setdefault("num_warps", 4)
     consts = {k: v for k, v in cfg.items() if k not in options}
-    fn = _jit_function(source, name)
     params = [p for p in fn.arg_names if p not in consts]
     if len(params) != len(arg_types):
         raise ValueError(f"kernel {name}: {len(params)} parameters for {len(arg_types)} types")
     signature = {**dict(zip(params, arg_types)), **{k: "constexpr" for k in consts}}
     # attrs are keyed by the position among all the function's parameters, constexprs included
     attrs = {(fn.arg_names.index(params[i]),): [["tt.divisibility", 16]] for i in divisible}
-    return triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
-        target=GPUTarget("cuda", arch, 32),
-        options=options,
-    )
+    return signature, consts, attrs, GPUTarget("cuda", arch, 32), options
+
+
+def _compile_in_workers(jobs, arch: int) -> bool:
+    """Compile missing cubins' kernels in the compile workers (compile_workers.py) into Triton's
+    cache, where compile_kernel's own triton.compile then finds them; False without workers.
+    Each job goes to the next idle worker (no fixed split), and a worker imports Triton only.
+    A failure is left for compile_kernel to raise, in this process, with its traceback."""
+    from . import compile_workers
+    from .runtime import _module_file
+
+    if compile_workers.worker_count() == 0:
+        return False
+    futures = []
+    for name, source, arg_types, cfg, *rest in jobs:
+        modname, path = _module_file(source)
+        fn = _jit_function(source, name)
+        try:
+            signature, consts, attrs, target, options = _compile_parameters(
+                fn, name, arg_types, cfg, arch, _divisible(rest))
+        except ValueError:
+            continue  # compile_kernel raises it
+        futures.append(compile_workers.compile_source(str(path), modname, name, target, signature,
+                                                      consts, attrs, options))  # fmt: skip
+    if any(f is None for f in futures):
+        return False
+    compile_workers.wait(futures)
+    return True
 
 
 def kernel_ptx(source: str, name: str, arg_types: tuple, cfg: dict, arch: int = DEFAULT_ARCH,
@@ -207,6 +240,8 @@ def attach_cubins(program, arch: Optional[int] = None) -> CompiledArtifact:
         failures = check_jobs(missing, arch) if missing else []
         if failures:
             raise RuntimeError("Triton kernels failed to compile:\n" + "\n\n".join(failures))
+    elif missing and _compile_in_workers(missing, arch):
+        pass  # Triton's cache holds them now: the loop below only loads them
     elif len(missing) >= PARALLEL_MIN and workers() > 1:
         # Triton compiles one kernel at a time per process (its passes hold the GIL), so many
         # missing cubins compile in worker processes, into the cache the loop below reads; a
