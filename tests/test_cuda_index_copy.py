@@ -76,25 +76,77 @@ def artifact(model):
     return art, cuda_index_copy.launch_index_copies(art, arch=90)
 
 
-def test_each_cache_update_becomes_a_kernel_launch(artifact):
+def test_each_layers_two_cache_updates_become_one_kernel_launch(artifact):
     before, after = artifact
     extern = [s for s in before.steps if s.target == "prims.index_put"]
     launches = [s for s in after.steps if s.kind == "kernel" and s.target.startswith(
         cuda_index_copy.NAME)]  # fmt: skip
-    assert len(extern) == len(launches) == 2 * LAYERS
+    assert len(extern) == 2 * LAYERS and len(launches) == LAYERS
     assert not [s for s in after.steps if s.target == "prims.index_put"]
     (kernel,) = [k for k in after.kernels if k.name.startswith(cuda_index_copy.NAME)]
-    assert kernel.name == "ember_index_copy_fp32_i64_fp32"
+    assert kernel.name == "ember_index_copy2_fp32_i64_fp32"
     assert pathlib.Path(kernel.binary).read_bytes()[:4] == b"\x7fELF"  # an sm_90 cubin
     (sym,) = after.symbols
+    caches = {s.outputs[0] for s in extern}
     for step in launches:  # the update's elements: T new tokens x (B, KV heads, head dim)
-        n = parse_expr(step.args[3])
+        assert set(step.outputs) <= caches and len(step.outputs) == 2
+        n = parse_expr(step.args[5])
         for t in (1, 5, 8):
             assert n.subs(sym.symbol, t) == t * BATCH * KV_HEADS * HEAD_DIM
-        grid = parse_expr(step.kwargs["grid"][0]).subs(sym.symbol, 8)
-        assert grid == -(-8 * BATCH * KV_HEADS * HEAD_DIM // cuda_index_copy.BLOCK)
-        rows = parse_expr(step.args[7])
+        grid = [parse_expr(g) for g in step.kwargs["grid"]]
+        assert grid[0].subs(sym.symbol, 8) == -(-8 * BATCH * KV_HEADS * HEAD_DIM //
+                                                cuda_index_copy.BLOCK) and grid[1] == 2
+        rows = parse_expr(step.args[9])
         assert rows == zero_caches()[0].shape[2]  # the cache's length: positions past it skip
+
+
+def _step(target, out, index, values, shape):
+    from ember.ir import StepIR
+
+    return StepIR("kernel", target, [{"node": out}, {"node": index}, {"node": values}, *shape,
+                                     *range(9)], {"grid": [1]}, (out,))  # fmt: skip
+
+
+def test_only_same_shaped_updates_at_the_same_positions_pair_and_nothing_moves_past_a_read():
+    from ember.ir import StepIR
+
+    k = "ember_index_copy_bf16_i64_bf16"
+    kinds = {k: ("*bf16", "*i64", "*bf16", *("i64",) * 14)}
+    shape = [8, 2, 1, 64, 256]
+    a, b = _step(k, "c0", "pos", "k0", shape), _step(k, "c1", "pos", "v0", shape)
+    other_pos, other_shape = _step(k, "c2", "pos2", "k1", shape), _step(k, "c3", "pos", "v1",
+                                                                        [8, 4, 1, 64, 256])
+    view, free_mine = StepIR("view", "", ["x", None], None, ("y",)), StepIR("free", "", ["k0"], None, ())
+    alloc = StepIR("alloc", "", [], None, ("w",))
+    read = StepIR("kernel", "kernel7", [{"node": "c0"}], {"grid": [1]}, ("z",))
+    # the first's values freed after both (never moved past an allocation: it may reuse them)
+    paired, _ = cuda_index_copy.pair_index_copies([a, alloc, view, free_mine, b], kinds)
+    assert [s.kind for s in paired] == ["alloc", "view", "kernel", "free"]
+    assert paired[3].args == ["k0"]
+    assert paired[2].target == "ember_index_copy2_bf16_i64_bf16"
+    assert paired[2].outputs == ("c0", "c1") and len(paired[2].args) == 27
+    for middle in ([read], [free_mine, alloc]):  # a reader of the first; a free, then an alloc
+        steps, used = cuda_index_copy.pair_index_copies([a, *middle, b], kinds)
+        assert steps == [a, *middle, b] and list(used) == [k]
+    for second in (other_pos, other_shape):
+        steps, _ = cuda_index_copy.pair_index_copies([a, second], kinds)
+        assert steps == [a, second]
+
+
+def test_the_pair_kernel_writes_both_caches():
+    _kernel()  # skipped without the interpreter
+    kernel = _load_module(cuda_index_copy.SOURCE).ember_index_copy2
+    k_cache, v_cache = torch.zeros(10, 3, 4), torch.zeros(3, 10, 4).transpose(0, 1)
+    k_new, v_new = torch.randn(2, 3, 4), torch.randn(2, 4, 3).transpose(1, 2)  # strided values
+    pos = torch.tensor([7, -1])
+    n = 2 * 3 * 4
+    kernel[(1, 2)](k_cache, v_cache, pos, k_new, v_new, n, 3, 4, 1, 10,
+                   *k_cache.stride(), 0, *k_new.stride(), 0, *v_cache.stride(), 0,
+                   *v_new.stride(), 0, pos.stride(0), BLOCK=256)  # fmt: skip
+    for cache, new in ((k_cache, k_new), (v_cache, v_new)):
+        want = torch.zeros(10, 3, 4)
+        want[[7, 9]] = new
+        assert torch.equal(cache, want)
 
 
 def test_the_cuda_wrapper_launches_it_and_builds(artifact):
@@ -109,6 +161,6 @@ def test_the_cuda_wrapper_launches_it_and_builds(artifact):
     art = dataclasses.replace(art, device="cuda:0", buffers=tuple(
         dataclasses.replace(b, meta=on_cuda(b.meta)) for b in art.buffers))  # fmt: skip
     source = generate_wrapper(art, kernels=_kernel_builds(art, True))
-    assert source.count("// ember_index_copy_fp32_i64_fp32") == 2 * LAYERS
+    assert source.count("// ember_index_copy2_fp32_i64_fp32") == LAYERS
     assert "OP_INDEX_COPY" not in source and "index = ..." not in source
     assert build_model_library(art, standalone=True).exists()

@@ -6,7 +6,8 @@ the index on the host: a stream synchronisation per update, dozens per step of a
 of which drains the GPU before the host may queue the next kernel. `launch_index_copies`
 replaces those steps of a CUDA artifact by launches of one small kernel (per dtype combination)
 that reads the index on the GPU: one thread per element of the update, strides and sizes as
-run-time arguments, so one cubin serves every cache and any number of new tokens.
+run-time arguments, so one cubin serves every cache and any number of new tokens. A layer's
+two updates (keys and values: same shape, same positions) are one launch of the pair variant.
 
 A position outside the cache's rows is skipped (the CPU extern raises; a kernel cannot without
 stopping the stream), after negative ones count from the end, as indexing does.
@@ -33,23 +34,55 @@ import triton.language as tl
 
 
 @triton.jit
-def ember_index_copy(DST, IDX, SRC, N, A, B, C, ROWS, DS0, DS1, DS2, DS3, SS0, SS1, SS2, SS3,
-                     IS0, BLOCK: tl.constexpr):
+def _copy(DST, IDX, SRC, N, A, B, C, ROWS, DS0, DS1, DS2, DS3, SS0, SS1, SS2, SS3, IS0,
+          BLOCK: tl.constexpr):
     # element (j, a, b, c) of the update: SRC's (j, a, b, c) into DST's (IDX[j], a, b, c)
     lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = lin < N
-    c = lin % C
-    rest = lin // C
-    b = rest % B
-    rest = rest // B
-    a = rest % A
-    j = rest // A
+    if N < 2147483648:  # the split of the element's number in 32 bits (64-bit division is slow)
+        lin32 = lin.to(tl.int32)
+        c32 = C.to(tl.int32)
+        b32 = B.to(tl.int32)
+        a32 = A.to(tl.int32)
+        r32 = lin32 // c32
+        c = (lin32 % c32).to(tl.int64)
+        b = (r32 % b32).to(tl.int64)
+        r32 = r32 // b32
+        a = (r32 % a32).to(tl.int64)
+        j = (r32 // a32).to(tl.int64)
+    else:
+        c = lin % C
+        rest = lin // C
+        b = rest % B
+        rest = rest // B
+        a = rest % A
+        j = rest // A
+    # the values are read while the position is (neither waits for the other)
+    v = tl.load(SRC + j * SS0 + a * SS1 + b * SS2 + c * SS3, mask=ok)
     pos = tl.load(IDX + j * IS0, mask=ok, other=0).to(tl.int64)
     pos = tl.where(pos < 0, pos + ROWS, pos)
     ok = ok & (pos >= 0) & (pos < ROWS)
-    v = tl.load(SRC + j * SS0 + a * SS1 + b * SS2 + c * SS3, mask=ok)
     tl.store(DST + pos * DS0 + a * DS1 + b * DS2 + c * DS3, v.to(DST.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def ember_index_copy(DST, IDX, SRC, N, A, B, C, ROWS, DS0, DS1, DS2, DS3, SS0, SS1, SS2, SS3,
+                     IS0, BLOCK: tl.constexpr):
+    _copy(DST, IDX, SRC, N, A, B, C, ROWS, DS0, DS1, DS2, DS3, SS0, SS1, SS2, SS3, IS0, BLOCK)
+
+
+@triton.jit
+def ember_index_copy2(DST, DST2, IDX, SRC, SRC2, N, A, B, C, ROWS, DS0, DS1, DS2, DS3, SS0, SS1,
+                      SS2, SS3, ES0, ES1, ES2, ES3, TS0, TS1, TS2, TS3, IS0, BLOCK: tl.constexpr):
+    # two updates of one shape at the same positions (a layer's keys and values), one launch:
+    # grid axis 1 picks the update; DST2 at strides ES, SRC2 at strides TS
+    if tl.program_id(1) == 0:
+        _copy(DST, IDX, SRC, N, A, B, C, ROWS, DS0, DS1, DS2, DS3, SS0, SS1, SS2, SS3, IS0, BLOCK)
+    else:
+        _copy(DST2, IDX, SRC2, N, A, B, C, ROWS, ES0, ES1, ES2, ES3, TS0, TS1, TS2, TS3, IS0,
+              BLOCK)
 '''
+PAIR = NAME + "2"
 
 
 def triton_type(meta) -> str:
@@ -136,8 +169,9 @@ def index_copy_step(artifact: CompiledArtifact, step: StepIR, layout_of) -> tupl
 
 def launch_index_copies(artifact: CompiledArtifact, arch=None) -> CompiledArtifact:
     """`artifact` (CUDA) with its in-place index_put steps launched as `ember_index_copy`
-    kernels (compiled to cubins for sm_`arch`, the current GPU's by default); an update the
-    kernel cannot take keeps its extern."""
+    kernels (compiled to cubins for sm_`arch`, the current GPU's by default), two updates of one
+    shape at the same positions in one launch (`pair_index_copies`); an update the kernel cannot
+    take keeps its extern."""
     layout_of = _layouts(artifact)
     steps, kernels = [], {}
     for step in artifact.steps:
@@ -154,10 +188,65 @@ def launch_index_copies(artifact: CompiledArtifact, arch=None) -> CompiledArtifa
         kernels[name] = arg_types
     if not kernels:
         return artifact
-    built = [cubin_kernel(name, SOURCE, NAME, arg_types, {"BLOCK": BLOCK, "num_warps": 4}, arch)
-             for name, arg_types in sorted(kernels.items())]  # fmt: skip
+    steps, kernels = pair_index_copies(steps, kernels)
+    built = [cubin_kernel(name, SOURCE, entry, arg_types, {"BLOCK": BLOCK, "num_warps": 4}, arch)
+             for name, (entry, arg_types) in sorted(kernels.items())]  # fmt: skip
     return dataclasses.replace(artifact, steps=tuple(steps),
                                kernels=(*artifact.kernels, *built))  # fmt: skip
 
 
-__all__ = ["SOURCE", "cubin_kernel", "index_copy_step", "launch_index_copies", "triton_type"]
+# index_copy_step's arguments: out, index, values, then N, A, B, C, ROWS, 4 + 4 strides, IS0
+_SHARED = slice(3, 8)  # N, A, B, C, ROWS: the update's shape and the cache's rows
+
+
+def pair_index_copies(steps: list, kernels: dict) -> tuple[list, dict]:
+    """Each index-copy launch merged with the next one that copies a same-shaped update of the
+    same dtypes at the same positions, where only views, allocations and frees come between (a
+    decoder layer's keys and values): one launch of `ember_index_copy2` in the later one's
+    place, a free of the first's buffers in between moved after it (none with an allocation
+    after it: that allocation may take the freed memory). Returns the steps and {kernel name:
+    (entry, arg_types)}."""
+    out, used = [], {}
+    pending, moved = None, []  # the index in `out` of an unpaired copy; its buffers' frees since
+
+    def single():
+        used[out[pending].target] = (NAME, kernels[out[pending].target])
+
+    for step in steps:
+        if step.kind == "kernel" and step.target.startswith(NAME + "_"):
+            first = out[pending] if pending is not None else None
+            if first is not None and first.target == step.target and \
+                    first.args[1] == step.args[1] and first.args[_SHARED] == step.args[_SHARED]:
+                args = [first.args[0], step.args[0], first.args[1], first.args[2],
+                        step.args[2], *first.args[3:16], *step.args[8:16], first.args[16]]
+                name = PAIR + step.target[len(NAME):]
+                types = step.target[len(NAME) + 1:].split("_")  # out, index, values
+                used[name] = (PAIR, (f"*{types[0]}", f"*{types[0]}", f"*{types[1]}",
+                                     f"*{types[2]}", f"*{types[2]}", *("i64",) * (len(args) - 5)))
+                out.append(StepIR("kernel", name, args, {"grid": [*first.kwargs["grid"], 2]},
+                                  (first.outputs[0], step.outputs[0])))  # fmt: skip
+                out.extend(out[i] for i in moved)
+                for i in (pending, *moved):
+                    out[i] = None
+                pending, moved = None, []
+                continue
+            if first is not None:
+                single()
+            pending, moved = len(out), []
+            out.append(step)
+            continue
+        if pending is not None:
+            mine = {_name(a) for a in out[pending].args[:3]}
+            if step.kind == "free" and _name(step.args[0]) in mine:
+                moved.append(len(out))
+            elif step.kind not in ("view", "free") and not (step.kind == "alloc" and not moved):
+                single()
+                pending = None
+        out.append(step)
+    if pending is not None:
+        single()
+    return [s for s in out if s is not None], used
+
+
+__all__ = ["SOURCE", "cubin_kernel", "index_copy_step", "launch_index_copies", "pair_index_copies",
+           "triton_type"]

@@ -12,6 +12,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "detail/common.h"
@@ -80,17 +81,19 @@ void zero(const DLTensor& t, void* stream) {
   }
 }
 
-// `bytes` (host) into `t` (dense, on the model's device).
+// `bytes` (host) into `t` (dense, on the model's device), in `stream`'s order. On CUDA the
+// driver has taken the pageable bytes when the call returns, and the host does not wait for
+// the stream (ember_tensor_copy would: a stall before each call's first step).
 void upload(const DLTensor& t, const void* bytes, void* stream) {
+  size_t nbytes = size_t(numel(t) * itemsize(t.dtype));
   if (t.device.device_type == kDLCPU) {
-    memcpy(t.data, bytes, size_t(numel(t) * itemsize(t.dtype)));
+    memcpy(t.data, bytes, nbytes);
     return;
   }
-  DLTensor host = t;
-  host.device = DLDevice{kDLCPU, 0};
-  host.data = const_cast<void*>(bytes);
-  EmberStatus st = ember_tensor_copy(&host, &t, stream);
-  if (st != EMBER_OK) fail(st, ember_last_error());
+  CudaContextScope scope(t.device.device_id);
+  CUdeviceptr p = reinterpret_cast<CUdeviceptr>(static_cast<char*>(t.data) + t.byte_offset);
+  cuda_check(cuda_driver().memcpy_htod_async(p, bytes, nbytes, static_cast<CUstream>(stream)),
+             "cuMemcpyHtoDAsync (ember_generate)");
 }
 
 // Integer ids as the dtype of `info` (int64 or int32), as host bytes.
@@ -183,13 +186,17 @@ class DeviceGreedy {
   }
   bool on() const { return kernel_ >= 0; }
 
-  // Queue the choice from `logits` (B, V) or (B, 1, V) on `stream`.
+  // Queue the choice from `logits` (B, V), or the last row of (B, T, V), on `stream`.
   void launch(const Model& model, const DLTensor& logits, const DLTensor& tokens,
               const DLTensor& positions, const DLTensor& chosen, void* stream) const {
     auto at = [](const DLTensor& t) {
       return reinterpret_cast<CUdeviceptr>(static_cast<char*>(t.data) + t.byte_offset);
     };
     CUdeviceptr l = at(logits), tok = at(tokens), pos = at(positions), out = at(chosen);
+    if (logits.ndim == 3) {
+      int64_t stride = logits.strides ? logits.strides[1] : logits.shape[2];
+      l += CUdeviceptr((logits.shape[1] - 1) * stride * itemsize(logits.dtype));
+    }
     int64_t row = 1;  // the batch and the vocabulary are the kernel's, compiled in
     for (int i = 1; i < logits.ndim; ++i) row *= logits.shape[i];
     if (logits.strides) row = logits.strides[0];
@@ -205,7 +212,7 @@ class DeviceGreedy {
                "launching ember_greedy");
   }
 
-  // New tokens 1.. of each row (chosen after positions prompt_len ..) into `out_tokens`.
+  // The new tokens of each row (chosen after positions prompt_len - 1 ..) into `out_tokens`.
   static void read(const DLTensor& chosen, size_t prompt_len, size_t n_new, int64_t* out_tokens,
                    void* stream) {
     int64_t batch = chosen.shape[0], width = chosen.shape[1];
@@ -218,7 +225,7 @@ class DeviceGreedy {
     EmberStatus st = ember_tensor_copy(&chosen, &h, stream);  // synchronises
     if (st != EMBER_OK) fail(st, ember_last_error());
     for (int64_t b = 0; b < batch; ++b) {
-      for (size_t k = 1; k < n_new; ++k) {
+      for (size_t k = 0; k < n_new; ++k) {
         out_tokens[size_t(b) * n_new + k] = host[size_t(b * width) + prompt_len + k];
       }
     }
@@ -511,6 +518,23 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
   auto token_at = [&](size_t b, size_t s) {  // the sequence so far: prompt, then new tokens
     return s < prompt_len ? prompt[b * prompt_len + s] : out_tokens[b * n_new + (s - prompt_len)];
   };
+  // Greedy on the GPU (DeviceGreedy): every token is chosen there, the first (from the prompt's
+  // last logits) too; one-token runs, the prompt's included, replay the session's graph with
+  // the kernel in it, and nothing waits for the host until the tokens are read.
+  DLManagedTensor* one_tok = nullptr;
+  DLManagedTensor* one_pos = nullptr;
+  Owned* chosen = nullptr;
+  if (greedy.on()) {
+    std::tie(one_tok, one_pos) = ids_for(1);
+    chosen = &session->chosen();
+    if (!*chosen) {
+      chosen->reset(model.empty(DLDataType{kDLInt, 64, 1},
+                                {int64_t(batch), spec.max_positions + 1}, stream));
+    }
+  }
+  const AfterRun choose_next = [&](const DLTensor& logits, void* s) {
+    greedy.launch(model, logits, one_tok->dl_tensor, one_pos->dl_tensor, (*chosen)->dl_tensor, s);
+  };
   for (size_t done = 0;;) {  // `done`: positions the caches hold
     size_t t = done < prompt_len ? std::min(chunk, prompt_len - done) : 1;
     auto [tok_in, pos_in] = ids_for(t);
@@ -525,9 +549,23 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
     in[size_t(spec.tokens)] = tok_in;
     in[size_t(spec.positions)] = pos_in;
     std::vector<Owned> outputs;
+    if (greedy.on()) {  // the kernel writes the next run's token and position, which later
+      if (t == 1) {     // prompt runs overwrite
+        session->step(in, n_out, size_t(spec.logits), &outputs, &choose_next);
+      } else {
+        if (done + t == prompt_len) {  // the last chunk: its last position, for the kernel
+          where.assign(1, int64_t(prompt_len - 1));
+          upload(one_pos->dl_tensor, ids_as(pos, where).data(), stream);
+        }
+        run_plain(model, in, n_out, stream, &outputs);
+        if (done + t == prompt_len) choose_next(outputs[size_t(spec.logits)]->dl_tensor, stream);
+      }
+      done += t;
+      if (done == prompt_len) break;
+      continue;
+    }
     const DLTensor* logits = nullptr;
-    // with the choice on the GPU the graph is captured after the prompt, with the kernel in it
-    if (t == 1 && session && !greedy.on()) {
+    if (t == 1 && session) {
       logits = &session->step(in, n_out, size_t(spec.logits), &outputs, nullptr);
     } else {
       run_plain(model, in, n_out, stream, &outputs);
@@ -562,32 +600,15 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
       out_tokens[b * n_new + k] = choose(row, o, &rng);
     }
     if (k + 1 == n_new) return;
-    if (greedy.on()) break;  // the first new token chosen: the rest on the GPU
   }
-  // Greedy on the GPU: the first one-token step's inputs from the host, the later ones written
-  // by the kernel after each step; nothing waits for the host until the tokens are read.
-  DLManagedTensor* tok_in = ids_for(1).first;
-  DLManagedTensor* pos_in = ids_for(1).second;
-  current.assign(batch, 0);
-  for (size_t b = 0; b < batch; ++b) current[b] = out_tokens[b * n_new];
-  where.assign(1, int64_t(prompt_len));
-  upload(tok_in->dl_tensor, ids_as(tok, current).data(), stream);
-  upload(pos_in->dl_tensor, ids_as(pos, where).data(), stream);
-  in[size_t(spec.tokens)] = tok_in;
-  in[size_t(spec.positions)] = pos_in;
-  Owned& chosen = session->chosen();
-  if (!chosen) {
-    chosen.reset(model.empty(DLDataType{kDLInt, 64, 1},
-                             {int64_t(batch), spec.max_positions + 1}, stream));
-  }
-  const AfterRun choose_next = [&](const DLTensor& logits, void* s) {
-    greedy.launch(model, logits, tok_in->dl_tensor, pos_in->dl_tensor, chosen->dl_tensor, s);
-  };
+  // Greedy on the GPU, after the prompt: each run reads the token and position the kernel wrote
+  in[size_t(spec.tokens)] = one_tok;
+  in[size_t(spec.positions)] = one_pos;
   for (size_t k = 1; k < n_new; ++k) {
     std::vector<Owned> outputs;
     session->step(in, n_out, size_t(spec.logits), &outputs, &choose_next);
   }
-  DeviceGreedy::read(chosen->dl_tensor, prompt_len, n_new, out_tokens, stream);
+  DeviceGreedy::read((*chosen)->dl_tensor, prompt_len, n_new, out_tokens, stream);
 }
 
 }  // namespace ember
