@@ -78,3 +78,38 @@ def test_the_switch_turns_it_off(in_place_calls, monkeypatch):
     monkeypatch.setattr(config, "inplace_input_updates", False)
     copies, _ = _steps(Cache())
     assert copies >= 2 and not any(in_place_calls)  # each cache at least copied back
+
+
+class _Projected(Cache):
+    """Cache behind a Linear of two rows (a matrix product rewritten as a reduction)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, new, pos):
+        return super().forward(self.proj(new.view(2, 4)).view(1, 2, 1, 4), pos)
+
+
+def test_the_write_stays_in_place_where_small_matmuls_become_reductions(in_place_calls,
+                                                                        monkeypatch):
+    """Rewriting a product of few rows as a reduction (CUDA's default at batch 1) copies the
+    graph, which once lost the record of its input updates: every step then copied each cache
+    twice."""
+    import copy
+
+    from ember.inductor.config import config
+
+    monkeypatch.setattr(config, "small_mm_as_reduction", True)
+    torch.manual_seed(0)
+    model = _Projected()
+    ref, compiled = copy.deepcopy(model), ember.compile(model)
+    with torch.no_grad():
+        for i in range(4):
+            new, pos = torch.randn(1, 2, 1, 4), torch.tensor([i])
+            counter = _CountCopies()
+            with counter:
+                got = compiled(new, pos)
+            torch.testing.assert_close(got, ref(new, pos))
+            torch.testing.assert_close(model.k, ref.k)
+    assert counter.n == 0 and in_place_calls and all(in_place_calls)

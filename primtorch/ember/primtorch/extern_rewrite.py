@@ -48,7 +48,9 @@ def decompose_externs(gm: fx.GraphModule, names: Iterable[str],
     ops = {PRIMS[n]: _aten_of(n) for n in names}
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
-    gm = fx.GraphModule(gm, graph)
+    copied = fx.GraphModule(gm, graph)
+    copied.meta.update(gm.meta)  # what the graph's users told the compiler (its input updates)
+    gm = copied
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in ops:
             continue
