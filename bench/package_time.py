@@ -184,8 +184,10 @@ def _child(args) -> dict:
                 out["units"] = {"compiled": counters.compiled, "cached": counters.cached}
             got = cw.load_package(path)(*inputs)[0]
             sync()
-        from ember.ir.progress import stage_totals
-
+        try:
+            from ember.ir.progress import stage_totals
+        except ImportError:  # --components-from a checkout from before compile stages
+            stage_totals = dict
         out["stages"] = {k: round(v, 2) for k, v in stage_totals().items() if v >= 0.2}
         got = got[0] if isinstance(got, (list, tuple)) else got
         want = want[0] if isinstance(want, (list, tuple)) else want
@@ -293,7 +295,8 @@ def main(argv=None) -> int:
             if args.stages:  # where the seconds went, the last run's, stages of >= 0.2 s
                 for phase in ("compile", "cold"):
                     extra = {k: runs[-1][phase][k] for k in ("cubins",) if k in runs[-1][phase]}
-                    print(f"  {phase}: {json.dumps({**extra, **runs[-1][phase]['stages']})}")
+                    stages = runs[-1][phase].get("stages", {})
+                    print(f"  {phase}: {json.dumps({**extra, **stages})}")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     return 0

@@ -131,6 +131,14 @@ def test_only_same_shaped_updates_at_the_same_positions_pair_and_nothing_moves_p
     for second in (other_pos, other_shape):
         steps, _ = cuda_index_copy.pair_index_copies([a, second], kinds)
         assert steps == [a, second]
+    # copies that must stay ordered: the second's values are a view of the first's cache, or
+    # both write one cache (through views)
+    of_first = StepIR("view", "", ["c0", None], None, ("c0_rows",))
+    from_first = _step(k, "c1", "pos", "c0_rows", shape)
+    into_first = _step(k, "c0_rows", "pos", "v0", shape)
+    for second in (from_first, into_first):
+        steps, _ = cuda_index_copy.pair_index_copies([a, of_first, second], kinds)
+        assert steps == [a, of_first, second]
 
 
 def test_the_pair_kernel_writes_both_caches():

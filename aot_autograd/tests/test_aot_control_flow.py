@@ -41,6 +41,22 @@ def test_plan_splits_at_the_control_flow_node():
     assert [kind for kind, _ in plan(gm)] == ["piece", "control", "piece"]
 
 
+def test_a_training_graphs_pieces_are_training_graphs_and_name_no_input_updates():
+    """A piece is compiled as the whole is (a training graph's layouts), but the whole's record
+    of which outputs update which inputs names the whole's outputs, not the piece's."""
+    from ember.ir import INPUT_UPDATES_META_KEY
+
+    gm = cond_graph()
+    gm.meta.update({"ember_training": True, INPUT_UPDATES_META_KEY: {0: 0}})
+    from ember.aot_autograd.control_flow import _piece_module
+
+    pieces = [_piece_module(gm, nodes)[2] for kind, nodes in plan(gm) if kind == "piece"]
+    assert len(pieces) == 2
+    for piece in pieces:
+        assert piece.meta.get("ember_training") is True
+        assert INPUT_UPDATES_META_KEY not in piece.meta
+
+
 def test_both_branches_run_compiled():
     compiled = []
 

@@ -142,3 +142,24 @@ def test_a_packages_cubin_compiles_in_a_worker_and_this_process_only_loads_it(fr
     assert _files(fresh_pool) == built
     with open(cubin.path, "rb") as mine, open(made[0], "rb") as theirs:
         assert mine.read() == theirs.read()
+
+
+def test_a_cubin_no_worker_compiled_goes_to_the_check_processes(fresh_pool, monkeypatch):
+    """A job whose compile fails in a worker (here: a kernel the compiler rejects) is handed to
+    check_jobs (which compiles, or reports, in processes of their own), never silently dropped
+    into one-at-a-time compiles; the jobs that compiled are not."""
+    pytest.importorskip("triton.backends.nvidia")
+    from ember.ir import toolchain
+    from ember.inductor import triton_aot
+
+    monkeypatch.setattr(toolchain.config, "cache_dir", str(fresh_pool / "ember"))
+    monkeypatch.setattr(triton_aot, "PARALLEL_MIN", 1)
+    monkeypatch.setattr(triton_aot, "workers", lambda: 2)
+    handed = []
+    monkeypatch.setattr(triton_aot, "check_jobs", lambda jobs, arch: handed.extend(jobs) or [])
+    bad = KERNEL.replace("* 3.0", "* undefined_name")
+    cfg = {"XBLOCK": 1024, "num_warps": 4}
+    good_job = ("scale_kernel", KERNEL, ["*fp32", "*fp32", "i32"], cfg)
+    bad_job = ("scale_kernel", bad, ["*fp32", "*fp32", "i32"], cfg)
+    assert triton_aot._compile_in_workers([good_job, bad_job], 90)
+    assert handed == [bad_job]

@@ -66,7 +66,12 @@ def _piece_module(gm: fx.GraphModule, nodes: list):
     for n in nodes:
         env[n] = graph.node_copy(n, lambda x: env[x])
     graph.output(tuple(env[n] for n in outputs))
-    return list(inputs), outputs, fx.GraphModule(gm, graph)
+    piece = fx.GraphModule(gm, graph)
+    # a piece of a training graph is one (the layout choices differ); the rest of the whole's
+    # meta names its own inputs and outputs (input updates, size symbols): not carried over
+    if "ember_training" in gm.meta:
+        piece.meta["ember_training"] = gm.meta["ember_training"]
+    return list(inputs), outputs, piece
 
 
 def plan(gm: fx.GraphModule) -> list:

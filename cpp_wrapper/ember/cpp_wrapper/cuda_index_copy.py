@@ -201,22 +201,36 @@ _SHARED = slice(3, 8)  # N, A, B, C, ROWS: the update's shape and the cache's ro
 
 def pair_index_copies(steps: list, kernels: dict) -> tuple[list, dict]:
     """Each index-copy launch merged with the next one that copies a same-shaped update of the
-    same dtypes at the same positions, where only views, allocations and frees come between (a
-    decoder layer's keys and values): one launch of `ember_index_copy2` in the later one's
-    place, a free of the first's buffers in between moved after it (none with an allocation
+    same dtypes at the same positions into another buffer, reading neither's destination (the
+    two run at once), where only views, allocations and frees come between (a decoder layer's
+    keys and values): one launch of `ember_index_copy2` in the later one's place, a free of the first's buffers in between moved after it (none with an allocation
     after it: that allocation may take the freed memory). Returns the steps and {kernel name:
     (entry, arg_types)}."""
     out, used = [], {}
     pending, moved = None, []  # the index in `out` of an unpaired copy; its buffers' frees since
+    base: dict = {}  # a view's name -> the buffer it views (followed to the end)
+
+    def root(value) -> str:
+        name = _name(value)
+        return base.get(name, name)
+
+    def independent(a: StepIR, b: StepIR) -> bool:
+        """May the two copies run at once: neither writes what the other reads or writes?"""
+        dst_a, dst_b = root(a.args[0]), root(b.args[0])
+        reads_a, reads_b = {root(a.args[1]), root(a.args[2])}, {root(b.args[1]), root(b.args[2])}
+        return dst_a != dst_b and dst_a not in reads_b and dst_b not in reads_a
 
     def single():
         used[out[pending].target] = (NAME, kernels[out[pending].target])
 
     for step in steps:
+        if step.kind == "view":
+            base[step.outputs[0]] = root(step.args[0])
         if step.kind == "kernel" and step.target.startswith(NAME + "_"):
             first = out[pending] if pending is not None else None
             if first is not None and first.target == step.target and \
-                    first.args[1] == step.args[1] and first.args[_SHARED] == step.args[_SHARED]:
+                    first.args[1] == step.args[1] and first.args[_SHARED] == step.args[_SHARED] \
+                    and independent(first, step):  # fmt: skip
                 args = [first.args[0], step.args[0], first.args[1], first.args[2],
                         step.args[2], *first.args[3:16], *step.args[8:16], first.args[16]]
                 name = PAIR + step.target[len(NAME):]

@@ -109,8 +109,8 @@ class _Pool:
             if not select.select([proc.stdout], [], [], WORKER_TIMEOUT_S)[0]:
                 raise TimeoutError(f"no answer in {WORKER_TIMEOUT_S} s")
             ok, why = _receive(proc.stdout)
-        except (OSError, EOFError, pickle.PickleError) as e:  # the worker died: not put back
-            log.debug("ember.inductor: a compile worker was lost: %s", e)
+        except Exception as e:  # noqa: BLE001  (died, timed out, garbled: not put back)
+            log.debug("ember.inductor: a compile worker was lost: %s: %s", type(e).__name__, e)
             proc.kill()
             with _LOCK:
                 self.alive -= 1
@@ -168,6 +168,18 @@ def compile_source(path: str, module: str, fn_name: str, target, signature: dict
     return pool.threads.submit(pool.run, request)
 
 
+def results(futures) -> list:
+    """Whether each ahead-of-launch compile succeeded (False for a failure or a lost worker)."""
+    out = []
+    for future in futures:
+        try:
+            out.append(future is not None and future.result() is True)
+        except Exception as e:  # noqa: BLE001
+            log.debug("ember.inductor: a compile worker failed: %s: %s", type(e).__name__, e)
+            out.append(False)
+    return out
+
+
 def wait(futures) -> None:
     """Wait for ahead-of-launch compiles (a failed one is only logged: the caller compiles again,
     in process, and that compile reports the error)."""
@@ -204,8 +216,12 @@ class _CompileOnlyDriver:
 
 def _serve() -> None:
     """A worker's loop: requests on stdin, (ok, error) on stdout, until stdin closes."""
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # anything printed while compiling must not enter the replies
+    stdin = sys.stdin.buffer
+    # replies on a copy of the pipe; file descriptor 1 becomes stderr, so nothing printed while
+    # compiling enters them, not even by a program the compiler runs (ptxas inherits it)
+    stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     modules, target_now = {}, [None]
     while True:
         try:

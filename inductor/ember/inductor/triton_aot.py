@@ -119,14 +119,17 @@ def _compile_in_workers(jobs, arch: int) -> bool:
     """Compile missing cubins' kernels in the compile workers (compile_workers.py) into Triton's
     cache, where compile_kernel's own triton.compile then finds them; False without workers.
     Each job goes to the next idle worker (no fixed split), and a worker imports Triton only.
-    A failure is left for compile_kernel to raise, in this process, with its traceback."""
+    Jobs a worker did not compile (a failing kernel, a lost worker) go to check_jobs' processes
+    when there are enough of them; a kernel's own error is raised by compile_kernel, in this
+    process, with its traceback."""
     from . import compile_workers
     from .runtime import _module_file
 
     if compile_workers.worker_count() == 0:
         return False
-    futures = []
-    for name, source, arg_types, cfg, *rest in jobs:
+    futures, submitted = [], []
+    for job in jobs:
+        name, source, arg_types, cfg, *rest = job
         modname, path = _module_file(source)
         fn = _jit_function(source, name)
         try:
@@ -136,9 +139,12 @@ def _compile_in_workers(jobs, arch: int) -> bool:
             continue  # compile_kernel raises it
         futures.append(compile_workers.compile_source(str(path), modname, name, target, signature,
                                                       consts, attrs, options))  # fmt: skip
+        submitted.append(job)
     if any(f is None for f in futures):
         return False
-    compile_workers.wait(futures)
+    failed = [job for job, ok in zip(submitted, compile_workers.results(futures)) if not ok]
+    if len(failed) >= PARALLEL_MIN and workers() > 1:
+        check_jobs(failed, arch)
     return True
 
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -81,18 +82,39 @@ void zero(const DLTensor& t, void* stream) {
   }
 }
 
-// `bytes` (host) into `t` (dense, on the model's device), in `stream`'s order. On CUDA the
-// driver has taken the pageable bytes when the call returns, and the host does not wait for
-// the stream (ember_tensor_copy would: a stall before each call's first step).
-void upload(const DLTensor& t, const void* bytes, void* stream) {
+// Host bytes queued for copies to the device: kept until the stream has run them (pageable
+// memory may be read by the copy after cuMemcpyHtoDAsync returns). The call synchronises its
+// stream before it returns; a call that fails synchronises here before freeing them.
+class Staged {
+ public:
+  explicit Staged(void* stream) : stream_(stream) {}
+  ~Staged() {
+    if (!bytes_.empty() && stream_) cuda_driver().stream_synchronize(static_cast<CUstream>(stream_));
+  }
+  Staged(const Staged&) = delete;
+  Staged& operator=(const Staged&) = delete;
+  const void* keep(std::vector<char> bytes) {
+    bytes_.push_back(std::move(bytes));
+    return bytes_.back().data();
+  }
+
+ private:
+  void* stream_;
+  std::deque<std::vector<char>> bytes_;  // a deque: the kept vectors' buffers never move
+};
+
+// `bytes` (host) into `t` (dense, on the model's device), in `stream`'s order, the host not
+// waiting for the stream (ember_tensor_copy would: a stall before each call's first step).
+void upload(const DLTensor& t, std::vector<char> bytes, void* stream, Staged& staged) {
   size_t nbytes = size_t(numel(t) * itemsize(t.dtype));
   if (t.device.device_type == kDLCPU) {
-    memcpy(t.data, bytes, nbytes);
+    memcpy(t.data, bytes.data(), nbytes);
     return;
   }
   CudaContextScope scope(t.device.device_id);
   CUdeviceptr p = reinterpret_cast<CUdeviceptr>(static_cast<char*>(t.data) + t.byte_offset);
-  cuda_check(cuda_driver().memcpy_htod_async(p, bytes, nbytes, static_cast<CUstream>(stream)),
+  cuda_check(cuda_driver().memcpy_htod_async(p, staged.keep(std::move(bytes)), nbytes,
+                                             static_cast<CUstream>(stream)),
              "cuMemcpyHtoDAsync (ember_generate)");
 }
 
@@ -471,6 +493,7 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
     }
   } give_back{model, session};
   void* stream = session ? session->stream() : nullptr;
+  Staged staged(stream);  // after give_back: synchronised while the session's stream exists
   const DeviceGreedy greedy(model, n_new, o);
   size_t n_in = size_t(model.desc().num_inputs), n_out = size_t(model.desc().num_outputs);
   std::vector<Owned> inputs(n_in);  // on the CPU, the call's caches
@@ -544,8 +567,8 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
       where[j] = int64_t(done + j);
       for (size_t b = 0; b < batch; ++b) current[b * t + j] = token_at(b, done + j);
     }
-    upload(tok_in->dl_tensor, ids_as(tok, current).data(), stream);
-    upload(pos_in->dl_tensor, ids_as(pos, where).data(), stream);
+    upload(tok_in->dl_tensor, ids_as(tok, current), stream, staged);
+    upload(pos_in->dl_tensor, ids_as(pos, where), stream, staged);
     in[size_t(spec.tokens)] = tok_in;
     in[size_t(spec.positions)] = pos_in;
     std::vector<Owned> outputs;
@@ -555,7 +578,7 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
       } else {
         if (done + t == prompt_len) {  // the last chunk: its last position, for the kernel
           where.assign(1, int64_t(prompt_len - 1));
-          upload(one_pos->dl_tensor, ids_as(pos, where).data(), stream);
+          upload(one_pos->dl_tensor, ids_as(pos, where), stream, staged);
         }
         run_plain(model, in, n_out, stream, &outputs);
         if (done + t == prompt_len) choose_next(outputs[size_t(spec.logits)]->dl_tensor, stream);
