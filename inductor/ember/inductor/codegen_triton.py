@@ -154,17 +154,20 @@ class TritonRenderer(Renderer):
             text += ".to(tl.float32)"
         return self.emit(text, compute_dtype(dtype), key=key)
 
-    def store(self, name, index, value):
+    def store(self, name, index, value, mask=None):
         index = self.final_index(index)
         key = ("load", name, self.index_key(index))
         if isinstance(value, _Pending):
             self.deferred[name] = (index, value)
             return
-        self.cse[key] = value
-        if self.at_x_level or self.persistent:
-            self.locals[key] = value
+        if mask is None:  # (a masked store's element may not be there to read back)
+            self.cse[key] = value
+            if self.at_x_level or self.persistent:
+                self.locals[key] = value
         if name not in self.kernel.local:
-            self.lines.append(self._store_line(name, index, value, self._mask()))
+            where = self._mask()
+            where = f"({where}) & ({mask})" if mask is not None and where else (mask or where)
+            self.lines.append(self._store_line(name, index, value, str(where)))
 
     def _store_line(self, name, index, value, mask):
         dtype = self.dtype_of(name)

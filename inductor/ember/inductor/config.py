@@ -60,6 +60,9 @@ class Config:
     # an input the program overwrites (a KV cache) written by its index_put in place, not copied
     # twice per call (input_updates.py)
     inplace_input_updates: bool = True
+    # ... and as a kernel that stores the new rows (loop_ir.IndexedWrite), fused with the one
+    # computing them, not an extern call (off: the extern index_put_ on the input's view)
+    indexed_writes: bool = True
     # A buffer larger than this joins no kernel ahead of an extern call: moved there its
     # allocation would live across the extern's (the backward's conv and matmul outputs).
     hoist_max_bytes: int = 1 << 16

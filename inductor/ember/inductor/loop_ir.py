@@ -267,6 +267,34 @@ class ComputedBuffer(Buffer):
 
 
 @dataclasses.dataclass(eq=False)
+class IndexedWrite(ComputedBuffer):
+    """Rows of a graph input written where the input is (a KV cache's new rows): `data` (a
+    Pointwise over the update's ranges) stored into the memory of `target` (the input's
+    buffer; this buffer's layout is the written view of it, its offset from the target's
+    start), at row `index[i[dim]]` of dimension `dim` (negative rows from the end, as indexing
+    does; a row outside the target's writes nothing: a kernel cannot raise). Made only where
+    nothing else reads the old value (input_updates.py). Its readers read other rows than its
+    own, so no kernel fuses after it; its producers do fuse into it."""
+
+    target: Buffer = None  # an InputBuffer
+    index: Buffer = None  # 1-D, integers
+    dim: int = 0
+
+    def body(self, index, rindex=()):
+        value = self.data.inner_fn(list(index))
+        rows = self.layout.sizes[self.dim]
+        at = ops.load(self.index.name, self.index.layout.index([index[self.dim]]))
+        at = ops.to_dtype(at, torch.int64)
+        wrapped = ops.where(ops.lt(at, ops.constant(0, torch.int64)),
+                            ops.add(at, ops.index_expr(rows, torch.int64)), at)  # fmt: skip
+        inside = ops.logical_and(ops.ge(wrapped, ops.constant(0, torch.int64)),
+                                 ops.lt(wrapped, ops.index_expr(rows, torch.int64)))  # fmt: skip
+        row = ops.indirect_indexing(at, rows)
+        where = [row if d == self.dim else i for d, i in enumerate(index)]
+        return ops.store(self.name, self.layout.index(where), value, inside)
+
+
+@dataclasses.dataclass(eq=False)
 class ExternBuffer(Buffer):
     """The output of an extern kernel call (a torch eager op, or a prim's reference)."""
 
@@ -360,8 +388,9 @@ class TextHandler:
     def load(self, name, index):
         return self._emit(f"load({name}, {self._index(index)})")
 
-    def store(self, name, index, value):
-        self.lines.append(f"store({name}, {self._index(index)}, {value})")
+    def store(self, name, index, value, mask=None):
+        where = f", mask={mask}" if mask is not None else ""
+        self.lines.append(f"store({name}, {self._index(index)}, {value}{where})")
 
     def reduction(self, dtype, src_dtype, rtype, value):
         return self._emit(f"reduction({rtype}, {dtype_name(dtype)}, {value})")
@@ -514,12 +543,16 @@ class Interpreter:
                              f"{int(idx.max())} outside its {storage.numel()} elements")  # fmt: skip
         return storage[idx]
 
-    def store(self, name, index, value):
+    def store(self, name, index, value, mask=None):
         idx = torch.as_tensor(eval_index(index, self.env))
         value = torch.as_tensor(value)
         shape = torch.broadcast_shapes(idx.shape, value.shape)
         dst = self.storages[name]
-        dst[idx.expand(shape).reshape(-1)] = value.expand(shape).reshape(-1).to(dst.dtype)
+        idx, value = idx.expand(shape).reshape(-1), value.expand(shape).reshape(-1)
+        if mask is not None:  # lanes masked off write nothing (their index may be anywhere)
+            keep = torch.as_tensor(mask).expand(shape).reshape(-1)
+            idx, value = idx[keep], value[keep]
+        dst[idx] = value.to(dst.dtype)
 
     def reduction(self, dtype, src_dtype, rtype, value):
         value = torch.as_tensor(value).expand(self.full_shape)
@@ -595,7 +628,11 @@ def interpret(buffers, inputs: dict, sizevars: dict | None = None) -> dict:
         lay = b.layout
         sizes = [int(sympy.sympify(s).subs(subs)) for s in lay.sizes]
         strides = [int(sympy.sympify(s).subs(subs)) for s in lay.strides]
-        if isinstance(b, ComputedBuffer):
+        if isinstance(b, IndexedWrite):  # the target's own memory, written in place
+            storages[b.name] = storages[b.target.name]
+            Interpreter(storages, layouts, sizevars).run(b)
+            tensors[b.name] = storages[b.name].as_strided(sizes, strides, int(lay.offset))
+        elif isinstance(b, ComputedBuffer):
             n = int(sympy.sympify(lay.storage_size()).subs(subs))
             storages[b.name] = torch.zeros(max(n, 1), dtype=b.dtype)
             Interpreter(storages, layouts, sizevars).run(b)
@@ -647,11 +684,11 @@ class _Checker(SketchHandler):  # checks indices, never prints them
         self._check_index(name, index)
         return super().load(name, index)
 
-    def store(self, name, index, value):
+    def store(self, name, index, value, mask=None):
         self._check_index(name, index)
         if not self.context.startswith(name):
             raise AssertionError(f"{self.context} stores into {name}, not its own buffer")
-        super().store(name, index, value)
+        super().store(name, index, value, mask)
 
     def index_expr(self, expr, dtype):
         self._check_index(None, expr)

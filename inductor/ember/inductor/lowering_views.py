@@ -16,7 +16,8 @@ from ember.primtorch.utils import (broadcast_shapes, compute_view_strides, known
 from .config import config, on_for
 from .index_simplify import simplify_index
 from .input_updates import IN_PLACE_META
-from .loop_ir import InputBuffer, compute_dtype, loop_vars, ops, set_handler
+from .loop_ir import (IndexedWrite, InputBuffer, Layout, Pointwise, compute_dtype, loop_vars,
+                      ops, set_handler)  # fmt: skip
 from .runtime import index_put as runtime_index_put
 from .graph_reads import read_elementwise
 from .lowering import (
@@ -474,6 +475,9 @@ def _index_put(L, a, indices, values, accumulate=False):
     Any other stays its reference's call (a copy of `a`, written)."""
     if not L.current.meta.get(IN_PLACE_META):
         raise NotImplementedError("no lowering")
+    written = _indexed_write(L, a, indices, values)
+    if written is not None:
+        return written
     target = L.realize_as_buffer(a)
     lay = target.layout
     meta = TensorMeta(lay.dtype, tuple(lay.sizes), tuple(lay.strides), lay.offset,
@@ -483,6 +487,34 @@ def _index_put(L, a, indices, values, accumulate=False):
 
 
 _index_put.partial = True  # any other index_put still calls its reference (the fallback)
+
+
+def _indexed_write(L, a, indices, values):
+    """The marked index_put as a kernel that stores `values` into rows of the input `a` views
+    (loop_ir.IndexedWrite: fused with what computes the values, no extern call), or None where
+    it stays an extern: config.indexed_writes off, a package (whose decode steps donate their
+    caches through the extern: cpp_wrapper/decode.py), not one 1-D index tensor, or C++
+    kernels. A Triton kernel skips a row outside the input (eager's CUDA kernel stops the
+    process with a device-side assert); on the CPU eager raises, and so does the extern."""
+    triton = str(L.device).startswith("cuda") or config.cpu_backend == "triton"
+    if not config.indexed_writes or config.packaging or len(indices) != 1 or not triton:
+        return None
+    index = indices[0]
+    if not is_tensor(index) or len(index.sizes) != 1 or index.dtype.is_floating_point or \
+            not (isinstance(a, View) and isinstance(a.buffer, InputBuffer)) or not a.sizes:
+        return None  # fmt: skip
+    target = a.buffer
+    shape = (index.sizes[0], *a.sizes[1:])  # rows of `a`'s first dimension, values broadcast
+    if is_tensor(values) and len(values.sizes) > len(shape):
+        return None
+    src = broadcast_to(values, shape) if is_tensor(values) else values
+    rows = L.realize_as_buffer(index)
+    dtype = a.dtype
+    write = IndexedWrite(L.new_name(), Layout(dtype, a.device, a.sizes, a.strides, a.offset),
+                         Pointwise(shape, lambda idx: load_as(src, idx, dtype), dtype),
+                         target=target, index=rows, dim=0)  # fmt: skip
+    L.buffers.append(write)
+    return View.of(write)
 
 # mm(a, b) with M*N*K below this is not padded: the padded copy of b would cost about as much as
 # the unaligned product loses. Nor is one of fewer rows than PAD_MM_MIN_ROWS whose b is a buffer

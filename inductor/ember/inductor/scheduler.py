@@ -30,6 +30,7 @@ from .loop_ir import (
     ComputedBuffer,
     ExternBuffer,
     extern_buffers,
+    IndexedWrite,
     MultiOutput,
     SketchHandler,
     loop_vars,
@@ -54,7 +55,7 @@ class _Recorder(SketchHandler):
         self.loads.append((name, self.expand(index)))
         return super().load(name, index)
 
-    def store(self, name, index, value):
+    def store(self, name, index, value, mask=None):
         self.stores.append((name, self.expand(index)))
 
     def index_expr(self, expr, dtype):
@@ -413,6 +414,8 @@ def try_fuse(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
     draws = random_draws(node)
     if draws and draws + sum(random_draws(m.node) for m in kernel.members) > MAX_RANDOM_DRAWS:
         return None
+    # rows an IndexedWrite stores are not the ones its readers read: none joins its kernel
+    written = {m.node.name for m in kernel.members if isinstance(m.node, IndexedWrite)}
     for role, perm, xsizes, rsizes, *order in _candidates(kernel, node):
         base = _reordered(kernel, order[0]) if order else kernel
         k = (
@@ -422,7 +425,7 @@ def try_fuse(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
         )
         m = Member(node, role, perm)
         rec = k.record(m)
-        ok = True
+        ok = not (written & {name for name, _ in rec.loads})
         from .codegen_common import simplify_index  # (codegen_common imports this module)
 
         # Compared within the loop ranges: a size-1 loop runs at 0 only, and a reshape's
@@ -611,8 +614,9 @@ def plan_locals(k: Kernel, readers: dict, outputs: set) -> None:
     whole_rows = persistent(k)
     for m in k.members:
         name = m.node.name
-        if name in outputs or readers.get(name, set()) - {id(k)}:
-            continue
+        if name in outputs or readers.get(name, set()) - {id(k)} or isinstance(m.node,
+                                                                                IndexedWrite):
+            continue  # (an IndexedWrite's stores are the point)
         ok = True
         # Per-element values survive only within their own loop, unless the row is persistent
         # (softmax's exponentials, read again after their sum, are then never written).

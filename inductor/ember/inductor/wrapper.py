@@ -21,8 +21,8 @@ from ember.ir.symbols import expand_index, expr_to_json
 from .codegen_common import PY_MINMAX, print_index
 from .config import config
 from .index_simplify import simplify_index
-from .loop_ir import (AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
-                      TemplateBuffer)  # fmt: skip
+from .loop_ir import (AliasBuffer, Buffer, ComputedBuffer, ExternBuffer, IndexedWrite, InputBuffer,
+                      MultiOutput, TemplateBuffer)  # fmt: skip
 from .scheduler import Kernel, _step_reads
 from .triton_aot import launch_args, split_size_args
 
@@ -108,13 +108,15 @@ class WrapperBuilder:
             donor, pooled = self.pool[self._key(b)].pop(), True
             self.pool_until.pop(donor)
         if donor is not None:
+            # (an IndexedWrite's view of the input it writes rows of: that input's memory)
+            why = f"rows of {donor}" if isinstance(b, IndexedWrite) else f"reuses {donor}"
             was = self.buffers[donor].layout if donor in self.buffers else None
             if was is not None and (was.sizes, was.strides) == (lay.sizes, lay.strides) and \
                     lay.offset == 0:  # the donor's tensor as it is: no view made at each call
-                self.lines.append(f"{b.name} = {donor}  # reuses {donor}")
+                self.lines.append(f"{b.name} = {donor}  # {why}")
             else:
                 self.lines.append(f"{b.name} = reinterpret({donor}, {_text(sizes)}, "
-                                  f"{_text(strides)}, {_text(lay.offset)})  # reuses {donor}")
+                                  f"{_text(strides)}, {_text(lay.offset)})  # {why}")
             if pooled:  # the new name holds the memory now; the old one would pin it forever
                 self.lines.append(f"del {donor}")
             self.art_steps.append(
@@ -186,9 +188,9 @@ class WrapperBuilder:
         fresh result (an mm's (256, 1000) that its bias add stores as (4, 64, 1000)), of `b`'s
         dtype, device, storage size and offset (the caller checks that each element is read
         where it is stored)."""
-        if not (isinstance(src, ComputedBuffer)
+        if isinstance(src, IndexedWrite) or not (isinstance(src, ComputedBuffer)
                 or (type(src) is ExternBuffer and src.op in FRESH_EXTERNS)):  # fmt: skip
-            return False
+            return False  # (an IndexedWrite's memory is a graph input's)
         return src.layout == b.layout or (
             self._key(src) == self._key(b) and src.layout.offset == b.layout.offset)
 
@@ -270,6 +272,7 @@ class WrapperBuilder:
             isinstance(b, (ComputedBuffer, ExternBuffer))
             and not isinstance(b, AliasBuffer)
             and not (isinstance(b, ExternBuffer) and b.kwargs.get("in_place"))  # a graph input's
+            and not isinstance(b, IndexedWrite)  # (memory, the caller's)
             and name not in self.donated
             and not self._aliased(name)
         ):
@@ -305,7 +308,12 @@ class WrapperBuilder:
         if isinstance(s, Kernel):
             src = self.ks[s.name]
             for b in _allocated(s):
-                donor = None if isinstance(b, ExternBuffer) else self._inplace_donor(s, b, i, last)
+                if isinstance(b, IndexedWrite):  # the input's own memory: a view of it
+                    donor = b.target.name
+                elif isinstance(b, ExternBuffer):
+                    donor = None
+                else:
+                    donor = self._inplace_donor(s, b, i, last)
                 self._alloc(b, donor)
             self.lines.append(f"{s.name}({', '.join(src.args)})")
             if src.language == "triton":
