@@ -107,3 +107,23 @@ def test_a_decoder_step_matches_eager_token_after_token(in_place_calls, monkeypa
     stores = [src for src in rendered if "tl.store" in src and ") & (" in src]
     assert stores, "no kernel stores rows under the positions' mask"
     assert triton_aot.check_kernels(rendered.values()) == []
+
+
+class _SlicedPositions(Cache):
+    """The positions sliced inside the program (a view at a storage offset: once double-counted,
+    every row written one slot too far)."""
+
+    def forward(self, new, positions):
+        return super().forward(new, positions[0, 1:])
+
+
+def test_positions_read_through_a_view_at_an_offset(in_place_calls):
+    model = _SlicedPositions()
+    ref, compiled = copy.deepcopy(model), ember.compile(model)
+    with torch.no_grad():
+        for i in range(4):
+            new, positions = torch.randn(1, 2, 1, 4), torch.tensor([[7, i]])
+            torch.testing.assert_close(compiled(new, positions), ref(new, positions))
+            torch.testing.assert_close(model.k, ref.k)
+            torch.testing.assert_close(model.v, ref.v)
+    assert in_place_calls == []

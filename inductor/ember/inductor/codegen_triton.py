@@ -158,6 +158,7 @@ class TritonRenderer(Renderer):
         index = self.final_index(index)
         key = ("load", name, self.index_key(index))
         if isinstance(value, _Pending):
+            assert mask is None, "a reduction's value stored under a mask"  # (_phase drops it)
             self.deferred[name] = (index, value)
             return
         if mask is None:  # (a masked store's element may not be there to read back)

@@ -277,13 +277,16 @@ class IndexedWrite(ComputedBuffer):
     own, so no kernel fuses after it; its producers do fuse into it."""
 
     target: Buffer = None  # an InputBuffer
-    index: Buffer = None  # 1-D, integers
+    # the rows: 1-D integers, element j of buffer `index` at index_offset + index_stride * j
+    index: Buffer = None
+    index_stride: Any = sympy.S.One
+    index_offset: Any = sympy.S.Zero
     dim: int = 0
 
     def body(self, index, rindex=()):
         value = self.data.inner_fn(list(index))
         rows = self.layout.sizes[self.dim]
-        at = ops.load(self.index.name, self.index.layout.index([index[self.dim]]))
+        at = ops.load(self.index.name, self.index_offset + self.index_stride * index[self.dim])
         at = ops.to_dtype(at, torch.int64)
         wrapped = ops.where(ops.lt(at, ops.constant(0, torch.int64)),
                             ops.add(at, ops.index_expr(rows, torch.int64)), at)  # fmt: skip
@@ -546,11 +549,12 @@ class Interpreter:
     def store(self, name, index, value, mask=None):
         idx = torch.as_tensor(eval_index(index, self.env))
         value = torch.as_tensor(value)
-        shape = torch.broadcast_shapes(idx.shape, value.shape)
+        keep = torch.as_tensor(True if mask is None else mask)
+        shape = torch.broadcast_shapes(idx.shape, value.shape, keep.shape)
         dst = self.storages[name]
         idx, value = idx.expand(shape).reshape(-1), value.expand(shape).reshape(-1)
         if mask is not None:  # lanes masked off write nothing (their index may be anywhere)
-            keep = torch.as_tensor(mask).expand(shape).reshape(-1)
+            keep = keep.expand(shape).reshape(-1)
             idx, value = idx[keep], value[keep]
         dst[idx] = value.to(dst.dtype)
 
@@ -629,9 +633,10 @@ def interpret(buffers, inputs: dict, sizevars: dict | None = None) -> dict:
         sizes = [int(sympy.sympify(s).subs(subs)) for s in lay.sizes]
         strides = [int(sympy.sympify(s).subs(subs)) for s in lay.strides]
         if isinstance(b, IndexedWrite):  # the target's own memory, written in place
-            storages[b.name] = storages[b.target.name]
+            storages[b.name] = base = storages[b.target.name]
             Interpreter(storages, layouts, sizevars).run(b)
-            tensors[b.name] = storages[b.name].as_strided(sizes, strides, int(lay.offset))
+            tensors[b.name] = base.as_strided(sizes, strides,
+                                              base.storage_offset() + int(lay.offset))  # fmt: skip
         elif isinstance(b, ComputedBuffer):
             n = int(sympy.sympify(lay.storage_size()).subs(subs))
             storages[b.name] = torch.zeros(max(n, 1), dtype=b.dtype)

@@ -508,11 +508,12 @@ def _indexed_write(L, a, indices, values):
     if is_tensor(values) and len(values.sizes) > len(shape):
         return None
     src = broadcast_to(values, shape) if is_tensor(values) else values
-    rows = L.realize_as_buffer(index)
+    rows = L.realize(index)  # read through its root buffer (a view's offset counted once)
     dtype = a.dtype
     write = IndexedWrite(L.new_name(), Layout(dtype, a.device, a.sizes, a.strides, a.offset),
                          Pointwise(shape, lambda idx: load_as(src, idx, dtype), dtype),
-                         target=target, index=rows, dim=0)  # fmt: skip
+                         target=target, index=rows.buffer, index_stride=rows.strides[0],
+                         index_offset=rows.offset, dim=0)  # fmt: skip
     L.buffers.append(write)
     return View.of(write)
 
