@@ -314,6 +314,24 @@ def test_mutated_input_aliasing_another_input_raises():
         _compile(fn)(x, x)
 
 
+def test_aliasing_is_found_through_views_and_between_mutated_inputs():
+    def one(a, b, c):
+        c.add_(1)
+        return a + b
+
+    def both(a, b, c):
+        a.add_(1)
+        c.mul_(2)
+        return b
+
+    x = torch.zeros(4)
+    with pytest.raises(NotImplementedError, match="input 2 is mutated"):
+        _compile(one)(torch.ones(2), x[1:3], x[:2])  # a view at another offset
+    with pytest.raises(NotImplementedError, match="input 0 is mutated"):
+        _compile(both)(x[:2], torch.ones(2), x[2:])  # two mutated inputs, one storage
+    _compile(one)(torch.ones(2), torch.ones(2), x[:2])  # no alias: runs
+
+
 def test_aot_module_lifts_parameters():
     from ember.aot_autograd import aot_module
 
