@@ -35,14 +35,14 @@ def _kernel():
     return _load_module(cuda_index_copy.SOURCE).ember_index_copy
 
 
-def _launch(dst, index, values):
+def _launch(dst, index, values, kernel=None):
     """dst[index[j]] = values[j] along dim 0, as index_copy_step's arguments describe it."""
     shape = [index.shape[0], *dst.shape[1:]]
     values = values.expand(shape)
     sizes = shape + [1] * (4 - len(shape))
     pad = [0] * (4 - len(shape))
     n = int(torch.tensor(sizes).prod())
-    _kernel()[(-(-n // 256),)](dst, index, values, n, *sizes[1:], dst.shape[0],
+    (kernel or _kernel())[(-(-n // 256),)](dst, index, values, n, *sizes[1:], dst.shape[0],
                                *dst.stride(), *pad, *values.stride(), *pad, index.stride(0),
                                BLOCK=256)  # fmt: skip
 
@@ -54,6 +54,21 @@ def test_the_kernel_writes_rows_at_the_positions():
     want = cache.clone()
     want.index_copy_(2, pos % 10, new)
     _launch(cache.permute(2, 0, 1, 3), pos, new.permute(2, 0, 1, 3))  # S first, as a view
+    assert torch.equal(cache, want)
+
+
+def test_the_64_bit_element_split_writes_the_same_rows():
+    """The kernel splits an element's number in 32 bits below 2**31 elements, in 64 above: the
+    64-bit branch, run here by lowering the threshold to 1 in a copy of the source."""
+    _kernel()  # skipped without the interpreter
+    source = cuda_index_copy.SOURCE.replace("N < 2147483648", "N < 1")
+    assert source != cuda_index_copy.SOURCE
+    wide = _load_module(source).ember_index_copy
+    cache, new = torch.zeros(2, 3, 10, 4), torch.randn(2, 3, 3, 4)
+    pos = torch.tensor([7, 2, -1])
+    want = cache.clone()
+    want.index_copy_(2, pos % 10, new)
+    _launch(cache.permute(2, 0, 1, 3), pos, new.permute(2, 0, 1, 3), kernel=wide)
     assert torch.equal(cache, want)
 
 
