@@ -1,8 +1,13 @@
-"""The module test_input_updates.py and its CUDA counterpart run: a static KV cache written a row
-per step, and a counter of whole-tensor copies."""
+"""The module test_input_updates.py, test_indexed_writes.py and the CUDA counterpart run: a
+static KV cache written a row per step, a counter of whole-tensor copies, the steps against
+eager, and a fixture recording the index_put extern's calls."""
 
+import pytest
 import torch
 from torch import nn
+
+import ember
+import ember.inductor.lowering_views as lowering_views
 
 
 class Cache(nn.Module):
@@ -37,3 +42,39 @@ class _CountCopies(torch.overrides.TorchFunctionMode):
         if func is torch.Tensor.copy_:
             self.n += 1
         return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def in_place_calls(monkeypatch):
+    """The in_place flag of every index_put extern call."""
+    calls = []
+    real = lowering_views.EXTERN_KERNELS["prims.index_put"]
+
+    def spy(a, indices, values, accumulate=False, in_place=False):
+        calls.append(in_place)
+        return real(a, indices, values, accumulate, in_place)
+
+    monkeypatch.setitem(lowering_views.EXTERN_KERNELS, "prims.index_put", spy)
+    ember.reset()
+    yield calls
+    ember.reset()
+
+
+def _steps(model, n=5):
+    """Ember against eager over `n` steps; (copies per later call, buffer addresses kept)."""
+    ref = Cache(model.read_old, model.accumulate, model.rounds)
+    compiled = ember.compile(model)
+    addresses = (model.k.data_ptr(), model.v.data_ptr())
+    copies = []
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for i in range(n):
+            new, pos = torch.randn(1, 2, 1, 4), torch.tensor([i])
+            counter = _CountCopies()
+            with counter:
+                got = compiled(new, pos)
+            copies.append(counter.n)
+            torch.testing.assert_close(got, ref(new, pos))
+            torch.testing.assert_close(model.k, ref.k)
+            torch.testing.assert_close(model.v, ref.v)
+    return copies[-1], (model.k.data_ptr(), model.v.data_ptr()) == addresses

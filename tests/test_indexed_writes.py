@@ -15,9 +15,8 @@ import torch  # noqa: E402
 import ember  # noqa: E402
 from decode_model import LAYERS, Decoder, zero_caches  # noqa: E402
 from ember.inductor import config  # noqa: E402
-from input_updates_model import Cache  # noqa: E402
-from test_input_updates import _steps  # noqa: E402
-from test_input_updates import in_place_calls  # noqa: E402,F401  (a fixture)
+from input_updates_model import Cache, _steps  # noqa: E402
+from input_updates_model import in_place_calls  # noqa: E402,F401  (a fixture)
 
 
 @pytest.fixture(autouse=True)

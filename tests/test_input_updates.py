@@ -8,48 +8,11 @@ lowers them in place and keeps the output a view. Programs that also read the ol
 accumulate, keep the functional path; every case matches eager step after step.
 """
 
-import pytest
 import torch
 
 import ember
-import ember.inductor.lowering_views as lowering_views
-from input_updates_model import Cache, _CountCopies
-
-
-@pytest.fixture
-def in_place_calls(monkeypatch):
-    """The in_place flag of every index_put extern call."""
-    calls = []
-    real = lowering_views.EXTERN_KERNELS["prims.index_put"]
-
-    def spy(a, indices, values, accumulate=False, in_place=False):
-        calls.append(in_place)
-        return real(a, indices, values, accumulate, in_place)
-
-    monkeypatch.setitem(lowering_views.EXTERN_KERNELS, "prims.index_put", spy)
-    ember.reset()
-    yield calls
-    ember.reset()
-
-
-def _steps(model, n=5):
-    """Ember against eager over `n` steps; (copies per later call, buffer addresses kept)."""
-    ref = Cache(model.read_old, model.accumulate, model.rounds)
-    compiled = ember.compile(model)
-    addresses = (model.k.data_ptr(), model.v.data_ptr())
-    copies = []
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for i in range(n):
-            new, pos = torch.randn(1, 2, 1, 4), torch.tensor([i])
-            counter = _CountCopies()
-            with counter:
-                got = compiled(new, pos)
-            copies.append(counter.n)
-            torch.testing.assert_close(got, ref(new, pos))
-            torch.testing.assert_close(model.k, ref.k)
-            torch.testing.assert_close(model.v, ref.v)
-    return copies[-1], (model.k.data_ptr(), model.v.data_ptr()) == addresses
+from input_updates_model import Cache, _CountCopies, _steps
+from input_updates_model import in_place_calls  # noqa: F401  (a fixture)
 
 
 def test_cache_rows_are_written_in_place_with_no_copy(in_place_calls):
