@@ -2,6 +2,8 @@
 static KV cache written a row per step, a counter of whole-tensor copies, the steps against
 eager, and a fixture recording the index_put extern's calls."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -61,8 +63,9 @@ def in_place_calls(monkeypatch):
 
 
 def _steps(model, n=5):
-    """Ember against eager over `n` steps; (copies per later call, buffer addresses kept)."""
-    ref = Cache(model.read_old, model.accumulate, model.rounds)
+    """Ember against eager (a copy of `model`) over `n` steps; (copies per later call, buffer
+    addresses kept)."""
+    ref = copy.deepcopy(model)
     compiled = ember.compile(model)
     addresses = (model.k.data_ptr(), model.v.data_ptr())
     copies = []

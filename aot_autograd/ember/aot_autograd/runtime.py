@@ -12,6 +12,7 @@ the outputs are the graph's outputs in order, and no autograd.Function for an in
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Callable, Optional
 
@@ -98,23 +99,14 @@ def draw_seeds(plan: RuntimePlan) -> list[torch.Tensor]:
 def check_mutated_aliasing(plan: RuntimePlan, inputs) -> None:
     """Raise if a mutated input shares its storage with another input (the trace assumed not)."""
     ptrs = [storage_ptr(t) for t in inputs]
-    # one pass over the inputs (a decode step's 32 caches among 180 inputs: a count per cache
-    # over every input cost as much again)
-    mutated = {}
+    # counted once (a decode step's 32 caches among 180 inputs: a count per cache over every
+    # input cost as much again)
+    counts = collections.Counter(ptrs)
     for i in plan.mutated_inputs:
-        if ptrs[i]:
-            mutated.setdefault(ptrs[i], []).append(i)
-    if not mutated:
-        return
-    seen = dict.fromkeys(mutated, 0)
-    for p in ptrs:
-        if p in seen:
-            seen[p] += 1
-    for p, n in seen.items():
-        if n > 1:
+        if ptrs[i] and counts[ptrs[i]] > 1:
             raise NotImplementedError(
-                f"aot_autograd: input {mutated[p][0]} is mutated and shares its storage with "
-                "another input; pass separate tensors (the trace treats inputs as distinct)"
+                f"aot_autograd: input {i} is mutated and shares its storage with another input; "
+                "pass separate tensors (the trace treats inputs as distinct)"
             )
 
 

@@ -203,9 +203,10 @@ def pair_index_copies(steps: list, kernels: dict) -> tuple[list, dict]:
     """Each index-copy launch merged with the next one that copies a same-shaped update of the
     same dtypes at the same positions into another buffer, reading neither's destination (the
     two run at once), where only views, allocations and frees come between (a decoder layer's
-    keys and values): one launch of `ember_index_copy2` in the later one's place, a free of the first's buffers in between moved after it (none with an allocation
-    after it: that allocation may take the freed memory). Returns the steps and {kernel name:
-    (entry, arg_types)}."""
+    keys and values): one launch of `ember_index_copy2` in the later one's place, a free of the
+    first's buffers in between moved after it (none with an allocation after it: that
+    allocation may take the freed memory). Returns the steps and {kernel name: (entry,
+    arg_types)}."""
     out, used = [], {}
     pending, moved = None, []  # the index in `out` of an unpaired copy; its buffers' frees since
     base: dict = {}  # a view's name -> the buffer it views (followed to the end)
@@ -234,9 +235,9 @@ def pair_index_copies(steps: list, kernels: dict) -> tuple[list, dict]:
                 args = [first.args[0], step.args[0], first.args[1], first.args[2],
                         step.args[2], *first.args[3:16], *step.args[8:16], first.args[16]]
                 name = PAIR + step.target[len(NAME):]
-                types = step.target[len(NAME) + 1:].split("_")  # out, index, values
-                used[name] = (PAIR, (f"*{types[0]}", f"*{types[0]}", f"*{types[1]}",
-                                     f"*{types[2]}", f"*{types[2]}", *("i64",) * (len(args) - 5)))
+                out_t, index_t, values_t, size_t = kernels[step.target][:4]
+                used[name] = (PAIR, (out_t, out_t, index_t, values_t, values_t,
+                                     *(size_t,) * (len(args) - 5)))  # fmt: skip
                 out.append(StepIR("kernel", name, args, {"grid": [*first.kwargs["grid"], 2]},
                                   (first.outputs[0], step.outputs[0])))  # fmt: skip
                 out.extend(out[i] for i in moved)

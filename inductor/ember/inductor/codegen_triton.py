@@ -167,8 +167,9 @@ class TritonRenderer(Renderer):
                 self.locals[key] = value
         if name not in self.kernel.local:
             where = self._mask()
-            where = f"({where}) & ({mask})" if mask is not None and where else (mask or where)
-            self.lines.append(self._store_line(name, index, value, str(where)))
+            if mask is not None:
+                where = f"({where}) & ({mask})" if where else str(mask)
+            self.lines.append(self._store_line(name, index, value, where))
 
     def _store_line(self, name, index, value, mask):
         dtype = self.dtype_of(name)

@@ -169,7 +169,8 @@ def compile_source(path: str, module: str, fn_name: str, target, signature: dict
 
 
 def results(futures) -> list:
-    """Whether each ahead-of-launch compile succeeded (False for a failure or a lost worker)."""
+    """Wait for ahead-of-launch compiles: whether each succeeded (False for a failure or a lost
+    worker, only logged: the caller compiles it again, in process, and reports the error)."""
     out = []
     for future in futures:
         try:
@@ -178,17 +179,6 @@ def results(futures) -> list:
             log.debug("ember.inductor: a compile worker failed: %s: %s", type(e).__name__, e)
             out.append(False)
     return out
-
-
-def wait(futures) -> None:
-    """Wait for ahead-of-launch compiles (a failed one is only logged: the caller compiles again,
-    in process, and that compile reports the error)."""
-    for future in futures:
-        if future is not None:
-            try:
-                future.result()
-            except Exception as e:  # noqa: BLE001
-                log.debug("ember.inductor: a compile worker failed: %s: %s", type(e).__name__, e)
 
 
 # --- in the worker --------------------------------------------------------------------------

@@ -288,10 +288,9 @@ class IndexedWrite(ComputedBuffer):
         rows = self.layout.sizes[self.dim]
         at = ops.load(self.index.name, self.index_offset + self.index_stride * index[self.dim])
         at = ops.to_dtype(at, torch.int64)
-        wrapped = ops.where(ops.lt(at, ops.constant(0, torch.int64)),
-                            ops.add(at, ops.index_expr(rows, torch.int64)), at)  # fmt: skip
-        inside = ops.logical_and(ops.ge(wrapped, ops.constant(0, torch.int64)),
-                                 ops.lt(wrapped, ops.index_expr(rows, torch.int64)))  # fmt: skip
+        # a row in range once wrapped (indirect_indexing wraps a negative one) is in [-rows, rows)
+        inside = ops.logical_and(ops.ge(at, ops.index_expr(-rows, torch.int64)),
+                                 ops.lt(at, ops.index_expr(rows, torch.int64)))  # fmt: skip
         row = ops.indirect_indexing(at, rows)
         where = [row if d == self.dim else i for d, i in enumerate(index)]
         return ops.store(self.name, self.layout.index(where), value, inside)

@@ -393,7 +393,7 @@ class TritonLauncher:
         target = _gpu_target() if calls else None
         if target is not None:  # compiled in worker processes into Triton's cache, in parallel
             modname, path = _module_file(self.source)
-            compile_workers.wait([
+            compile_workers.results([  # (a failure: this process compiles it again, below)
                 compile_workers.compile_ahead(str(path), modname, self.fn_name, target, a, k)
                 for a, k in calls
             ])  # fmt: skip

@@ -365,21 +365,10 @@ def _reordered(kernel: Kernel, order) -> Kernel:
 
 def _loop_orders(sizes, target) -> list:
     """Orders for `_reordered` that run loops of `sizes` as `target` in another order than
-    their own (the non-1 sizes permuted; size-1 loops dropped or added), at most five loops."""
-    kept = [d for d, n in enumerate(sizes) if n != 1]
-    slots = [j for j, n in enumerate(target) if n != 1]
-    if len(kept) != len(slots) or len(kept) > 5:
-        return []
+    their own (the non-1 sizes permuted; size-1 loops dropped or added), at most five loops:
+    `_perms`' readings of one as the other, less the one in their own order."""
     plain = _unit_loops(sizes, target)
-    out = []
-    for p in itertools.permutations(kept):
-        if all(sizes[d] == target[j] for d, j in zip(p, slots)):
-            order = [None] * len(target)
-            for d, j in zip(p, slots):
-                order[j] = d
-            if tuple(order) != plain:
-                out.append(tuple(order))
-    return out
+    return [order for order in _perms(sizes, target) if order != plain]
 
 
 def _unit_loops(sizes, target) -> tuple | None:
@@ -415,7 +404,9 @@ def try_fuse(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
     if draws and draws + sum(random_draws(m.node) for m in kernel.members) > MAX_RANDOM_DRAWS:
         return None
     # rows an IndexedWrite stores are not the ones its readers read: none joins its kernel
-    written = {m.node.name for m in kernel.members if isinstance(m.node, IndexedWrite)}
+    if any(isinstance(m.node, IndexedWrite) and m.node.name in reads_of(node)
+           for m in kernel.members):  # fmt: skip
+        return None
     for role, perm, xsizes, rsizes, *order in _candidates(kernel, node):
         base = _reordered(kernel, order[0]) if order else kernel
         k = (
@@ -425,7 +416,7 @@ def try_fuse(kernel: Kernel, node: ComputedBuffer) -> Kernel | None:
         )
         m = Member(node, role, perm)
         rec = k.record(m)
-        ok = not (written & {name for name, _ in rec.loads})
+        ok = True
         from .codegen_common import simplify_index  # (codegen_common imports this module)
 
         # Compared within the loop ranges: a size-1 loop runs at 0 only, and a reshape's
@@ -614,9 +605,10 @@ def plan_locals(k: Kernel, readers: dict, outputs: set) -> None:
     whole_rows = persistent(k)
     for m in k.members:
         name = m.node.name
-        if name in outputs or readers.get(name, set()) - {id(k)} or isinstance(m.node,
-                                                                                IndexedWrite):
-            continue  # (an IndexedWrite's stores are the point)
+        if name in outputs or readers.get(name, set()) - {id(k)}:
+            continue
+        if isinstance(m.node, IndexedWrite):  # its stores are the point
+            continue
         ok = True
         # Per-element values survive only within their own loop, unless the row is persistent
         # (softmax's exponentials, read again after their sum, are then never written).

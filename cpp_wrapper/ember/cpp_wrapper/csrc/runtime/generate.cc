@@ -576,12 +576,13 @@ void generate(Model& model, const int64_t* prompt, size_t batch, size_t prompt_l
       if (t == 1) {     // prompt runs overwrite
         session->step(in, n_out, size_t(spec.logits), &outputs, &choose_next);
       } else {
-        if (done + t == prompt_len) {  // the last chunk: its last position, for the kernel
+        const bool last = done + t == prompt_len;
+        if (last) {  // its last position, for the kernel
           where.assign(1, int64_t(prompt_len - 1));
           upload(one_pos->dl_tensor, ids_as(pos, where), stream, staged);
         }
         run_plain(model, in, n_out, stream, &outputs);
-        if (done + t == prompt_len) choose_next(outputs[size_t(spec.logits)]->dl_tensor, stream);
+        if (last) choose_next(outputs[size_t(spec.logits)]->dl_tensor, stream);
       }
       done += t;
       if (done == prompt_len) break;
