@@ -228,18 +228,27 @@ def profile_comm(step, cfg, device) -> dict:
         return {"note": "no device kernels (CPU run): exposed communication not measured"}
     n = max(cfg.profile_steps, 1)
     comm_ms = sum(e - s for s, e in merge_intervals(comm)) / 1e3 / n
+    busy_ms = sum(e - s for s, e in merge_intervals(comm + compute)) / 1e3 / n
     exposed_ms = exposed_time(comm, compute) / 1e3 / n
     return {"comm_ms": comm_ms, "exposed_comm_ms": exposed_ms,
             "overlapped_pct": 100.0 * (1 - exposed_ms / comm_ms) if comm_ms else None,
-            "comm_kernels": len(comm)}  # fmt: skip
+            "comm_kernels": len(comm),
+            "gpu_busy_ms": busy_ms}  # any kernel running: the rest of a step is host time
 
 
 def _capture_counts(backend) -> dict:
     if backend == "ember":
         import ember.dynamo
 
+        from ember.inductor import metrics
+
         s = ember.dynamo.convert.stats
         return {"graphs": len(s.graphs), "breaks": len(s.breaks) + len(s.failures),
+                # each captured graph's pieces, one per DDP gradient bucket (1: not split)
+                "pieces": [g.gm.meta.get("ember_ddp_pieces", 1) for g in s.graphs],
+                "cudagraphs": {"replays": metrics.cudagraph_replays,
+                               "plain_calls": metrics.cudagraph_plain_calls,
+                               "given_up": metrics.cudagraph_skips[:4]},
                 "break_reasons": sorted({f"{b.reason} @ {b.where}" for b in s.breaks
                                          + s.failures})[:8]}  # fmt: skip
     if backend == "torch_compile":
@@ -365,10 +374,36 @@ def train_config(cfg, parallel, backend, device, rank) -> dict:
     report["loss"] = float(loss)
     if device.type == "cuda":
         report["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        report["mem_phases_gib"] = memory_phases(model, opt, batches[0], cfg, device)
     report.update(_capture_counts(backend))
     if cfg.profile_steps:
         report["profile"] = profile_comm(step, cfg, device)
     return report
+
+
+def memory_phases(model, opt, batch, cfg, device) -> dict:
+    """One more step, with the memory allocated (and the peak since the last reading) after
+    its forward, backward, optimizer step and zero_grad: where a peak comes from."""
+    out = {}
+
+    def read(name):
+        _sync(device)
+        out[name] = (round(torch.cuda.memory_allocated(device) / 2**30, 3),
+                     round(torch.cuda.max_memory_allocated(device) / 2**30, 3))  # fmt: skip
+        torch.cuda.reset_peak_memory_stats(device)
+
+    read("before")
+    with _amp(cfg, device):
+        loss = model(*batch)
+    read("forward")
+    loss.backward()
+    del loss
+    read("backward")
+    opt.step()
+    read("optimizer")
+    opt.zero_grad(set_to_none=True)
+    read("zero_grad")
+    return out
 
 
 def tp_config(cfg, device, rank) -> dict:
@@ -547,6 +582,13 @@ def _fmt(v, spec=".1f"):
     return "-" if v is None else format(v, spec)
 
 
+def _graphs(r) -> str:
+    """Captured graphs, and the pieces they were cut into where DDP's buckets cut them."""
+    pieces = r.get("pieces") or []
+    extra = f" ({sum(pieces)} pieces)" if any(p > 1 for p in pieces) else ""
+    return f"{r.get('graphs', '-')}{extra}"
+
+
 def write_report(cfg, results: dict) -> None:
     env = _env(cfg)
     with open(os.path.join(cfg.out, "results.json"), "w") as f:
@@ -566,7 +608,7 @@ def write_report(cfg, results: dict) -> None:
         prof = r.get("profile", {})
         err = r.get("error", "")
         lines.append(f"| {name} | {_fmt(r.get('step_ms'))} | {_fmt(r.get('first_step_s'))} | "
-                     f"{_fmt(r.get('peak_mem_gib'), '.2f')} | {r.get('graphs', '-')} | "
+                     f"{_fmt(r.get('peak_mem_gib'), '.2f')} | {_graphs(r)} | "
                      f"{r.get('breaks', '-')} | "
                      f"{_fmt(r.get('grad_vs_eager', {}).get('rel'), '.2e')} | "
                      f"{_fmt(prof.get('comm_ms'), '.2f')} | "

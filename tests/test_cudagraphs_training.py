@@ -145,3 +145,28 @@ def test_scalars_built_on_the_host_keep_training_on_cuda_graphs():
     _same_parameters(compiled_model, eager)
     assert not metrics.cudagraph_skips, metrics.cudagraph_skips
     assert metrics.cudagraph_replays >= 8, metrics.cudagraph_replays  # forward and backward
+
+
+def test_one_program_for_every_layer_of_a_stack_is_not_replayed_with_weight_copies():
+    # each layer's call runs eagerly (a backward hook), so its forward is its own frame and one
+    # compiled program serves every layer: its parameters move from call to call
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(128, 128)
+            self.norm = nn.LayerNorm(128)
+
+        def forward(self, x):
+            return x + self.norm(torch.nn.functional.gelu(self.fc(x)))
+
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(64, 128), *[Layer() for _ in range(6)], nn.Linear(128, 8))
+    for layer in eager[1:-1]:
+        layer.register_full_backward_hook(lambda *a: None)
+    eager = eager.cuda()
+    compiled_model = copy.deepcopy(eager)
+    metrics.reset()
+    _train(ember.compile(compiled_model), _batches(6))
+    _train(eager, _batches(6))
+    _same_parameters(compiled_model, eager)
+    assert any("mostly be copied in" in why for why in metrics.cudagraph_skips)

@@ -135,6 +135,8 @@ def module_getattr(tx, vt: V.ModuleVT, name: str) -> V.VT:
         if table is not None and name in table:
             value = table[name]
             if value is None:
+                if tx.output.generic_modules:  # another instance may hold a tensor there
+                    tx.output.guards.add("ID", module_param_source(vt.source, kind, name), None)
                 return V.ConstVT(None)
             return tx.builder.wrap(value, module_param_source(vt.source, kind, name))
     if name in d:

@@ -110,7 +110,14 @@ class Builder:
                 g("EQ", source, value)
             return V.ConstVT(value, source)
         if isinstance(value, torch.nn.Module):
-            g("ID", source, value)
+            if self.output.generic_modules and source is not None:
+                # any instance of this class: what is read from it is guarded where it is read,
+                # and which parameters, buffers and submodules it has, here
+                g("TYPE", source, type(value))
+                for table in ("_parameters", "_buffers", "_modules"):
+                    g("DICT_KEYS", AttrSource(source, table), tuple(getattr(value, table)))
+            else:
+                g("ID", source, value)
             return V.ModuleVT(value, source)
         if isinstance(value, types.ModuleType):
             g("ID", source, value)

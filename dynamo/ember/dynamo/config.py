@@ -13,8 +13,11 @@ def _env_flag(name: str, default: bool) -> bool:
 class DynamoConfig:
     """Knobs of frame capture. EMBER_DYNAMO_VERBOSE=1 prints each compiled graph and break."""
 
-    # Cache entries per code object before the frame runs eagerly (with one warning).
+    # Cache entries holding a graph, per code object, before the frame runs eagerly (with one
+    # warning); and entries holding none (a loop's resume function between two calls that run
+    # eagerly: one entry per iteration, nothing compiled).
     cache_size_limit: int = 8
+    graphless_entry_limit: int = 64
     # Print graphs, guards and breaks as they are made.
     verbose: bool = dataclasses.field(
         default_factory=lambda: _env_flag("EMBER_DYNAMO_VERBOSE", False)

@@ -71,7 +71,34 @@ class Stats:
 
 stats = Stats()
 _warned: set = set()
-# code -> None: every live code object the hook has state for (reset() clears them)
+
+
+class CodeState:
+    """What conversions learned about one code object. `graphs`: its cache entries that hold a
+    graph (the cache limit counts these; an entry that only calls eagerly and breaks, as a loop's
+    resume function does between two calls of a module that runs eagerly, compiles nothing).
+    `modules`: argument position -> (type, id) of the first nn.Module passed there. `generic`:
+    the code was called with another instance of a module type already compiled for it (the
+    layers of a stack, each its own frame): its frames are traced for any instance (module
+    types and parameter shapes guarded, not identities), so one entry serves every layer."""
+
+    __slots__ = ("graphs", "graphless", "modules", "generic")
+
+    def __init__(self):
+        self.graphs = 0
+        self.graphless = 0
+        self.modules: dict = {}
+        self.generic = False
+
+    def note_arguments(self, code, args) -> None:
+        for i, a in enumerate(args[: code.co_argcount]):
+            if isinstance(a, torch.nn.Module):
+                first = self.modules.setdefault(i, (type(a), id(a)))
+                if first[0] is type(a) and first[1] != id(a):
+                    self.generic = True
+
+
+# code -> CodeState: every live code object the hook has state for (reset() clears them)
 _touched_codes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # Code objects compiled even though they live in a skipped file: the function or the forward
 # method that the user passed to ember.compile (nn.Linear itself, say).
@@ -142,15 +169,18 @@ def make_callback(backend: Callable, fullgraph: bool, backend_name: str = "",
     dynamic = dynamic if supports_dynamic(backend) else False
 
     def callback(code, fn, f_globals, f_builtins, args):
-        _touched_codes[code] = None
+        state = _touched_codes.get(code)
+        if state is None:
+            state = _touched_codes[code] = CodeState()
         if should_skip(code):
             return None
-        entries = _C.entries(code)
-        if entries is not None and len(entries) >= config.cache_size_limit:
+        if (state.graphs >= config.cache_size_limit
+                or state.graphless >= config.graphless_entry_limit):  # fmt: skip
             warn_once(("limit", code), f"ember.compile: {code.co_name} ({code.co_filename}:"
                       f"{code.co_firstlineno}) was recompiled {config.cache_size_limit} times "
                       "(cache_size_limit); it runs eagerly from now on")  # fmt: skip
             return None
+        state.note_arguments(code, args)
         return convert_frame(code, fn, f_globals, args, backend, fullgraph, dynamic)
 
     callback.backend = backend
@@ -251,6 +281,8 @@ def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic, captured):
     while True:
         output = OutputGraph(code, lambda: "?", policy)
         output.root_globals = f_globals
+        state = _touched_codes.get(code)
+        output.generic_modules = state is not None and state.generic
         builder = Builder(output)
         tx = RootTranslator(output, builder, code, fn, f_globals, args, break_at)
         output.where = tx.innermost_where
@@ -377,6 +409,10 @@ def finish(tx, output, code, backend, reason):
     if env is not None and env.slots:
         output.guards.add_relations(env.guard_relations(), len(env.slots))
     program = output.guards.compile()
+    state = _touched_codes.get(code)
+    if state is not None:
+        state.graphs += has_graph
+        state.graphless += not has_graph
     if has_graph:
         stats.graphs.append(GraphRecord(gm, code.co_name, tx.where(), _count_ops(gm),
                                         output.guards.describe()))  # fmt: skip

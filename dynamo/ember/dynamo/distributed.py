@@ -90,6 +90,7 @@ def compile_for_ddp(compile_graph: Callable, gm: fx.GraphModule, example_inputs:
     if ddp is None or not torch.is_grad_enabled() or gm.meta.get("ember_symbols"):
         return compile_graph(gm, example_inputs)
     part = bucket_partition(gm, ddp)
+    gm.meta["ember_ddp_pieces"] = len(set(part.values()))  # for explain() and benchmarks
     if len(set(part.values())) <= 1:
         return compile_graph(gm, example_inputs)
     return _compile_pieces(compile_graph, gm, example_inputs, part)

@@ -95,6 +95,9 @@ class OutputGraph:
         self.example_bytes = 0
         # Dynamic sizes: the policy choosing them, and the symbols and guards (None: all static).
         self.policy = policy
+        # Traced for any instance of the modules it reads (convert.CodeState.generic): module
+        # types and parameter metadata are guarded, not identities.
+        self.generic_modules = False
         self.shape_env = None
         if policy is not None:
             self.shape_env = ShapeEnv(self.graph, lambda: self.where(), exporting)
@@ -119,7 +122,11 @@ class OutputGraph:
         elif isinstance(value, torch.nn.Parameter) and source.is_module_param():
             # A module's parameter: identity, requires_grad and dtype are checked (replacing a
             # parameter recompiles); in-place shape changes through .data are not detected.
-            self.guards.add("PARAM", source, (value, value.requires_grad, value.dtype))
+            # Traced for any instance: the parameter's type, dtype, sizes and strides instead.
+            if self.generic_modules:
+                self.guards.add("TENSOR", source, tensor_spec(value))
+            else:
+                self.guards.add("PARAM", source, (value, value.requires_grad, value.dtype))
             dims = {}
         else:
             dims = self.policy.dims(value, source) if self.policy is not None else {}

@@ -86,6 +86,13 @@ def _fixed_storages(inputs, fixed) -> dict:
             if isinstance(a, torch.Tensor) and fixed[j]}  # fmt: skip
 
 
+def _mostly_copies(args, fixed) -> bool:
+    """Whether the arguments a replay would copy in outweigh those it reads in place."""
+    sizes = [a.numel() * a.element_size() if isinstance(a, torch.Tensor) else 0 for a in args]
+    copied = sum(n for n, f in zip(sizes, fixed) if not f)
+    return copied > sum(sizes) // 2
+
+
 def _view_of(j: int, o) -> tuple:
     """How output `o` views argument j: (j, shape, strides, storage offset)."""
     return j, tuple(o.shape), o.stride(), o.storage_offset()
@@ -162,6 +169,12 @@ class GraphedCall:
         static = self.shared.static
         fixed = [(p == q or p in static) and i not in self.moving
                  for i, (p, q) in enumerate(zip(ptrs, self.seen))]  # fmt: skip
+        if self.alias_from is not None and _mostly_copies(args, fixed):
+            # a backward whose forward is not replayed would copy every saved activation in; a
+            # forward whose parameters move between calls (one program serving every layer of a
+            # stack, FSDP's gathered parameters) would copy the weights in at each call
+            self._give_up("a training graph whose inputs would mostly be copied in")
+            return self.run(args)
         inputs = [a if f else torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
                   for a, f in zip(args, fixed)]  # fmt: skip
         for a, s, f in zip(args, inputs, fixed):
@@ -217,15 +230,8 @@ class GraphedCall:
     def _plan_aliases(self, inputs, fixed, outs) -> bool:
         """A training graph's outputs: a fixed input (or a view of one) a forward returns to save
         it is returned as the caller's tensor, anything else from `alias_from` on over the
-        graph's memory, kept free before each replay. False (graph given up): too much to copy
-        in, or an output of the forward's own that is an input."""
-        sizes = [a.numel() * a.element_size() if isinstance(a, torch.Tensor) else 0
-                 for a in inputs]  # fmt: skip
-        copied = sum(n for n, f in zip(sizes, fixed) if not f)
-        if self.alias_from == 0 and copied > sum(sizes) // 2:
-            # a backward whose forward is not replayed would copy every saved activation in
-            self._give_up("a backward whose inputs are mostly copies")
-            return False
+        graph's memory, kept free before each replay. False (graph given up): an output of the
+        forward's own that is an input."""
         by_storage = _fixed_storages(inputs, fixed)
         self.through, kept = {}, []
         for i, o in enumerate(outs):
