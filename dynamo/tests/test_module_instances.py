@@ -4,8 +4,10 @@ second instance of the same class reaches it, with types and parameter shapes gu
 identities; a loop's resume function between layers compiles nothing and does not use up the
 cache limit."""
 
+import functools
 import warnings
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -95,3 +97,98 @@ def test_parameters_swapped_in_place_are_read_at_each_call():
     for layer in model.layers:
         layer.fc._parameters["weight"] = nn.Parameter(torch.randn(8, 8))
     assert torch.allclose(cm(x), model(x), atol=1e-6)
+
+
+# -- what one instance holds differently must not reach another through the generic entry ------
+class _Cfg:
+    k = 1.0  # a class default one layer's config sets for itself
+
+
+class _Desc:  # a descriptor computing from the instance
+    def __get__(self, obj, cls):
+        return self if obj is None else obj.k * 3
+
+
+_FIRST: list = []
+_SCALE: dict = {}
+
+
+class Odd(nn.Module):
+    scale = 0.5
+    desc = _Desc()
+
+    def __init__(self, mode):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.k = 1.0
+        self.cfg = _Cfg()
+        self.act = functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.1)
+        self.opt = nn.ModuleDict({"a": nn.Identity(), "b": None})
+        self.mode = mode
+        self.tied = self.fc
+
+    @functools.cached_property
+    def twice(self):
+        return self.k * 2
+
+    def forward(self, x):
+        m = self.mode  # each layer of the test reads one feature
+        if m == "shadow":
+            return x + self.scale * self.fc(x)
+        if m == "hasattr":
+            return x + (self.extra if hasattr(self, "extra") else 1.0) * self.fc(x)
+        if m == "forward":
+            return x + self.fc(x)
+        if m == "dict_key":
+            return x + _SCALE[self] * self.fc(x)
+        if m == "is":
+            return self.fc(x) if self is _FIRST[0] else x + self.fc(x)
+        if m == "tied":
+            return self.fc(x) if self.tied is self.fc else x + self.tied(self.fc(x))
+        if m == "partial":
+            return x + self.act(self.fc(x))
+        if m == "none_entry":
+            b = self.opt["b"]
+            return self.fc(x) if b is None else b(self.fc(x))
+        if m == "config":
+            return x + self.cfg.k * self.fc(x)
+        if m == "cached":
+            return x + self.twice * self.fc(x)
+        if m == "descriptor":
+            return x + self.desc * self.fc(x)
+        return x + self.__dict__.get("k") * self.fc(x)  # "instance_dict"
+
+
+_ODD = {
+    "shadow": lambda m: setattr(m, "scale", 3.0),
+    "hasattr": lambda m: setattr(m, "extra", 10.0),
+    "forward": lambda m: setattr(m.fc, "forward", lambda x: x * 100),
+    "dict_key": lambda m: _SCALE.__setitem__(m, 9.0),
+    "is": lambda m: _FIRST.__setitem__(0, m),
+    "tied": lambda m: setattr(m, "tied", nn.Linear(4, 4)),
+    "partial": lambda m: setattr(m, "act", functools.partial(
+        torch.nn.functional.leaky_relu, negative_slope=5.0)),
+    "none_entry": lambda m: m.opt.__setitem__("b", nn.Linear(4, 4)),
+    "config": lambda m: setattr(m.cfg, "k", 5.0),
+    "cached": lambda m: setattr(m, "k", 7.0),
+    "descriptor": lambda m: setattr(m, "k", 7.0),
+    "instance_dict": lambda m: setattr(m, "k", 7.0),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(_ODD))
+def test_what_the_third_instance_holds_differently_is_seen(mode):
+    ember.reset()
+    torch.manual_seed(0)
+    model = Stack(0)
+    model.layers = nn.ModuleList(_hooked(Odd(mode)) for _ in range(3))
+    layers = model.layers
+    _FIRST[:] = [None]
+    _SCALE.clear()
+    _SCALE.update({layer: 1.0 for layer in layers})
+    _ODD[mode](layers[2])  # the first two share the generic entry's trace; the third differs
+    x = -torch.randn(3, 8).abs()[:, :4].contiguous()
+    model.head = nn.Identity()
+    cm = ember.compile(model, backend="eager")
+    for _ in range(2):
+        torch.testing.assert_close(cm(x), model(x))

@@ -10,7 +10,7 @@ import torch
 from . import tensor_ops as T
 from . import variables as V
 from .calls import AttrMissing, py_method, wrap_const
-from .exc import PyExc, Unsupported
+from .exc import GenericFallback, PyExc, Unsupported
 from .frame import inline_call
 from .source import AttrSource, ConstantSource, ItemSource, module_param_source
 
@@ -41,6 +41,8 @@ def _class_attr(tx, self_vt, cls, name, attr, cls_vt=None):
         fn = V.FunctionVT(attr.__func__, ConstantSource(attr.__func__, name))
         return V.BoundMethodVT(fn, cls_vt or V.ClassVT(cls))
     if isinstance(attr, types.BuiltinFunctionType) or callable(attr) and not isinstance(attr, type):
+        if getattr(self_vt, "generic", False):  # bound to this instance, read as a constant
+            raise GenericFallback(f"{cls.__name__}.{name}, a {type(attr).__name__}")
         real = getattr(self_vt_real(self_vt), name)
         return tx.builder.wrap(real, None) if not _is_const(real) else V.ConstVT(real)
     return None
@@ -146,7 +148,11 @@ def module_getattr(tx, vt: V.ModuleVT, name: str) -> V.VT:
         out = _class_attr(tx, vt, type(m), name, attr)
         if out is not None:
             return out
-        return tx.builder.wrap(getattr(m, name), None) if not _is_const(attr) else V.ConstVT(attr)
+        if _is_const(attr):
+            return V.ConstVT(attr)
+        if vt.generic:  # a descriptor's value (__dict__, cached_property) is this instance's
+            raise GenericFallback(f"{type(m).__name__}.{name}, a {type(attr).__name__}")
+        return tx.builder.wrap(getattr(m, name), None)
     raise AttrMissing(f"{type(m).__name__} has no attribute {name!r}")
 
 
@@ -172,6 +178,10 @@ def object_getattr(tx, vt: V.ObjectVT, name: str) -> V.VT:
     inst = getattr(obj, "__dict__", None)
     if isinstance(inst, dict) and name in inst:
         return tx.builder.wrap(inst[name], AttrSource(vt.source, name))
+    if found and isinstance(inst, dict) and vt.source is not None and tx.output.generic_modules:
+        # the class's value holds while no instance sets its own: objects are guarded by type,
+        # and one generic entry serves every layer's (a per-layer config, say)
+        tx.output.guards.add("DICT_KEYS", AttrSource(vt.source, "__dict__"), tuple(inst))
     if found:
         if isinstance(attr, (types.FunctionType, staticmethod, classmethod)):
             return _class_attr(tx, vt, cls, name, attr)

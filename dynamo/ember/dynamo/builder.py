@@ -113,11 +113,14 @@ class Builder:
             if self.output.generic_modules and source is not None:
                 # any instance of this class: what is read from it is guarded where it is read,
                 # and which parameters, buffers and submodules it has, here
+                # (the instance dict's keys: an attribute one instance sets over its class's)
                 g("TYPE", source, type(value))
-                for table in ("_parameters", "_buffers", "_modules"):
+                for table in ("_parameters", "_buffers", "_modules", "__dict__"):
                     g("DICT_KEYS", AttrSource(source, table), tuple(getattr(value, table)))
-            else:
-                g("ID", source, value)
+                vt = V.ModuleVT(value, source)
+                vt.generic = True
+                return vt
+            g("ID", source, value)
             return V.ModuleVT(value, source)
         if isinstance(value, types.ModuleType):
             g("ID", source, value)

@@ -18,7 +18,7 @@ from .autograd_function import CHECKPOINT, call_autograd_function, call_checkpoi
 from .builder import is_const_value
 from .control_flow import handler_for
 from .distributed import eager_call_reason
-from .exc import AttrMissing, PyExc, Unsupported  # noqa: F401 (AttrMissing re-exported)
+from .exc import AttrMissing, GenericFallback, PyExc, Unsupported  # noqa: F401 (re-exported)
 from .frame import inline_call
 from .source import AttrSource, ItemSource, module_param_source
 from .typing_forms import is_typing_form, typing_subscript
@@ -85,10 +85,17 @@ def identity_of(vt):
         raise Unsupported(f"identity of a {type(vt.value).__name__} constant")
     if isinstance(vt, (V.ModuleVT, V.ObjectVT, V.FunctionVT, V.ClassVT, V.BuiltinVT,
                        V.PyModuleVT)):  # fmt: skip
-        return real_value(vt)
+        return real_value(_not_generic(vt))
     if isinstance(vt, (V.ListVT, V.DictVT, V.SetVT, V.NewObjectVT, V.NestedFunctionVT)):
         return vt
     raise Unsupported(f"identity of a {type(vt).__name__}")
+
+
+def _not_generic(vt):
+    """`vt`, whose identity is about to be used: a module standing for any instance has none."""
+    if getattr(vt, "generic", False):
+        raise GenericFallback(f"the identity of a {type(vt.module).__name__} (is, id, dict key)")
+    return vt
 
 
 def const_key(vt):
@@ -98,7 +105,7 @@ def const_key(vt):
     if not ok:
         if isinstance(vt, (V.ModuleVT, V.FunctionVT, V.ClassVT, V.ObjectVT, V.BuiltinVT,
                            V.PyModuleVT)):  # fmt: skip
-            return ObjKey(vt, real_value(vt))
+            return ObjKey(vt, real_value(_not_generic(vt)))
         if isinstance(vt, V.TensorVT):
             return ObjKey(vt, vt.real if vt.real is not None else vt.node)
         raise Unsupported(f"dict/set key must be a constant, got {type(vt).__name__}")
@@ -218,6 +225,8 @@ def module_children(tx, vt: V.ModuleVT) -> list:
 def _submodule(tx, vt, key):
     sub = vt.module._modules[key]
     if sub is None:
+        if vt.generic:  # another instance may hold a module there
+            tx.output.guards.add("ID", module_param_source(vt.source, "_modules", key), None)
         return V.ConstVT(None)
     return tx.builder.wrap(sub, module_param_source(vt.source, "_modules", key))
 
@@ -284,7 +293,7 @@ def is_same(tx, a, b) -> bool:
     if isinstance(a, V.TensorVT) and isinstance(b, V.TensorVT):
         return a.node is b.node
     try:
-        return real_value(a) is real_value(b)
+        return real_value(_not_generic(a)) is real_value(_not_generic(b))
     except Unsupported:
         return False
 
@@ -634,8 +643,13 @@ def call(tx, fn, args: list, kwargs: dict):
         if isinstance(fn.obj, functools.partial):
             p = fn.obj
             func = tx.builder.wrap(p.func, AttrSource(fn.source, "func"))
-            pargs = [tx.builder.wrap(a, None) if is_const_value(a) else _no_src(a) for a in p.args]
-            pkw = {k: tx.builder.wrap(v, None) for k, v in p.keywords.items() if is_const_value(v)}
+            # the bound arguments are guarded where they are read (objects are type guarded)
+            src = (lambda a, k: None) if fn.source is None else (  # noqa: E731
+                lambda a, k: ItemSource(AttrSource(fn.source, a), k))
+            pargs = [tx.builder.wrap(a, src("args", i)) if is_const_value(a) else _no_src(a)
+                     for i, a in enumerate(p.args)]  # fmt: skip
+            pkw = {k: tx.builder.wrap(v, src("keywords", k)) if is_const_value(v) else _no_src(v)
+                   for k, v in p.keywords.items()}  # fmt: skip
             return call(tx, func, [*pargs, *args], {**pkw, **kwargs})
         if isinstance(fn.obj, functools._lru_cache_wrapper) and isinstance(
             getattr(fn.obj, "__wrapped__", None), types.FunctionType

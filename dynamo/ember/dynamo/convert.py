@@ -32,7 +32,7 @@ from .codegen import CodeGen, graph_module, resume_call
 from .config import config
 from .distributed import compile_for_ddp
 from .dynamic import DynamicPolicy
-from .exc import GraphBreakError, RestartAnalysis, Unsupported
+from .exc import GenericFallback, GraphBreakError, RestartAnalysis, Unsupported
 from .interpreter import RootTranslator
 from .minifier.hook import call_backend
 from .output import OutputGraph, uncached_examples
@@ -82,15 +82,18 @@ class CodeState:
     layers of a stack, each its own frame): its frames are traced for any instance (module
     types and parameter shapes guarded, not identities), so one entry serves every layer."""
 
-    __slots__ = ("graphs", "graphless", "modules", "generic")
+    __slots__ = ("graphs", "graphless", "modules", "generic", "refused")
 
     def __init__(self):
         self.graphs = 0
         self.graphless = 0
         self.modules: dict = {}
         self.generic = False
+        self.refused = False  # a generic trace read instance state no guard covers
 
     def note_arguments(self, code, args) -> None:
+        if self.refused:
+            return
         for i, a in enumerate(args[: code.co_argcount]):
             if isinstance(a, torch.nn.Module):
                 first = self.modules.setdefault(i, (type(a), id(a)))
@@ -278,10 +281,10 @@ def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic, captured):
     if dynamic is not False and code not in static_codes:
         policy = DynamicPolicy(dynamic, code)
     saved = _SavedNothing(config.capture_saves_nothing)
+    state = _touched_codes.get(code)
     while True:
         output = OutputGraph(code, lambda: "?", policy)
         output.root_globals = f_globals
-        state = _touched_codes.get(code)
         output.generic_modules = state is not None and state.generic
         builder = Builder(output)
         tx = RootTranslator(output, builder, code, fn, f_globals, args, break_at)
@@ -301,6 +304,10 @@ def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic, captured):
             if fullgraph:
                 raise Unsupported(r.reason.msg, r.reason.where) from None
             break_at, reason = r.index, r.reason
+        except GenericFallback as e:
+            log.debug("%s: traced for this instance only: %s", code.co_name, e)
+            state.generic, state.refused = False, True
+            break_at, reason = None, None
         except SymbolicFallback as e:
             warn_once(("static", code), f"ember.compile: {code.co_name} is compiled with static "
                       f"shapes: {e} ({tx.innermost_where()})")  # fmt: skip

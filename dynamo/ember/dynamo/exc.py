@@ -36,6 +36,13 @@ class GraphBreakError(RuntimeError):
     """Raised under fullgraph=True when a graph break would be needed."""
 
 
+class GenericFallback(Exception):
+    """Internal: a frame traced for any module instance (convert.CodeState.generic) read
+    something of an instance that no guard covers (its identity, a value computed by a
+    descriptor): the frame is traced again for this instance, and the code never generically.
+    (Not an Unsupported: it must not turn into a graph break.)"""
+
+
 class RestartAnalysis(Exception):
     """Internal: translate the frame again, breaking the graph at root instruction `index`."""
 

@@ -145,7 +145,7 @@ class OutputGraph:
         self._values[node] = example
         node.meta[NODE_META_KEY] = TensorMeta.from_tensor(value)
         if isinstance(value, torch.nn.Parameter):  # which parameter (distributed.py's buckets)
-            node.meta["ember_param_id"] = id(value)  # the PARAM guard keeps it alive
+            node.meta["ember_param_id"] = id(value)  # read at compile time only
         vt = V.TensorVT(node, example, source, type(value))
         vt.real = value  # identity only (set membership, `is`), never read for values
         if dims:

@@ -242,6 +242,7 @@ class ModuleVT(VT):
     def __init__(self, module: torch.nn.Module, source=None):
         self.module = module
         self.source = source
+        self.generic = False  # stands for any instance of its type (builder, generic frames)
 
     def python_type(self):
         return type(self.module)
