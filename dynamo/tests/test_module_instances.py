@@ -126,6 +126,7 @@ class Odd(nn.Module):
         self.opt = nn.ModuleDict({"a": nn.Identity(), "b": None})
         self.mode = mode
         self.tied = self.fc
+        self.other = nn.Linear(4, 4)
 
     @functools.cached_property
     def twice(self):
@@ -145,6 +146,9 @@ class Odd(nn.Module):
             return self.fc(x) if self is _FIRST[0] else x + self.fc(x)
         if m == "tied":
             return self.fc(x) if self.tied is self.fc else x + self.tied(self.fc(x))
+        if m == "param_is":
+            w = self.fc.weight is self.other.weight
+            return self.fc(x) * 10 if w else x + self.other(self.fc(x))
         if m == "partial":
             return x + self.act(self.fc(x))
         if m == "none_entry":
@@ -166,6 +170,7 @@ _ODD = {
     "dict_key": lambda m: _SCALE.__setitem__(m, 9.0),
     "is": lambda m: _FIRST.__setitem__(0, m),
     "tied": lambda m: setattr(m, "tied", nn.Linear(4, 4)),
+    "param_is": lambda m: setattr(m.other, "weight", m.fc.weight),
     "partial": lambda m: setattr(m, "act", functools.partial(
         torch.nn.functional.leaky_relu, negative_slope=5.0)),
     "none_entry": lambda m: m.opt.__setitem__("b", nn.Linear(4, 4)),

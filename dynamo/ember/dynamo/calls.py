@@ -77,7 +77,7 @@ def identity_of(vt):
     """What `vt is other` and `id(vt)` compare: the real object a VT mirrors, else (a list, dict
     or object made while tracing) the VT itself, which stands for one object."""
     if isinstance(vt, V.TensorVT):
-        return vt.real if vt.real is not None else vt.node
+        return _not_generic(vt).real if vt.real is not None else vt.node
     if isinstance(vt, V.ConstVT):
         if vt.value is None or isinstance(vt.value, (bool, type(Ellipsis), type(NotImplemented))):
             return vt.value
@@ -92,9 +92,11 @@ def identity_of(vt):
 
 
 def _not_generic(vt):
-    """`vt`, whose identity is about to be used: a module standing for any instance has none."""
+    """`vt`, whose identity is about to be used: a module standing for any instance, or the
+    parameter of one (tied in one instance, not in another), has none."""
     if getattr(vt, "generic", False):
-        raise GenericFallback(f"the identity of a {type(vt.module).__name__} (is, id, dict key)")
+        what = type(vt.module).__name__ if isinstance(vt, V.ModuleVT) else "parameter"
+        raise GenericFallback(f"the identity of a {what} (is, id, dict key)")
     return vt
 
 
@@ -107,7 +109,7 @@ def const_key(vt):
                            V.PyModuleVT)):  # fmt: skip
             return ObjKey(vt, real_value(_not_generic(vt)))
         if isinstance(vt, V.TensorVT):
-            return ObjKey(vt, vt.real if vt.real is not None else vt.node)
+            return ObjKey(vt, _not_generic(vt).real if vt.real is not None else vt.node)
         raise Unsupported(f"dict/set key must be a constant, got {type(vt).__name__}")
     return value if not isinstance(value, list) else tuple(value)
 
@@ -291,7 +293,7 @@ def is_same(tx, a, b) -> bool:
     if isinstance(a, V.ConstVT) and isinstance(b, V.ConstVT):
         return a.value is b.value
     if isinstance(a, V.TensorVT) and isinstance(b, V.TensorVT):
-        return a.node is b.node
+        return a.node is b.node or _not_generic(a).node is _not_generic(b).node
     try:
         return real_value(_not_generic(a)) is real_value(_not_generic(b))
     except Unsupported:

@@ -148,6 +148,8 @@ class OutputGraph:
             node.meta["ember_param_id"] = id(value)  # read at compile time only
         vt = V.TensorVT(node, example, source, type(value))
         vt.real = value  # identity only (set membership, `is`), never read for values
+        # a parameter of a module traced for any instance: its identity is this instance's
+        vt.generic = self.generic_modules and source.is_module_param()
         if dims:
             self._symbolic_input(vt, value, source, dims, guarded)
         self.inputs.append((source, value, vt))
