@@ -199,6 +199,37 @@ def exposed_time(comm, compute) -> float:
     return exposed
 
 
+def comm_spans(comm, compute) -> dict:
+    """kind -> [(duration, exposed)] of each communication kernel in start order, by kind (the
+    kernel's name): `comm` holds (name, start, end), exposed is the part of it no `compute`
+    interval covers."""
+    merged = merge_intervals(compute)
+    out: dict = {}
+    for name, s, e in sorted(comm, key=lambda k: k[1]):
+        out.setdefault(name, []).append((e - s, exposed_time([(s, e)], merged)))
+    return out
+
+
+def matched_exposure(per_rank: list):
+    """(communication, exposed communication) summed over collectives, each collective's the
+    least over the ranks: a kernel of a collective spans its rank's wait for the others, so the
+    rank that arrived last shows the transfer itself. The ranks' kernels of one kind are matched
+    in start order (every rank issues the collectives in one order). None if the ranks' kernels
+    do not match."""
+    if not per_rank or any(not isinstance(r, dict) for r in per_rank):
+        return None
+    kinds = set(per_rank[0])
+    if any(set(r) != kinds or any(len(r[k]) != len(per_rank[0][k]) for k in kinds)
+           for r in per_rank):  # fmt: skip
+        return None
+    comm = exposed = 0.0
+    for k in kinds:
+        for spans in zip(*(r[k] for r in per_rank)):
+            comm += min(d for d, _ in spans)
+            exposed += min(x for _, x in spans)
+    return comm, exposed
+
+
 def _is_comm_kernel(name: str) -> bool:
     n = name.lower()
     return "nccl" in n
@@ -221,7 +252,9 @@ def profile_comm(step, cfg, device) -> dict:
             step()
         _sync(device)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    comm = [(e.time_range.start, e.time_range.end) for e in kernels if _is_comm_kernel(e.name)]
+    named = [(e.name, e.time_range.start, e.time_range.end) for e in kernels
+             if _is_comm_kernel(e.name)]  # fmt: skip
+    comm = [(s, e) for _, s, e in named]
     compute = [(e.time_range.start, e.time_range.end) for e in kernels
                if _is_compute_kernel(e.name)]  # fmt: skip
     if not kernels:
@@ -233,7 +266,8 @@ def profile_comm(step, cfg, device) -> dict:
     return {"comm_ms": comm_ms, "exposed_comm_ms": exposed_ms,
             "overlapped_pct": 100.0 * (1 - exposed_ms / comm_ms) if comm_ms else None,
             "comm_kernels": len(comm),
-            "gpu_busy_ms": busy_ms}  # any kernel running: the rest of a step is host time
+            "gpu_busy_ms": busy_ms,  # any kernel running: the rest of a step is host time
+            "spans": comm_spans(named, compute), "steps": n}  # matched over ranks by _worker
 
 
 def _capture_counts(backend) -> dict:
@@ -477,6 +511,19 @@ def tp_config(cfg, device, rank) -> dict:
     return results
 
 
+def _match_ranks(profile, dist) -> None:
+    """Communication time per step from the ranks' kernels matched collective by collective
+    (`matched_exposure`), in place of this rank's spans."""
+    spans = profile.pop("spans", None) if isinstance(profile, dict) else None
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, spans)  # every rank takes part, profiled or not
+    got = matched_exposure(everyone) if spans is not None else None
+    if got is not None:
+        n = profile["steps"]
+        profile["matched_comm_ms"] = got[0] / 1e3 / n
+        profile["matched_exposed_comm_ms"] = got[1] / 1e3 / n
+
+
 def _worker(cfg) -> None:
     import torch.distributed as dist
 
@@ -515,6 +562,7 @@ def _worker(cfg) -> None:
             agree["rel"] = math.sqrt(float(sums[0]) / float(sums[1])) if float(sums[1]) else 0.0
             del agree["den"]
         report["ranks_ok"] = int(ok.item())
+        _match_ranks(report.get("profile"), dist)
         if device.type == "cuda":
             report["gpu"] = torch.cuda.get_device_name(device)
     finally:
@@ -597,8 +645,11 @@ def write_report(cfg, results: dict) -> None:
              f"`{json.dumps(env)}`", "",
              f"Step: median of {cfg.steps} steps after {cfg.warmup} warm-up steps (AdamW, "
              f"AMP {cfg.amp}); memory: peak allocated over the timed steps; grad rel: "
-             "||g - g_eager|| / ||g_eager|| after one step, over both ranks; exposed comm: NCCL "
-             "kernel time per step not overlapped by other kernels on the GPU.", "",
+             "||g - g_eager|| / ||g_eager|| after one step, over both ranks; comm / exposed "
+             "comm: NCCL kernel time per step, and the part of it no other kernel on the GPU "
+             "overlaps, each collective's the least over the ranks (a kernel also spans its "
+             "rank's wait for the other: the rank that arrived last shows the transfer); in "
+             "brackets, rank 0's own (waits included).", "",
              "| config | step ms | first step s | peak GiB | graphs | breaks | grad rel | "
              "comm ms | exposed comm ms | error |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -611,8 +662,10 @@ def write_report(cfg, results: dict) -> None:
                      f"{_fmt(r.get('peak_mem_gib'), '.2f')} | {_graphs(r)} | "
                      f"{r.get('breaks', '-')} | "
                      f"{_fmt(r.get('grad_vs_eager', {}).get('rel'), '.2e')} | "
-                     f"{_fmt(prof.get('comm_ms'), '.2f')} | "
-                     f"{_fmt(prof.get('exposed_comm_ms'), '.2f')} | {err[:120]} |")
+                     f"{_fmt(prof.get('matched_comm_ms'), '.2f')} "
+                     f"({_fmt(prof.get('comm_ms'), '.2f')}) | "
+                     f"{_fmt(prof.get('matched_exposed_comm_ms'), '.2f')} "
+                     f"({_fmt(prof.get('exposed_comm_ms'), '.2f')}) | {err[:120]} |")
     if "tp" in results:
         lines += ["", "## Tensor parallel MLP block (colwise fc -> GELU -> rowwise out)", "",
                   "Relative differences from eager DTensor (output, input gradient, parameter "

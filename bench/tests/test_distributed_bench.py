@@ -42,3 +42,14 @@ def test_tiny_run_on_cpu_reports_every_configuration(tmp_path):
         for what in ("out", "x_grad", "grad"):
             assert tp["ember"][f"{phase}_{what}_rel"] < 1e-5, (phase, what, tp)
     assert "ddp:ember" in (tmp_path / "results.md").read_text()
+
+
+def test_each_collective_counts_its_least_exposure_over_the_ranks():
+    # rank 0 waits 6 units in its first all-reduce (it arrived first); rank 1 in its second
+    rank0 = distributed.comm_spans([("ar", 0, 10), ("ar", 20, 24), ("ag", 30, 32)], [(0, 3)])
+    rank1 = distributed.comm_spans([("ar", 6, 10), ("ag", 30, 33), ("ar", 14, 24)], [])
+    assert rank0 == {"ar": [(10, 7), (4, 4)], "ag": [(2, 2)]}
+    assert rank1 == {"ar": [(4, 4), (10, 10)], "ag": [(3, 3)]}
+    assert distributed.matched_exposure([rank0, rank1]) == (4 + 4 + 2, 4 + 4 + 2)
+    assert distributed.matched_exposure([rank0, {"ar": rank1["ar"]}]) is None  # unmatched
+    assert distributed.matched_exposure([rank0, None]) is None
