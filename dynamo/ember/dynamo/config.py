@@ -15,9 +15,10 @@ class DynamoConfig:
 
     # Cache entries holding a graph, per code object, before the frame runs eagerly (with one
     # warning); and entries holding none (a loop's resume function between two calls that run
-    # eagerly: one entry per iteration, nothing compiled).
+    # eagerly: one entry per iteration, nothing compiled; 256 covers an 80-layer model sharded
+    # layer by layer, whose last iteration's entry holds the head's graph).
     cache_size_limit: int = 8
-    graphless_entry_limit: int = 64
+    graphless_entry_limit: int = 256
     # Print graphs, guards and breaks as they are made.
     verbose: bool = dataclasses.field(
         default_factory=lambda: _env_flag("EMBER_DYNAMO_VERBOSE", False)
