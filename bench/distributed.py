@@ -214,8 +214,9 @@ def matched_exposure(per_rank: list):
     """(communication, exposed communication) summed over collectives, each collective's the
     least over the ranks: a kernel of a collective spans its rank's wait for the others, so the
     rank that arrived last shows the transfer itself. The ranks' kernels of one kind are matched
-    in start order (every rank issues the collectives in one order). None if the ranks' kernels
-    do not match."""
+    in start order (every rank issues the collectives in one order); collectives of different
+    kinds running at once (FSDP's next all-gather beside a reduce-scatter) each count. None if
+    the ranks' kernels do not match."""
     if not per_rank or any(not isinstance(r, dict) for r in per_rank):
         return None
     kinds = set(per_rank[0])
@@ -648,8 +649,9 @@ def write_report(cfg, results: dict) -> None:
              "||g - g_eager|| / ||g_eager|| after one step, over both ranks; comm / exposed "
              "comm: NCCL kernel time per step, and the part of it no other kernel on the GPU "
              "overlaps, each collective's the least over the ranks (a kernel also spans its "
-             "rank's wait for the other: the rank that arrived last shows the transfer); in "
-             "brackets, rank 0's own (waits included).", "",
+             "rank's wait for the other: the rank that arrived last shows the transfer), summed "
+             "over collectives (two running at once both count); in brackets, rank 0's own "
+             "(waits included, overlapping kernels merged).", "",
              "| config | step ms | first step s | peak GiB | graphs | breaks | grad rel | "
              "comm ms | exposed comm ms | error |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip

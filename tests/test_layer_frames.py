@@ -63,3 +63,32 @@ def test_ten_layers_train_through_two_programs_and_match_eager():
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
     state = next(s for c, s in convert._touched_codes.items() if c is Layer.forward.__code__)
     assert (state.graphs, state.generic) == (2, True)
+
+
+class Normed(nn.Module):
+    def __init__(self, shared):
+        super().__init__()
+        self.a = nn.BatchNorm1d(4)
+        self.b = self.a if shared else nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.b(self.a(x) * 3 + 1)
+
+
+def test_a_layer_sharing_a_module_the_others_do_not_is_traced_for_itself():
+    # a generic trace writes running statistics in place: where one layer's two BatchNorms are
+    # one module, the two buffers the trace kept apart are one (the trace falls back to the
+    # layer's own instead of failing on an input written and aliased)
+    ember.reset()
+    layers = [Normed(False), Normed(False), Normed(True)]
+    for layer in layers:
+        layer.register_full_backward_hook(lambda *a: None)
+    model = nn.Sequential(*layers)
+    eager = copy.deepcopy(model)
+    compiled = ember.compile(model)
+    x = torch.randn(8, 4) * 5 + 3
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), eager(x))
+    for got, want in zip(model.modules(), eager.modules()):
+        if isinstance(got, nn.BatchNorm1d):
+            torch.testing.assert_close(got.running_mean, want.running_mean)

@@ -109,6 +109,15 @@ class _Desc:  # a descriptor computing from the instance
         return self if obj is None else obj.k * 3
 
 
+class _Experts(nn.Module):  # a length read from instance state
+    def __init__(self):
+        super().__init__()
+        self.n = 1
+
+    def __len__(self):
+        return self.n
+
+
 _FIRST: list = []
 _SCALE: dict = {}
 
@@ -127,6 +136,7 @@ class Odd(nn.Module):
         self.mode = mode
         self.tied = self.fc
         self.other = nn.Linear(4, 4)
+        self.experts = _Experts()
 
     @functools.cached_property
     def twice(self):
@@ -146,6 +156,8 @@ class Odd(nn.Module):
             return self.fc(x) if self is _FIRST[0] else x + self.fc(x)
         if m == "tied":
             return self.fc(x) if self.tied is self.fc else x + self.tied(self.fc(x))
+        if m == "len":
+            return x + len(self.experts) * self.fc(x)
         if m == "param_is":
             w = self.fc.weight is self.other.weight
             return self.fc(x) * 10 if w else x + self.other(self.fc(x))
@@ -170,6 +182,7 @@ _ODD = {
     "dict_key": lambda m: _SCALE.__setitem__(m, 9.0),
     "is": lambda m: _FIRST.__setitem__(0, m),
     "tied": lambda m: setattr(m, "tied", nn.Linear(4, 4)),
+    "len": lambda m: setattr(m.experts, "n", 4),
     "param_is": lambda m: setattr(m.other, "weight", m.fc.weight),
     "partial": lambda m: setattr(m, "act", functools.partial(
         torch.nn.functional.leaky_relu, negative_slope=5.0)),

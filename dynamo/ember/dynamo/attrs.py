@@ -143,6 +143,8 @@ def module_getattr(tx, vt: V.ModuleVT, name: str) -> V.VT:
             return tx.builder.wrap(value, module_param_source(vt.source, kind, name))
     if name in d:
         return tx.builder.wrap(d[name], AttrSource(vt.source, name))
+    if name == "__class__" and vt.generic:  # the guarded type
+        return V.ClassVT(type(m))
     found, attr = _mro_lookup(type(m), name)
     if found:
         out = _class_attr(tx, vt, type(m), name, attr)
@@ -150,7 +152,9 @@ def module_getattr(tx, vt: V.ModuleVT, name: str) -> V.VT:
             return out
         if _is_const(attr):
             return V.ConstVT(attr)
-        if vt.generic:  # a descriptor's value (__dict__, cached_property) is this instance's
+        if vt.generic and hasattr(type(attr), "__get__"):
+            # a descriptor's value (__dict__, cached_property) is this instance's; another
+            # class attribute is the class's (the type is guarded, shadowing by __dict__ keys)
             raise GenericFallback(f"{type(m).__name__}.{name}, a {type(attr).__name__}")
         return tx.builder.wrap(getattr(m, name), None)
     raise AttrMissing(f"{type(m).__name__} has no attribute {name!r}")

@@ -91,6 +91,19 @@ def identity_of(vt):
     raise Unsupported(f"identity of a {type(vt).__name__}")
 
 
+_KEYED_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
+                     torch.nn.ParameterList, torch.nn.ParameterDict)
+
+
+def module_len(vt) -> int:
+    """len() of a module: torch's containers count the entries their guarded keys list; another
+    class's __len__ may read instance state no guard covers, so a generic frame falls back."""
+    if getattr(vt, "generic", False) and type(vt.module).__len__ not in {
+            c.__len__ for c in _KEYED_CONTAINERS}:  # fmt: skip
+        raise GenericFallback(f"len() of a {type(vt.module).__name__}")
+    return len(vt.module)
+
+
 def _not_generic(vt):
     """`vt`, whose identity is about to be used: a module standing for any instance, or the
     parameter of one (tied in one instance, not in another), has none."""
@@ -272,7 +285,7 @@ def truth(tx, vt) -> bool:
         return any(not _is_none(v) for v in vt.attrs.values())
     if isinstance(vt, V.ModuleVT):
         if hasattr(type(vt.module), "__len__"):
-            return len(vt.module) > 0
+            return module_len(vt) > 0
         return True
     if isinstance(vt, (V.ObjectVT, V.NewObjectVT)):
         cls = vt.python_type()

@@ -179,9 +179,11 @@ def make_callback(backend: Callable, fullgraph: bool, backend_name: str = "",
             return None
         if (state.graphs >= config.cache_size_limit
                 or state.graphless >= config.graphless_entry_limit):  # fmt: skip
+            which = ("cache_size_limit" if state.graphs >= config.cache_size_limit
+                     else "graphless_entry_limit")  # fmt: skip
             warn_once(("limit", code), f"ember.compile: {code.co_name} ({code.co_filename}:"
-                      f"{code.co_firstlineno}) was recompiled {config.cache_size_limit} times "
-                      "(cache_size_limit); it runs eagerly from now on")  # fmt: skip
+                      f"{code.co_firstlineno}) was recompiled {state.graphs + state.graphless} "
+                      f"times ({which}); it runs eagerly from now on")  # fmt: skip
             return None
         state.note_arguments(code, args)
         return convert_frame(code, fn, f_globals, args, backend, fullgraph, dynamic)
@@ -349,6 +351,7 @@ class _SavedNothing:
 def finish(tx, output, code, backend, reason):
     """Generate the transformed function for a translated frame."""
     output.drop_restored_attributes()
+    output.check_generic_writes()
     arg_names = [sanitize(n) for n in code.co_varnames[: len(tx.fn_args)]]
     cg = CodeGen(output, arg_names)
     kind = tx.result[0]

@@ -17,9 +17,9 @@ from ember.ir.example import metadata_only, metadata_only_tree
 from . import shapes
 from . import variables as V
 from .distributed import is_dtensor
-from .exc import Unsupported
+from .exc import GenericFallback, Unsupported
 from .guards import GuardSet, tensor_spec
-from .source import Source
+from .source import AttrSource, ItemSource, Source
 from .symbolic import SYM_SIZES, ShapeEnv, SymIntVT, SymSliceVT
 
 _BY_RULE = object()  # OutputGraph.call: the result's symbolic sizes come from the op's rule
@@ -98,6 +98,7 @@ class OutputGraph:
         # Traced for any instance of the modules it reads (convert.CodeState.generic): module
         # types and parameter metadata are guarded, not identities.
         self.generic_modules = False
+        self._module_tensors: list = []  # generic: (vt, version) of each module tensor read
         self.shape_env = None
         if policy is not None:
             self.shape_env = ShapeEnv(self.graph, lambda: self.where(), exporting)
@@ -150,6 +151,8 @@ class OutputGraph:
         vt.real = value  # identity only (set membership, `is`), never read for values
         # a parameter of a module traced for any instance: its identity is this instance's
         vt.generic = self.generic_modules and source.is_module_param()
+        if self.generic_modules and _module_tensor(source):
+            self._module_tensors.append((vt, example._version))
         if dims:
             self._symbolic_input(vt, value, source, dims, guarded)
         self.inputs.append((source, value, vt))
@@ -202,6 +205,14 @@ class OutputGraph:
             name, i = f"{base}_{i}", i + 1
         self.names.add(name)
         return name
+
+    def check_generic_writes(self) -> None:
+        """A frame traced for any instance that writes a module's tensor in place (BatchNorm's
+        running statistics) falls back: two layers' tensors the trace read apart may be one in
+        another layer (a module shared), and writing one then reads as writing both."""
+        for vt, version in self._module_tensors:
+            if vt.example._version != version:
+                raise GenericFallback(f"{vt.source.name()} written in place")
 
     # -- ops ----------------------------------------------------------------------------------
     def call(self, kind: str, target, args: tuple, kwargs: dict, sym=_BY_RULE) -> V.VT:
@@ -323,6 +334,12 @@ class OutputGraph:
                 restored.add(key)
         self.side_effects = [e for e in self.side_effects if not (
             e[0] == "setattr" and (id(_identity_of(e[1])), e[2]) in restored)]  # fmt: skip
+
+
+def _module_tensor(source) -> bool:
+    """A module's parameter or buffer (`...._parameters['w']`, `...._buffers['b']`)."""
+    return (isinstance(source, ItemSource) and isinstance(source.base, AttrSource)
+            and source.base.attr in ("_parameters", "_buffers"))  # fmt: skip
 
 
 def _identity_of(obj):

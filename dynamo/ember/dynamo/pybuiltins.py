@@ -15,8 +15,8 @@ from . import variables as V
 from .attrs import python_class
 from .builder import is_namedtuple_type
 from .calls import (AttrMissing, binop, call, const_key, const_of, contains, get_iter,
-                    getattr_vt, getitem, is_same, real_value, setattr_vt, truth, try_const,
-                    unop, unpack, wrap_const)  # fmt: skip
+                    getattr_vt, getitem, is_same, module_len, real_value, setattr_vt, truth,
+                    try_const, unop, unpack, wrap_const)  # fmt: skip
 from .exc import PyExc, Unsupported
 from .frame import inline_call
 from .opaque_ops import call_user_op, user_op_target
@@ -96,7 +96,7 @@ def _len(tx, x):
     if isinstance(x, V.ConstVT):
         return V.ConstVT(len(x.value))
     if isinstance(x, V.ModuleVT) and hasattr(type(x.module), "__len__"):
-        return V.ConstVT(len(x.module))
+        return V.ConstVT(module_len(x))
     if isinstance(x, V.DataclassVT):
         return V.ConstVT(sum(1 for v in x.attrs.values() if not _none(v)))
     if isinstance(x, (V.ObjectVT, V.NewObjectVT)):
