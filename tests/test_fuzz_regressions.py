@@ -10,6 +10,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported in t
 
 import ember  # noqa: E402
 from ember.inductor.config import config  # noqa: E402
+from rendered_kernels import rendered_kernels  # noqa: E402,F401  (a fixture)
 
 
 def _check(program, make_inputs):
@@ -81,24 +82,14 @@ def test_triton_integer_and_bool_max_min(monkeypatch):
 
 
 @pytest.fixture
-def triton_kernels(monkeypatch):
+def triton_kernels(monkeypatch, rendered_kernels):
     """Render through Triton (run by its interpreter) and collect every kernel rendered, so a
     test can also compile them for sm_90 with the real compiler (which rejects more programs)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1 before triton is imported")
-    from ember.inductor import pipeline
-
     monkeypatch.setattr(config, "cpu_backend", "triton")
     monkeypatch.setattr(config, "cache", False)  # a cache hit renders nothing to collect
-    seen, render = {}, pipeline.render_kernels
-
-    def collect(*args, **kwargs):
-        out = render(*args, **kwargs)
-        seen.update({src.source: (name, src) for name, src in out.items()})
-        return out
-
-    monkeypatch.setattr(pipeline, "render_kernels", collect)
-    return seen
+    return rendered_kernels
 
 
 def _compiles_for_sm90(kernels):

@@ -17,6 +17,7 @@ from decode_model import LAYERS, Decoder, zero_caches  # noqa: E402
 from ember.inductor import config  # noqa: E402
 from input_updates_model import Cache, _steps  # noqa: E402
 from input_updates_model import in_place_calls  # noqa: E402,F401  (a fixture)
+from rendered_kernels import rendered_kernels  # noqa: E402,F401  (a fixture)
 
 
 @pytest.fixture(autouse=True)
@@ -72,22 +73,14 @@ class _Held(torch.nn.Module):
         return self.step(tokens, positions, *(getattr(self, f"c{i}") for i in range(2 * LAYERS)))
 
 
-def test_a_decoder_step_matches_eager_token_after_token(in_place_calls, monkeypatch, tmp_path):
+def test_a_decoder_step_matches_eager_token_after_token(in_place_calls, rendered_kernels,
+                                                        monkeypatch, tmp_path):  # fmt: skip
     """The rotary keys and the values stored into the caches by the kernels computing them;
     the kernels compile with Triton's real compiler (for sm_90) too."""
-    from ember.inductor import pipeline, triton_aot
+    from ember.inductor import triton_aot
     from ember.ir import toolchain
 
     monkeypatch.setattr(toolchain.config, "cache_dir", str(tmp_path))  # compiled, not loaded
-    rendered = {}
-    render = pipeline.render_kernels
-
-    def collect(*args, **kwargs):
-        out = render(*args, **kwargs)
-        rendered.update({src.source: (name, src) for name, src in out.items()})
-        return out
-
-    monkeypatch.setattr(pipeline, "render_kernels", collect)
     torch.manual_seed(0)
     model = _Held(Decoder().eval())
     ref = copy.deepcopy(model)
@@ -103,9 +96,9 @@ def test_a_decoder_step_matches_eager_token_after_token(in_place_calls, monkeypa
                                            rtol=1e-4, atol=1e-4)  # fmt: skip
             tok = want[:, -1:].argmax(-1)
     assert in_place_calls == []
-    stores = [src for src in rendered if "tl.store" in src and ") & (" in src]
+    stores = [src for src in rendered_kernels if "tl.store" in src and ") & (" in src]
     assert stores, "no kernel stores rows under the positions' mask"
-    assert triton_aot.check_kernels(rendered.values()) == []
+    assert triton_aot.check_kernels(rendered_kernels.values()) == []
 
 
 class _SlicedPositions(Cache):
