@@ -274,7 +274,6 @@ def profile_comm(step, cfg, device) -> dict:
 def _capture_counts(backend) -> dict:
     if backend == "ember":
         import ember.dynamo
-
         from ember.inductor import metrics
 
         s = ember.dynamo.convert.stats

@@ -9,10 +9,10 @@ import torch
 
 from . import tensor_ops as T
 from . import variables as V
-from .calls import AttrMissing, py_method, wrap_const
+from .calls import AttrMissing, module_entry, py_method, wrap_const
 from .exc import GenericFallback, PyExc, Unsupported
 from .frame import inline_call
-from .source import AttrSource, ConstantSource, ItemSource, module_param_source
+from .source import AttrSource, ConstantSource, ItemSource
 
 
 # Logger methods whose calls are replayed after the graph instead of breaking it.
@@ -135,12 +135,7 @@ def module_getattr(tx, vt: V.ModuleVT, name: str) -> V.VT:
     for kind in ("_parameters", "_buffers", "_modules"):
         table = d.get(kind)
         if table is not None and name in table:
-            value = table[name]
-            if value is None:
-                if tx.output.generic_modules:  # another instance may hold a tensor there
-                    tx.output.guards.add("ID", module_param_source(vt.source, kind, name), None)
-                return V.ConstVT(None)
-            return tx.builder.wrap(value, module_param_source(vt.source, kind, name))
+            return module_entry(tx, vt, kind, name)
     if name in d:
         return tx.builder.wrap(d[name], AttrSource(vt.source, name))
     if name == "__class__" and vt.generic:  # the guarded type

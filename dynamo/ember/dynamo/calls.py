@@ -231,24 +231,22 @@ def module_children(tx, vt: V.ModuleVT) -> list:
     if isinstance(m, torch.nn.ModuleDict):
         return [V.ConstVT(k) for k in m._modules]
     if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
-        return [_submodule(tx, vt, k) for k in m._modules]
+        return [module_entry(tx, vt, "_modules", k) for k in m._modules]
     if isinstance(m, (torch.nn.ParameterList,)):
-        return [_module_attr_by_dict(tx, vt, "_parameters", k) for k in m._parameters]
+        return [module_entry(tx, vt, "_parameters", k) for k in m._parameters]
     raise Unsupported(f"iteration over module {type(m).__name__}")
 
 
-def _submodule(tx, vt, key):
-    sub = vt.module._modules[key]
-    if sub is None:
-        if vt.generic:  # another instance may hold a module there
-            tx.output.guards.add("ID", module_param_source(vt.source, "_modules", key), None)
-        return V.ConstVT(None)
-    return tx.builder.wrap(sub, module_param_source(vt.source, "_modules", key))
-
-
-def _module_attr_by_dict(tx, vt, kind, key):
+def module_entry(tx, vt, kind: str, key) -> V.VT:
+    """Entry `key` of a module's `_parameters`, `_buffers` or `_modules` table; a None entry is
+    guarded as None where the module stands for any instance (another may hold one there)."""
     value = getattr(vt.module, kind)[key]
-    return tx.builder.wrap(value, module_param_source(vt.source, kind, key))
+    source = module_param_source(vt.source, kind, key)
+    if value is None:
+        if vt.generic:
+            tx.output.guards.add("ID", source, None)
+        return V.ConstVT(None)
+    return tx.builder.wrap(value, source)
 
 
 def dict_items(tx, vt) -> dict:
@@ -306,7 +304,10 @@ def is_same(tx, a, b) -> bool:
     if isinstance(a, V.ConstVT) and isinstance(b, V.ConstVT):
         return a.value is b.value
     if isinstance(a, V.TensorVT) and isinstance(b, V.TensorVT):
-        return a.node is b.node or _not_generic(a).node is _not_generic(b).node
+        if a.node is b.node:
+            return True
+        _not_generic(a), _not_generic(b)  # two parameters apart here may be one elsewhere
+        return False
     try:
         return real_value(_not_generic(a)) is real_value(_not_generic(b))
     except Unsupported:
@@ -517,16 +518,16 @@ def module_getitem(tx, vt, key):
     m = vt.module
     k = const_of(key, "module index")
     if isinstance(m, torch.nn.ModuleDict):
-        return _submodule(tx, vt, k)
+        return module_entry(tx, vt, "_modules", k)
     if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
         keys = list(m._modules)
         if isinstance(k, slice):
             if isinstance(m, torch.nn.ModuleList):
-                return V.ListVT([_submodule(tx, vt, kk) for kk in keys[k]])
+                return V.ListVT([module_entry(tx, vt, "_modules", kk) for kk in keys[k]])
             raise Unsupported("slicing an nn.Sequential")
-        return _submodule(tx, vt, keys[k])
+        return module_entry(tx, vt, "_modules", keys[k])
     if isinstance(m, torch.nn.ParameterList):
-        return _module_attr_by_dict(tx, vt, "_parameters", str(k if k >= 0 else len(m) + k))
+        return module_entry(tx, vt, "_parameters", str(k if k >= 0 else len(m) + k))
     if py_method(type(m), "__getitem__"):
         return call_method(tx, vt, "__getitem__", [key], {})
     raise Unsupported(f"indexing module {type(m).__name__}")

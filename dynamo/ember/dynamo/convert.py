@@ -74,13 +74,15 @@ _warned: set = set()
 
 
 class CodeState:
-    """What conversions learned about one code object. `graphs`: its cache entries that hold a
-    graph (the cache limit counts these; an entry that only calls eagerly and breaks, as a loop's
-    resume function does between two calls of a module that runs eagerly, compiles nothing).
-    `modules`: argument position -> (type, id) of the first nn.Module passed there. `generic`:
-    the code was called with another instance of a module type already compiled for it (the
-    layers of a stack, each its own frame): its frames are traced for any instance (module
-    types and parameter shapes guarded, not identities), so one entry serves every layer."""
+    """What conversions learned about one code object. `graphs` / `graphless`: its cache entries
+    that hold a graph (config.cache_size_limit counts these) and those that hold none (an entry
+    that only calls eagerly and breaks, as a loop's resume function does between two calls of a
+    module that runs eagerly: config.graphless_entry_limit). `modules`: argument position ->
+    (type, id) of the first nn.Module passed there. `generic`: the code was called with another
+    instance of a module type already compiled for it (the layers of a stack, each its own
+    frame): its frames are traced for any instance (module types and parameter shapes guarded,
+    not identities), so one entry serves every layer. `refused`: a generic trace read instance
+    state no guard covers (GenericFallback), so the code is traced per instance from then on."""
 
     __slots__ = ("graphs", "graphless", "modules", "generic", "refused")
 
@@ -89,7 +91,15 @@ class CodeState:
         self.graphless = 0
         self.modules: dict = {}
         self.generic = False
-        self.refused = False  # a generic trace read instance state no guard covers
+        self.refused = False
+
+    def limit_reached(self):
+        """The name of the limit its entries reached, or None."""
+        if self.graphs >= config.cache_size_limit:
+            return "cache_size_limit"
+        if self.graphless >= config.graphless_entry_limit:
+            return "graphless_entry_limit"
+        return None
 
     def note_arguments(self, code, args) -> None:
         if self.refused:
@@ -177,13 +187,11 @@ def make_callback(backend: Callable, fullgraph: bool, backend_name: str = "",
             state = _touched_codes[code] = CodeState()
         if should_skip(code):
             return None
-        if (state.graphs >= config.cache_size_limit
-                or state.graphless >= config.graphless_entry_limit):  # fmt: skip
-            which = ("cache_size_limit" if state.graphs >= config.cache_size_limit
-                     else "graphless_entry_limit")  # fmt: skip
+        over = state.limit_reached()
+        if over is not None:
             warn_once(("limit", code), f"ember.compile: {code.co_name} ({code.co_filename}:"
                       f"{code.co_firstlineno}) was recompiled {state.graphs + state.graphless} "
-                      f"times ({which}); it runs eagerly from now on")  # fmt: skip
+                      f"times ({over}); it runs eagerly from now on")  # fmt: skip
             return None
         state.note_arguments(code, args)
         return convert_frame(code, fn, f_globals, args, backend, fullgraph, dynamic)

@@ -91,7 +91,7 @@ def compile_for_ddp(compile_graph: Callable, gm: fx.GraphModule, example_inputs:
         return compile_graph(gm, example_inputs)
     part = bucket_partition(gm, ddp)
     gm.meta["ember_ddp_pieces"] = len(set(part.values()))  # for explain() and benchmarks
-    if len(set(part.values())) <= 1:
+    if gm.meta["ember_ddp_pieces"] <= 1:
         return compile_graph(gm, example_inputs)
     return _compile_pieces(compile_graph, gm, example_inputs, part)
 

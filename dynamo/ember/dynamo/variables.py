@@ -62,6 +62,7 @@ class TensorVT(VT):
         self.source = source
         self.ptype = ptype or torch.Tensor
         self.real = None  # the user's tensor, for graph inputs
+        self.generic = False  # a parameter of a module traced for any instance (output.py)
         # Sizes as sympy expressions when they depend on symbols (shapes.py); None: static.
         self.sym = None
         # A frame input the graph computes a new value for (`node`), written into the caller's
