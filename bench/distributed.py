@@ -57,6 +57,8 @@ def _args(argv=None):
     p.add_argument("--parallel", default=",".join(PARALLEL), help="ddp,fsdp")
     p.add_argument("--backends", default=",".join(BACKENDS))
     p.add_argument("--no-tp", action="store_true", help="skip the tensor parallel MLP block")
+    p.add_argument("--host-profile", type=int, default=0,
+                   help="steps run under cProfile on rank 0 after the timed ones (host time)")
     p.add_argument("--deadline", type=float, default=450.0, help="seconds for the whole run")
     p.add_argument("--config-timeout", type=float, default=200.0)
     # worker mode (set by the parent)
@@ -412,7 +414,34 @@ def train_config(cfg, parallel, backend, device, rank) -> dict:
     report.update(_capture_counts(backend))
     if cfg.profile_steps:
         report["profile"] = profile_comm(step, cfg, device)
+    if cfg.host_profile:  # every rank steps (collectives); rank 0's host is profiled
+        report["host_profile"] = host_profile(step, cfg.host_profile, device, rank == 0)
     return report
+
+
+def host_profile(step, n, device, profiled) -> str:
+    """The functions where rank 0's host spends n steps (cProfile): the top 30 by own time and
+    by cumulative time. The other rank steps along unprofiled."""
+    import cProfile
+    import io
+    import pstats
+
+    if not profiled:
+        for _ in range(n):
+            step()
+        _sync(device)
+        return ""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        step()
+    _sync(device)
+    prof.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    for key in ("tottime", "cumulative"):
+        stats.sort_stats(key).print_stats(30)
+    return out.getvalue()
 
 
 def memory_phases(model, opt, batch, cfg, device) -> dict:
@@ -691,6 +720,10 @@ def write_report(cfg, results: dict) -> None:
         lines += [f"- {n}: {'; '.join(rs)}" for n, rs in reasons.items()]
     with open(os.path.join(cfg.out, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    for name, r in results.items():
+        if isinstance(r, dict) and r.get("host_profile"):
+            with open(os.path.join(cfg.out, f"host_{name.replace(':', '_')}.txt"), "w") as f:
+                f.write(r["host_profile"])
 
 
 def main(argv=None) -> dict:

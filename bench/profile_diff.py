@@ -199,7 +199,8 @@ def find_sources(roots, names):
     return found
 
 
-def render(model, mode, device, ember_events, torch_events, sources, walls, n_worst=3):
+def render(model, mode, device, ember_events, torch_events, sources, walls, n_worst=3,
+           timed=None, order=None):
     """The markdown report (pure: everything it shows is passed in)."""
     us = lambda v: f"{v:,.1f}"  # noqa: E731
     lines = [f"# Kernel diff: {model} ({mode}, {device})", "",
@@ -210,6 +211,18 @@ def render(model, mode, device, ember_events, torch_events, sources, walls, n_wo
     tt = sum(e["us"] for e in torch_events)
     for side, wall in walls.items():
         lines.append(f"- {side}: wall time of the profiled call {wall * 1e3:,.3f} ms")
+    for side, events in (("ember", ember_events), ("torch", torch_events)):
+        tl = timeline(events)
+        if tl:
+            lines.append(f"- {side}: the profiled call's kernels span {us(tl['span_us'])} us on "
+                         f"the GPU, {us(tl['idle_us'])} us of it with no kernel running")
+    for side, t in (timed or {}).items():
+        if t:
+            lines.append(f"- {side}: {t['event_ms']:.3f} ms a call as the race times it (CUDA "
+                         f"events, median of 20 back-to-back calls); {t['host_us']:,.0f} us of "
+                         "host time to issue a call")
+    if order:
+        lines.append(f"- compiled and timed in this order, in one process: {', '.join(order)}")
     lines += ["", "| kernel group | ember count | ember us | torch count | torch us | diff us |",
               "|---|---|---|---|---|---|"]  # fmt: skip
     for r in side_by_side(ember_events, torch_events):
@@ -269,6 +282,7 @@ def events_of(prof, device):
         for e in evts:
             if e.device_type == DeviceType.CUDA:
                 out.append({"name": e.name, "us": float(e.time_range.elapsed_us()),
+                            "start": float(e.time_range.start), "end": float(e.time_range.end),
                             "op": launched_by.get(e.name)})  # fmt: skip
         return out
     for e in evts:
@@ -278,8 +292,43 @@ def events_of(prof, device):
     return out
 
 
+def timeline(events) -> dict | None:
+    """The GPU timeline of one profiled call: span from the first kernel's start to the last's
+    end, and the part of it no kernel ran (launch gaps, waits for the host), in microseconds."""
+    spans = sorted((e["start"], e["end"]) for e in events if "start" in e)
+    if not spans:
+        return None
+    busy, cur_s, cur_e = 0.0, *spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy, cur_s = busy + cur_e - cur_s, s
+        cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = max(e for _, e in spans) - spans[0][0]
+    return {"span_us": span, "idle_us": span - busy}
+
+
+def steady(step, device, calls=20) -> dict:
+    """As the race times a call (CUDA events around each of `calls` back-to-back calls, the
+    median), and the host's microseconds to issue one call (the same calls, no waiting)."""
+    import measure
+    import torch
+
+    if not device.startswith("cuda"):
+        return {}
+    ms = measure.event_median_ms(step, calls)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        step()
+    host_us = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return {"event_ms": ms, "host_us": host_us}
+
+
 def profile_side(task, backend_name, warmup):
-    """Compile `task`'s model with a bench backend, warm up, profile one call: (events, wall s)."""
+    """Compile `task`'s model with a bench backend, warm up, time it as the race does, profile
+    one call: (events, wall s, steady timings)."""
     import backends as backend_registry
     import measure
     import torch
@@ -293,6 +342,7 @@ def profile_side(task, backend_name, warmup):
     with task.outer():
         step = task.make_step(backend.compile(fn), model)
         measure.warm_up(step, device, warmup + 1)  # +1: the compiling call
+        timed = steady(step, device)
         activities = [ProfilerActivity.CPU]
         if device.startswith("cuda"):
             activities.append(ProfilerActivity.CUDA)
@@ -304,7 +354,7 @@ def profile_side(task, backend_name, warmup):
                 torch.cuda.synchronize()
             wall = time.perf_counter() - start
     backend.reset()
-    return events_of(prof, device), wall
+    return events_of(prof, device), wall, timed
 
 
 def main(argv=None):
@@ -320,6 +370,8 @@ def main(argv=None):
     p.add_argument("--torch-backend", default="torch_compile_cg")
     p.add_argument("--cache-dir", help="compile caches (default: a fresh temporary folder)")
     p.add_argument("--worst", type=int, default=3, help="how many Ember kernels to show source of")
+    p.add_argument("--torch-first", action="store_true",
+                   help="compile and time torch.compile before Ember (the race's order)")
     args = p.parse_args(argv)
     out = Path(args.out)
     # Outside --out: the caches hold hundreds of files, and only what is under $OUT comes back
@@ -342,19 +394,23 @@ def main(argv=None):
     harness.configure_process(dict(cfg, threads=None))
     task = harness.Task(cfg)
     sides, errors = {}, []
-    for name in (args.ember_backend, args.torch_backend):
+    order = (args.ember_backend, args.torch_backend)
+    for name in (order[::-1] if args.torch_first else order):
         try:
             sides[name] = profile_side(task, name, args.warmup)
         except Exception as e:  # noqa: BLE001 - one side failing still leaves the other's table
             traceback.print_exc()
             errors.append(f"- {name} failed: {type(e).__name__}: {' '.join(str(e).split())[:500]}")
-            sides[name] = ([], float("nan"))
-    (ember_events, ember_wall), (torch_events, torch_wall) = sides.values()
+            sides[name] = ([], float("nan"), {})
+    (ember_events, ember_wall, ember_t) = sides[args.ember_backend]
+    (torch_events, torch_wall, torch_t) = sides[args.torch_backend]
     names = [k for k, *_ in worst_kernels(ember_events, args.worst)]
     names += [k for k in group_events(ember_events, by="kernel") if k not in names][:40]
     sources = find_sources([caches / "ember", caches / "inductor"], names)
     text = render(args.model, args.mode, device, ember_events, torch_events, sources,
-                  {args.ember_backend: ember_wall, args.torch_backend: torch_wall}, args.worst)
+                  {args.ember_backend: ember_wall, args.torch_backend: torch_wall}, args.worst,
+                  {args.ember_backend: ember_t, args.torch_backend: torch_t},
+                  order[::-1] if args.torch_first else order)
     if errors:
         text += "\n\n## Failures\n\n" + "\n".join(errors) + "\n"
     out.mkdir(parents=True, exist_ok=True)

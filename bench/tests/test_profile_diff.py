@@ -148,3 +148,12 @@ def test_script_end_to_end_on_cpu(tmp_path):
     events = json.loads((tmp_path / "events.json").read_text())
     assert events["ember"] and events["torch"]  # both sides profiled some CPU ops
     assert all(e["us"] >= 0 and e["name"] for side in events.values() for e in side)
+
+
+def test_timeline_counts_the_span_and_the_time_no_kernel_ran():
+    events = [{"name": "a", "us": 10.0, "start": 100.0, "end": 110.0},
+              {"name": "b", "us": 10.0, "start": 105.0, "end": 115.0},  # overlaps a
+              {"name": "c", "us": 5.0, "start": 125.0, "end": 130.0},
+              {"name": "d", "us": 2.0, "start": 126.0, "end": 128.0}]  # inside c
+    assert pd.timeline(events) == {"span_us": 30.0, "idle_us": 10.0}
+    assert pd.timeline([{"name": "cpu op", "us": 3.0}]) is None
