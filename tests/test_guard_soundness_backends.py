@@ -55,3 +55,28 @@ def test_default_dtype_change_gives_eagers_dtype_under_aot_eager():
     finally:
         torch.set_default_dtype(default)
     assert cf(x).dtype == torch.float32
+
+
+def test_a_parameter_changed_in_place_is_traced_again_through_inductor():
+    """Dynamo's guards pin every graph input (parameters too: identity and metadata), so the
+    compiled program is called without keying each call by its tensors. A parameter whose
+    `.data` is replaced by one of other sizes, strides, dtype or requires_grad must fail a guard
+    and be traced again, never reach a program compiled for the old one."""
+    from ember.dynamo import convert
+    from ember.ir import GUARDED_INPUTS_META_KEY
+
+    lin = torch.nn.Linear(4, 3)
+    compiled = ember.compile(lin)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), lin(x))
+        assert convert.stats.graphs[-1].gm.meta.get(GUARDED_INPUTS_META_KEY) is True
+        changes = [lambda: torch.randn(3, 4).t().contiguous().t(),  # strides
+                   lambda: torch.randn(3, 4, dtype=torch.float64)]  # dtype
+        for change in changes:
+            lin.weight.data = change()
+            xx = x.to(lin.weight.dtype)
+            lin.bias.data = lin.bias.data.to(lin.weight.dtype)
+            torch.testing.assert_close(compiled(xx), lin(xx))
+        lin.weight.data, lin.bias.data = torch.randn(5, 4), torch.randn(5)  # sizes
+        torch.testing.assert_close(compiled(x), lin(x))

@@ -54,14 +54,22 @@ def test_id_len_dict_keys_same_and_globals():
     assert _check(gs, [None, lst, {"y": 2, "x": 1}], {"torch": torch}) >= 0  # key order
 
 
-def test_param_guard_identity_and_requires_grad():
+def test_param_guard_identity_and_metadata():
     lin = torch.nn.Linear(2, 2)
     src = S.ItemSource(S.AttrSource(S.LocalSource("m", 0), "_parameters"), "weight")
     gs = GuardSet()
-    gs.add("PARAM", src, (lin.weight, True, torch.float32))
+    gs.add("PARAM", src, lin.weight)
     assert _check(gs, [None, lin]) == -1
     lin.weight.requires_grad_(False)
     assert _check(gs, [None, lin]) >= 0
+    lin.weight.requires_grad_(True)
+    assert _check(gs, [None, lin]) == -1
+    # the same parameter, other sizes, strides or dtype in place: no longer what was traced
+    for data in (torch.ones(3, 2), torch.ones(2, 2).t(), torch.ones(2, 2, dtype=torch.float64)):
+        old, lin.weight.data = lin.weight.data, data
+        assert _check(gs, [None, lin]) >= 0
+        lin.weight.data = old
+        assert _check(gs, [None, lin]) == -1
     lin.weight = torch.nn.Parameter(torch.ones(2, 2))
     assert _check(gs, [None, lin]) >= 0
 

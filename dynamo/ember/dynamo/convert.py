@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ember.ir import progress
+from ember.ir import GUARDED_INPUTS_META_KEY, progress
 
 from . import variables as V
 from ._native import _C
@@ -386,6 +386,8 @@ def finish(tx, output, code, backend, reason):
         output.cut_example_history()
         if env is not None and env.symbols:
             gm.meta["ember_symbols"] = env.specs()
+        elif output.inputs_pinned:  # each call's inputs are the traced ones, as the guards check
+            gm.meta[GUARDED_INPUTS_META_KEY] = True
         try:
             # EMBER_REPRO; inside a DDP forward, one backend call per gradient bucket
             compiled = compile_for_ddp(lambda g, ex: call_backend(backend, g, ex, code), gm,

@@ -46,8 +46,9 @@ class Guard:
         if self.kind == "EXPR":
             return f"sizes: {self.value[1]}"
         if self.kind == "PARAM":
-            p, rg, dtype = self.value
-            return f"{where} is parameter {id(p):#x} ({dtype}, requires_grad={rg})"
+            p, (_, dtype, dev, rg, sizes, strides) = self.value
+            return (f"{where} is parameter {id(p):#x} ({dtype} {dev} sizes={list(sizes)} "
+                    f"strides={list(strides)} requires_grad={rg})")  # fmt: skip
         if self.kind == "NO_HOOKS":
             return f"{where} has no hooks ({', '.join(self.value)} empty)"
         if self.kind == "SAME":
@@ -91,9 +92,9 @@ class GuardSet:
             self.add("EXPR", None, (compile_int_program(rel, slot_of), str(rel)))
 
     def add(self, kind: str, source: Optional[S.Source], value=None) -> None:
-        if kind == "PARAM":
-            self.keepalive.append(value[0])
-            key = Guard(kind, source, (_IdBox(value[0]), value[1], value[2]))
+        if kind == "PARAM":  # value: the parameter; its metadata as a TENSOR guard's
+            self.keepalive.append(value)
+            key = Guard(kind, source, (_IdBox(value), tensor_spec(value)))
         elif kind in ("ID", "NOT_ID"):
             self.keepalive.append(value)
             key = Guard(kind, source, _IdBox(value))
@@ -206,7 +207,7 @@ def _emit(g: Guard, instrs: list, loads: S.LoadCompiler) -> None:
     elif g.kind == "NO_HOOKS":
         instrs.append((S.G_NO_HOOKS, 0, r, 0, tuple(g.value)))
     elif g.kind == "PARAM":
-        instrs.append((S.G_PARAM, 0, r, 0, tuple(g.value)))
+        instrs.append((S.G_PARAM, 0, r, 0, tuple(g.value)))  # (parameter, tensor_spec)
     elif g.kind == "TENSOR":
         instrs.append((S.G_TENSOR, 0, r, 0, g.value))
     elif g.kind == "SYM_TENSOR":

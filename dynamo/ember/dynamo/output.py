@@ -98,6 +98,9 @@ class OutputGraph:
         # Traced for any instance of the modules it reads (convert.CodeState.generic): module
         # types and parameter metadata are guarded, not identities.
         self.generic_modules = False
+        # Whether the guards pin every graph input's sizes, strides, dtype, device and
+        # requires_grad (GUARDED_INPUTS_META_KEY: the runtime then keys calls by mode alone).
+        self.inputs_pinned = True
         self._module_tensors: list = []  # generic: (vt, version) of each module tensor read
         self.shape_env = None
         if policy is not None:
@@ -120,14 +123,15 @@ class OutputGraph:
             raise Unsupported(f"tensor subclass {type(value).__name__} as a graph input")
         if not guarded:
             dims = dims or {}
+            self.inputs_pinned = False  # the caller's guards may leave its strides free
         elif isinstance(value, torch.nn.Parameter) and source.is_module_param():
-            # A module's parameter: identity, requires_grad and dtype are checked (replacing a
-            # parameter recompiles); in-place shape changes through .data are not detected.
-            # Traced for any instance: the parameter's type, dtype, sizes and strides instead.
+            # A module's parameter: its identity (replacing a parameter recompiles) and its
+            # metadata, which `.data =` changes in place. Traced for any instance: the metadata
+            # alone.
             if self.generic_modules:
                 self.guards.add("TENSOR", source, tensor_spec(value))
             else:
-                self.guards.add("PARAM", source, (value, value.requires_grad, value.dtype))
+                self.guards.add("PARAM", source, value)
             dims = {}
         else:
             dims = self.policy.dims(value, source) if self.policy is not None else {}

@@ -183,7 +183,7 @@ def _local_param(tx, vt: V.ModuleVT, pname: str) -> Optional[V.TensorVT]:
     if p is None:
         tx.output.guards.add("EQ", src, None)  # a bias registered later recompiles
         return None
-    tx.output.guards.add("PARAM", src, (p, p.requires_grad, p.dtype))
+    tx.output.guards.add("PARAM", src, p)
     return tx.output.add_input(p.to_local(), LocalShardSource(src), guarded=False)
 
 

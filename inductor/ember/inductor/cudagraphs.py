@@ -64,6 +64,9 @@ def _ptr(a):
     return a.data_ptr() if isinstance(a, torch.Tensor) else None
 
 
+_data_ptr = torch.Tensor.data_ptr
+
+
 def _graphable(a) -> bool:
     return a.is_cuda if isinstance(a, torch.Tensor) else type(a) in (int, bool)
 
@@ -207,8 +210,15 @@ class GraphedCall:
         # forward's saved activations (a backward's inputs), which its replays wait to be free
         self.inputs = [None if f else s for s, f in zip(inputs, fixed)]
         self.copied = [i for i, f in enumerate(fixed) if not f]
-        self.fixed = [(i, ptrs[i]) for i, f in enumerate(fixed) if f]
+        self._set_fixed(ptrs, fixed)
         return self._replay(args)
+
+    def _set_fixed(self, ptrs: list, fixed: list) -> None:
+        """The arguments a replay reads in place, with their addresses at capture; the tensors
+        among them also as two lists, for the per-replay check in one C-level pass."""
+        self.fixed = [(i, ptrs[i]) for i, f in enumerate(fixed) if f]
+        self.fixed_at = [i for i, p in self.fixed if p is not None]
+        self.fixed_ptrs = [p for _, p in self.fixed if p is not None]
 
     def _plan_input_views(self, inputs, fixed, outs) -> bool:
         """An inference graph's outputs that are views of an in-place argument (one it wrote:
@@ -265,7 +275,9 @@ class GraphedCall:
         return outs
 
     def _replay_in_order(self, args: list):
-        moved = [i for i, p in self.fixed if _ptr(args[i]) != p]
+        moved = []
+        if list(map(_data_ptr, map(args.__getitem__, self.fixed_at))) != self.fixed_ptrs:
+            moved = [i for i, p in self.fixed if _ptr(args[i]) != p]
         if self.alias_from is not None and (
             not self._free() or any(p in self.shared.static for i, p in self.fixed if i in moved)
         ):

@@ -27,6 +27,10 @@ WRITTEN_AFTER_CALL_META_KEY = "ember_written_after_call"
 # an output in the input's own memory (the runtime's copy is then skipped), where nothing else
 # reads the input's old value.
 INPUT_UPDATES_META_KEY = "ember_input_updates"
+# The `gm.meta` key (value True) of a graph whose caller's guards pin every tensor input (the
+# graph's own parameters and buffers too) to the sizes, strides, dtype, device and
+# requires_grad of the call it was traced on: the runtime need not key each call by them.
+GUARDED_INPUTS_META_KEY = "ember_guarded_inputs"
 
 _DTYPES = {
     str(d).removeprefix("torch."): d

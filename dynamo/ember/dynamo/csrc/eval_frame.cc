@@ -78,7 +78,8 @@ enum GuardOp {
   G_DICT_KEYS = 16, // list(r[src].keys()) == obj
   G_GRAD_MODE = 17, // torch.is_grad_enabled() == bool(idx); obj is that function
   G_NOT_ID = 18,    // r[src] is not obj
-  G_PARAM = 19,     // r[src] is obj[0] and its requires_grad is obj[1] and dtype is obj[2]
+  G_PARAM = 19,     // r[src] is obj[0] and matches obj[1] as G_TENSOR's obj (its metadata
+                    // changes in place: `.data =`, resize_, set_)
   G_NO_HOOKS = 20,  // every attribute named in tuple obj of r[src] is an empty dict
   G_SYM_TENSOR = 21,  // r[src] matches obj = (type, dtype, device, requires_grad, size spec),
                       // is row-major contiguous, and its dynamic sizes go to int slots (below)
@@ -169,7 +170,31 @@ bool eval_int_program(const std::vector<long long>& prog, const long long* slots
 }
 
 PyObject *s_dtype, *s_device, *s_requires_grad, *s_shape, *s_stride, *s_closure, *s_keys;
-PyObject* s_strides;
+PyObject *s_strides, *s_getattribute;
+PyObject* object_getattribute;  // object.__getattribute__ (borrowed from the base type)
+
+// obj.name, as PyObject_GetAttr returns it, without the detour a class with a Python __getattr__
+// takes on every read (nn.Module: its hook slot looks __getattribute__ up and calls it): where
+// the class keeps object.__getattribute__ and names no data descriptor `name`, the instance's
+// __dict__ decides; anything else (or a name the dict lacks) takes the generic path.
+PyObject* instance_getattr(PyObject* obj, PyObject* name) {
+  PyTypeObject* tp = Py_TYPE(obj);
+  if (tp->tp_getattro == PyObject_GenericGetAttr || tp->tp_dictoffset == 0 ||
+      _PyType_Lookup(tp, s_getattribute) != object_getattribute)
+    return PyObject_GetAttr(obj, name);
+  PyObject* descr = _PyType_Lookup(tp, name);
+  if (descr && Py_TYPE(descr)->tp_descr_set) return PyObject_GetAttr(obj, name);
+  PyObject* dict = PyObject_GenericGetDict(obj, nullptr);
+  if (!dict) {
+    PyErr_Clear();
+    return PyObject_GetAttr(obj, name);
+  }
+  PyObject* v = PyDict_GetItemWithError(dict, name);
+  Py_XINCREF(v);
+  Py_DECREF(dict);
+  if (v || PyErr_Occurred()) return v;
+  return PyObject_GetAttr(obj, name);
+}
 
 // spec: (type, dtype, device, requires_grad, sizes, strides). The checks both tensor guards share:
 // exact type, dtype and requires_grad (interned objects: identity), then the device.
@@ -279,22 +304,15 @@ bool run_check(const GuardInstr& in, PyObject** r, long long* slots) {
     case G_INT_EXPR: return eval_int_program(in.ints, slots);
     case G_NO_HOOKS: {
       for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(in.obj); i++) {
-        PyObject* d = PyObject_GetAttr(v, PyTuple_GET_ITEM(in.obj, i));
+        PyObject* d = instance_getattr(v, PyTuple_GET_ITEM(in.obj, i));
         bool empty = d && PyDict_Check(d) && PyDict_GET_SIZE(d) == 0;
         Py_XDECREF(d);
         if (!empty) return false;
       }
       return true;
     }
-    case G_PARAM: {
-      if (v != PyTuple_GET_ITEM(in.obj, 0)) return false;
-      PyObject* rg = PyObject_GetAttr(v, s_requires_grad);
-      PyObject* dt = rg ? PyObject_GetAttr(v, s_dtype) : nullptr;
-      bool ok = rg == PyTuple_GET_ITEM(in.obj, 1) && dt == PyTuple_GET_ITEM(in.obj, 2);
-      Py_XDECREF(rg);
-      Py_XDECREF(dt);
-      return ok;
-    }
+    case G_PARAM:
+      return v == PyTuple_GET_ITEM(in.obj, 0) && tensor_matches(v, PyTuple_GET_ITEM(in.obj, 1));
     case G_SAME: return v == r[in.idx];
     case G_DICT_KEYS: {
       if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(in.obj)) return false;
@@ -358,7 +376,7 @@ Py_ssize_t run_guards(GuardProgram* p, PyObject* const* args, Py_ssize_t nargs, 
           out = PyDict_GetItemWithError(builtins, in.obj);
         Py_XINCREF(out);
         break;
-      case G_ATTR: out = PyObject_GetAttr(r[in.src], in.obj); break;
+      case G_ATTR: out = instance_getattr(r[in.src], in.obj); break;
       case G_CONST:
         out = in.obj;
         Py_INCREF(out);
@@ -989,6 +1007,8 @@ PyMODINIT_FUNC PyInit__C(void) {
   s_strides = PyUnicode_InternFromString("strides");
   s_closure = PyUnicode_InternFromString("__closure__");
   s_keys = PyUnicode_InternFromString("keys");
+  s_getattribute = PyUnicode_InternFromString("__getattribute__");
+  object_getattribute = _PyType_Lookup(&PyBaseObject_Type, s_getattribute);
 
   PyObject* m = PyModule_Create(&module_def);
   if (!m) return nullptr;
