@@ -236,8 +236,32 @@ class Lowerer(fx.Interpreter):
                 readers(n) > 1 and (heavy or self._holds_inputs(value))
             ):
                 strides = self.preferred_strides(value) or self._meta_strides(value)
+                narrow = self._widened(n)
+                if narrow is not None:  # the narrow value, in the layout the wide one would have
+                    self.env[narrow] = self.realize(self.env[narrow], strides)
+                    return super().run_node(n)  # readers widen it as they load it
                 value = self.realize(value, strides)
         return value
+
+    def _widened(self, n: fx.Node):
+        """The input of `n` where `n` only widens it exactly (a bfloat16 or float16 value cast to
+        float32, float32 to float64) and the input is not stored yet: stored at its own width,
+        the value costs half the bytes to write and to read (a bf16 activation that float32
+        reductions read twice: split attention's radix sums). None otherwise."""
+        if target_name(n.target) != "prims.convert_element_type" or not n.args:
+            return None
+        src = n.args[0]
+        if not isinstance(src, fx.Node) or not isinstance(self.env.get(src), Lazy):
+            return None
+        a, b = src.meta.get(NODE_META_KEY), n.meta.get(NODE_META_KEY)
+        if not (isinstance(a, TensorMeta) and isinstance(b, TensorMeta)):
+            return None
+        if not (a.dtype.is_floating_point and b.dtype.is_floating_point):
+            return None
+        exact = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                 (torch.bfloat16, torch.float64), (torch.float16, torch.float64),
+                 (torch.float32, torch.float64)}  # fmt: skip
+        return src if (a.dtype, b.dtype) in exact else None
 
     def _holds_inputs(self, value: Lazy) -> bool:
         """Whether `value` reads two or more buffers as large as itself, together at least its
