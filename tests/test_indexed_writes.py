@@ -119,3 +119,32 @@ def test_positions_read_through_a_view_at_an_offset(in_place_calls):
             torch.testing.assert_close(model.k, ref.k)
             torch.testing.assert_close(model.v, ref.v)
     assert in_place_calls == []
+
+
+def test_a_decode_step_package_writes_its_caches_from_its_kernels(in_place_calls):
+    """Packaged (the artifact a CUDA package gets; here its kernels are Triton's on the CPU):
+    the updates are the kernels' IndexedWrites, no index_put step is left for the runtime, the
+    caches are donated (dropped from the outputs) with their lengths, and each layer's two
+    caches are written by one kernel."""
+    from ember.cpp_wrapper.decode import decode_step_artifact
+
+    torch.manual_seed(0)
+    model = Decoder().eval()
+    caches = zero_caches()
+    example = (torch.tensor([[1]] * caches[0].shape[0]), torch.tensor([0]), *caches)
+    art, _, spec = decode_step_artifact(model, example, tokens=0, positions=1,
+                                        caches=range(2, 2 + 2 * LAYERS), max_new_tokens=8)
+    assert not [s for s in art.steps if s.target == "prims.index_put"]
+    assert spec["max_positions"] == caches[0].shape[2]
+    assert len(art.outputs) == 1  # the logits; the caches are written in place
+    donated = {art.inputs[i] for i in range(2, 2 + 2 * LAYERS)}
+    views = [s for s in art.steps if s.kind == "view" and s.args[0] in donated]
+    assert len(views) == 2 * LAYERS  # one view of each cache: the rows its kernel writes
+    rows = {v.outputs[0] for v in views}
+    writers = {}
+    for s in art.steps:
+        if s.kind == "kernel":
+            written = {a for a in s.args if isinstance(a, str) and a in rows}
+            if written:
+                writers[s.target] = written
+    assert len(writers) == LAYERS and all(len(w) == 2 for w in writers.values())

@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ember.ir import CompiledArtifact, StepIR
+from ember.ir import INPUT_UPDATES_META_KEY, CompiledArtifact, StepIR
 
 from .codegen_values import step_refs
 from .cuda_greedy import add_greedy_kernel
@@ -79,6 +79,11 @@ def decode_step_artifact(model, example_inputs: Sequence[torch.Tensor], *, token
     if not 0 <= logits < n_out:
         raise ValueError(f"logits={logits}, but the model returns {n_out} tensors")
     _drop_cache_clones(exported.graph_module, caches, len(example_inputs))
+    # the caches' new values are outputs n_out..: marked so (as aot_autograd marks a module's
+    # mutated buffers), the compiler writes each update into its cache (an IndexedWrite kernel
+    # fused with the rows' producer on CUDA, an in-place index_put elsewhere)
+    exported.graph_module.meta[INPUT_UPDATES_META_KEY] = {
+        n_out + k: c for k, c in enumerate(caches)}  # fmt: skip
     artifact, consts = compile_exported(exported, device)
     donated = [artifact.inputs[i] for i in caches]
     artifact, lengths = donate_index_puts(artifact, donated, artifact.outputs[n_out:])
@@ -257,6 +262,11 @@ def donate_index_puts(
                             (out,)))  # fmt: skip
         args = [{"node": out}, step.args[1], step.args[2], False]
         steps.append(StepIR("extern", "prims.index_put", args, {"in_place": True}, (out,)))
+    for name, d in zip(cache_outputs, donated):
+        if d not in updated:  # written by a kernel of the program (an IndexedWrite)
+            length = _written_rows(artifact, name, d)
+            if length is not None:
+                updated[d] = length
     missing = [d for d in donated if d not in updated]
     if missing:
         raise UnsupportedArtifactError(
@@ -274,10 +284,25 @@ def donate_index_puts(
     return new, [updated[d] for d in donated]
 
 
+def _written_rows(artifact: CompiledArtifact, output: str, cache: str) -> Optional[int]:
+    """The length of the written dimension of `cache`, where the program's `output` (its new
+    value) is a view of the view a kernel writes rows of (inductor's IndexedWrite: a view step
+    of the input itself, its written dimension first), or None. The compiler made that write
+    only where nothing read the old value."""
+    source = {s.outputs[0]: s for s in artifact.steps if s.kind == "view"}
+    step = source.get(output)
+    while step is not None and _ref(step.args[0]) != cache:
+        step = source.get(_ref(step.args[0]))
+    if step is None or step.args[1] is None or not _is_static(step.args[1]):
+        return None
+    return int(step.args[1][0][0])
+
+
 def _in_place_target(step, roots: dict, donated: Sequence[str]) -> Optional[str]:
     """The donated input a `prims.index_put(x, [index], values, False)` step updates (x a view
     of that input or the input itself), or None for any other step."""
-    if step.kind != "extern" or step.target != "prims.index_put" or step.kwargs:
+    if step.kind != "extern" or step.target != "prims.index_put" or \
+            (step.kwargs and step.kwargs != {"in_place": True}):  # fmt: skip
         return None
     args = step.args
     if len(args) != 4 or args[3] is not False or not isinstance(args[1], (list, tuple)):

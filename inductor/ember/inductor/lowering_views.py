@@ -492,12 +492,11 @@ _index_put.partial = True  # any other index_put still calls its reference (the 
 def _indexed_write(L, a, indices, values):
     """The marked index_put as a kernel that stores `values` into rows of the input `a` views
     (loop_ir.IndexedWrite: fused with what computes the values, no extern call), or None where
-    it stays an extern: config.indexed_writes off, a package (whose decode steps donate their
-    caches through the extern: cpp_wrapper/decode.py), not one 1-D index tensor, or C++
-    kernels. A Triton kernel skips a row outside the input (eager's CUDA kernel stops the
-    process with a device-side assert); on the CPU eager raises, and so does the extern."""
+    it stays an extern: config.indexed_writes off, not one 1-D index tensor, or C++ kernels. A
+    Triton kernel skips a row outside the input (eager's CUDA kernel stops the process with a
+    device-side assert); on the CPU eager raises, and so does the extern."""
     triton = str(L.device).startswith("cuda") or config.cpu_backend == "triton"
-    if not config.indexed_writes or config.packaging or len(indices) != 1 or not triton:
+    if not config.indexed_writes or len(indices) != 1 or not triton:
         return None
     index = indices[0]
     if not is_tensor(index) or len(index.sizes) != 1 or index.dtype.is_floating_point or \
