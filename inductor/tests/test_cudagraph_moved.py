@@ -34,4 +34,6 @@ def test_same_addresses_replay_and_a_moved_tensor_captures_again():
     moved = torch.zeros(4)
     assert g._replay_in_order([w, 3, moved, x]) == ["captured"]
     assert g.moving == {2} and g.recaptured[-1][2] == moved.data_ptr()
+    g = _captured([w, 3, b, x])
+    assert g._replay_in_order([w, 3, 4, x]) == ["captured"] and g.moving == {2}
 

@@ -44,6 +44,20 @@ def test_the_activation_is_stored_in_bf16_in_the_wide_values_layout():
     assert tuple(int(s) for s in buf.layout.strides) == _wide(*args[:3]).stride()
 
 
+def _also_returned(a, w, b):
+    y = _wide(a, w, b)
+    return y.sum(1), y.amax(1), y  # the wide value is stored anyway: as the output
+
+
+def test_a_wide_value_stored_anyway_is_not_stored_twice():
+    args = _inputs()[:3]
+    low = lower_graph(trace_to_prims(_also_returned, *args), list(args))
+    whole = B * R * C * H * W
+    stored = [b.layout.dtype for b in low.buffers
+              if isinstance(b, ComputedBuffer) and math.prod(b.layout.sizes) == whole]
+    assert stored == [torch.float32]
+
+
 def test_the_values_are_eager_ones():
     from inductor_helpers import check
 

@@ -275,9 +275,11 @@ class GraphedCall:
         return outs
 
     def _replay_in_order(self, args: list):
-        moved = []
-        if list(map(_data_ptr, map(args.__getitem__, self.fixed_at))) != self.fixed_ptrs:
-            moved = [i for i, p in self.fixed if _ptr(args[i]) != p]
+        try:
+            same = list(map(_data_ptr, map(args.__getitem__, self.fixed_at))) == self.fixed_ptrs
+        except TypeError:  # a number where the capture saw a tensor: moved, as below
+            same = False
+        moved = [] if same else [i for i, p in self.fixed if _ptr(args[i]) != p]
         if self.alias_from is not None and (
             not self._free() or any(p in self.shared.static for i, p in self.fixed if i in moved)
         ):

@@ -245,11 +245,16 @@ class Lowerer(fx.Interpreter):
 
     def _widened(self, n: fx.Node):
         """The input of `n` where `n` only widens it exactly (a bfloat16 or float16 value cast to
-        float32, float32 to float64) and the input is not stored yet: stored at its own width,
-        the value costs half the bytes to write and to read (a bf16 activation that float32
-        reductions read twice: split attention's radix sums). None otherwise."""
+        float32, float32 to float64), the input is not stored yet and every reader of `n` is a
+        kernel that can widen as it loads (pointwise, reduction): stored at its own width, the
+        value costs half the bytes to write and to read (a bf16 activation that float32
+        reductions read twice: split attention's radix sums). None otherwise: a wide value an
+        extern reads, or the graph returns, would be stored besides."""
         if target_name(n.target) != "prims.convert_element_type" or not n.args:
             return None
+        for user in n.users:
+            if user.op != "call_function" or not _reads_in_kernel(user):
+                return None
         src = n.args[0]
         if not isinstance(src, fx.Node) or not isinstance(self.env.get(src), Lazy):
             return None
@@ -559,6 +564,16 @@ def pad_last_dim(x, n_pad) -> Lazy:
         return ops.masked(inside, lambda: x.load(idx), 0)
 
     return Lazy((*x.sizes[:-1], sympy.sympify(n_pad)), x.dtype, x.device, fn)
+
+
+def _reads_in_kernel(node: fx.Node) -> bool:
+    """Whether `node` is an op of the vocabulary that a generated kernel computes, loading its
+    inputs (pointwise, reduction), not an extern, a view or a movement."""
+    try:
+        tags = lookup(target_name(node.target)).tags
+    except KeyError:
+        return False
+    return "pointwise" in tags or "reduction" in tags
 
 
 def read_orders(x: Lazy) -> tuple[list, list]:
