@@ -110,3 +110,24 @@ def test_walk_moving_between_cpu_and_cuda():
             assert cnt.frame_count == before
         seen.add((device, dtype, n))
     assert cnt.frame_count <= len(seen)
+
+
+@pytest.mark.parametrize("base", [torch.nn.Module, object])
+def test_a_class_constant_is_guarded_as_the_instance_reads_it(base):
+    """A trace that read the class's value (no instance value) kept returning it after the
+    instance set its own, or the class changed its."""
+
+    class M(base):
+        scale = 2.0
+
+        def forward(self, x):
+            return x * self.scale
+
+    m, x = M(), torch.ones(3)
+    f = (lambda x: m.forward(x)) if base is object else m
+    compiled = ember.compile(f, backend="aot_eager")
+    for change in (None, lambda: setattr(m, "scale", 7.0), lambda: delattr(m, "scale"),
+                   lambda: setattr(M, "scale", 5.0)):
+        if change is not None:
+            change()
+        torch.testing.assert_close(compiled(x), x * m.scale)

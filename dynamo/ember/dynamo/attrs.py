@@ -146,7 +146,7 @@ def module_getattr(tx, vt: V.ModuleVT, name: str) -> V.VT:
         if out is not None:
             return out
         if _is_const(attr):
-            return V.ConstVT(attr)
+            return _class_const(tx, vt, name, attr)
         if vt.generic and hasattr(type(attr), "__get__"):
             # a descriptor's value (__dict__, cached_property) is this instance's; another
             # class attribute is the class's (the type is guarded, shadowing by __dict__ keys)
@@ -185,12 +185,21 @@ def object_getattr(tx, vt: V.ObjectVT, name: str) -> V.VT:
         if isinstance(attr, (types.FunctionType, staticmethod, classmethod)):
             return _class_attr(tx, vt, cls, name, attr)
         if _is_const(attr):
-            return V.ConstVT(attr)
+            return _class_const(tx, vt, name, attr)
     if not hasattr(obj, name):
         raise AttrMissing(f"{cls.__name__} has no attribute {name!r}")
     value = getattr(obj, name)
     if isinstance(value, types.MethodType) and value.__self__ is obj:
         return V.BoundMethodVT(tx.builder.wrap(value.__func__, None), vt)
+    return tx.builder.wrap(value, AttrSource(vt.source, name))
+
+
+def _class_const(tx, vt, name: str, value) -> V.VT:
+    """A constant read from the class: guarded as `obj.name` reads it, so that an instance
+    setting its own value, or the class changing its, retraces (a trace that read the class's
+    value kept returning it)."""
+    if vt.source is None:
+        return V.ConstVT(value)
     return tx.builder.wrap(value, AttrSource(vt.source, name))
 
 
