@@ -36,6 +36,7 @@ import _paths  # noqa: F401  (puts Ember's components on sys.path)
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from measure import merge_intervals
 
 PARALLEL = ("ddp", "fsdp")
 BACKENDS = ("eager", "torch_compile", "ember")
@@ -172,17 +173,6 @@ def grad_agreement(got: list, ref: list) -> dict:
         num, den = num + d2, den + r2
         worst = max(worst, math.sqrt(d2 / r2) if r2 > 0 else math.sqrt(d2))
     return {"rel": num, "den": den, "worst_param_rel": worst, "missing": missing}
-
-
-def merge_intervals(spans):
-    """Sorted, disjoint (start, end) covering the union of `spans`."""
-    out = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [tuple(x) for x in out]
 
 
 def exposed_time(comm, compute) -> float:
@@ -426,16 +416,14 @@ def host_profile(step, n, device, profiled) -> str:
     import io
     import pstats
 
-    if not profiled:
-        for _ in range(n):
-            step()
-        _sync(device)
-        return ""
-    prof = cProfile.Profile()
-    prof.enable()
+    prof = cProfile.Profile() if profiled else None
+    if prof is not None:
+        prof.enable()
     for _ in range(n):
         step()
     _sync(device)
+    if prof is None:
+        return ""
     prof.disable()
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)

@@ -117,6 +117,17 @@ def _median(values):
     return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
 
 
+def merge_intervals(spans):
+    """Sorted, disjoint (start, end) covering the union of `spans` (kernel timelines)."""
+    out = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [tuple(x) for x in out]
+
+
 # --------------------------------------------------------------------------------------------
 # memory
 

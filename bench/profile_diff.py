@@ -295,17 +295,13 @@ def events_of(prof, device):
 def timeline(events) -> dict | None:
     """The GPU timeline of one profiled call: span from the first kernel's start to the last's
     end, and the part of it no kernel ran (launch gaps, waits for the host), in microseconds."""
-    spans = sorted((e["start"], e["end"]) for e in events if "start" in e)
-    if not spans:
+    from measure import merge_intervals
+
+    busy = merge_intervals((e["start"], e["end"]) for e in events if "start" in e)
+    if not busy:
         return None
-    busy, cur_s, cur_e = 0.0, *spans[0]
-    for s, e in spans[1:]:
-        if s > cur_e:
-            busy, cur_s = busy + cur_e - cur_s, s
-        cur_e = max(cur_e, e)
-    busy += cur_e - cur_s
-    span = max(e for _, e in spans) - spans[0][0]
-    return {"span_us": span, "idle_us": span - busy}
+    span = busy[-1][1] - busy[0][0]
+    return {"span_us": span, "idle_us": span - sum(e - s for s, e in busy)}
 
 
 def steady(step, device, calls=20) -> dict:
@@ -394,8 +390,8 @@ def main(argv=None):
     harness.configure_process(dict(cfg, threads=None))
     task = harness.Task(cfg)
     sides, errors = {}, []
-    order = (args.ember_backend, args.torch_backend)
-    for name in (order[::-1] if args.torch_first else order):
+    order = (args.ember_backend, args.torch_backend)[:: -1 if args.torch_first else 1]
+    for name in order:
         try:
             sides[name] = profile_side(task, name, args.warmup)
         except Exception as e:  # noqa: BLE001 - one side failing still leaves the other's table
@@ -409,8 +405,7 @@ def main(argv=None):
     sources = find_sources([caches / "ember", caches / "inductor"], names)
     text = render(args.model, args.mode, device, ember_events, torch_events, sources,
                   {args.ember_backend: ember_wall, args.torch_backend: torch_wall}, args.worst,
-                  {args.ember_backend: ember_t, args.torch_backend: torch_t},
-                  order[::-1] if args.torch_first else order)
+                  {args.ember_backend: ember_t, args.torch_backend: torch_t}, order)
     if errors:
         text += "\n\n## Failures\n\n" + "\n".join(errors) + "\n"
     out.mkdir(parents=True, exist_ok=True)
