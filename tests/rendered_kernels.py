@@ -1,21 +1,11 @@
-"""Every Triton kernel the compiles of a test render (`pipeline.render_kernels`), by source: for
-tests that also compile them for sm_90 with Triton's real compiler (`triton_aot.check_kernels`,
-which rejects more programs than the interpreter runs)."""
+"""inductor's `rendered_kernels` fixture (inductor/tests/rendered_kernels.py), loaded by path: one
+copy of it for the cross-component tests here. Import the fixture from this module."""
 
-import pytest
+import importlib.util
+from pathlib import Path
 
-
-@pytest.fixture
-def rendered_kernels(monkeypatch) -> dict:
-    """source -> (kernel name, rendered source), filled as the test compiles."""
-    from ember.inductor import pipeline
-
-    seen, render = {}, pipeline.render_kernels
-
-    def collect(*args, **kwargs):
-        out = render(*args, **kwargs)
-        seen.update({src.source: (name, src) for name, src in out.items()})
-        return out
-
-    monkeypatch.setattr(pipeline, "render_kernels", collect)
-    return seen
+_PATH = Path(__file__).parents[1] / "inductor" / "tests" / "rendered_kernels.py"
+_spec = importlib.util.spec_from_file_location("inductor_rendered_kernels", _PATH)
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+rendered_kernels = _module.rendered_kernels

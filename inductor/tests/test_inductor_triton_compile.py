@@ -18,6 +18,7 @@ pytest.importorskip("triton")
 from ember.aot_autograd import aot_module  # noqa: E402
 from ember.inductor import pipeline, triton_aot  # noqa: E402
 from ember.inductor.config import config  # noqa: E402
+from rendered_kernels import rendered_kernels  # noqa: E402,F401  (a fixture)
 
 _spec = importlib.util.spec_from_file_location(
     "ember_triton_compile_models",
@@ -28,20 +29,11 @@ _spec.loader.exec_module(models)
 
 
 @pytest.fixture
-def triton_kernels(monkeypatch):
+def triton_kernels(monkeypatch, rendered_kernels):
     """Render Triton kernels on the CPU and collect every one rendered."""
     monkeypatch.setattr(config, "cpu_backend", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    seen = {}
-    render = pipeline.render_kernels
-
-    def collect(*args, **kwargs):
-        out = render(*args, **kwargs)
-        seen.update({src.source: (name, src) for name, src in out.items()})
-        return out
-
-    monkeypatch.setattr(pipeline, "render_kernels", collect)
-    return seen
+    return rendered_kernels
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
