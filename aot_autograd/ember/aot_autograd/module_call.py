@@ -27,12 +27,10 @@ import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ember.ir import GUARDED_INPUTS_META_KEY
+# gm.meta key a frontend sets (True) when its guards pin every input's tensor metadata.
+from ember.ir import GUARDED_INPUTS_META_KEY as GUARDED_INPUTS_META
 
 from .signature import mode_state, split_tensor_key, tensor_key
-
-# gm.meta key a frontend sets (True) when its guards pin every input's tensor metadata.
-GUARDED_INPUTS_META = GUARDED_INPUTS_META_KEY
 
 
 @dataclasses.dataclass

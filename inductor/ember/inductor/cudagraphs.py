@@ -214,11 +214,10 @@ class GraphedCall:
         return self._replay(args)
 
     def _set_fixed(self, ptrs: list, fixed: list) -> None:
-        """The arguments a replay reads in place, with their addresses at capture; the tensors
-        among them also as two lists, for the per-replay check in one C-level pass."""
-        self.fixed = [(i, ptrs[i]) for i, f in enumerate(fixed) if f]
-        self.fixed_at = [i for i, p in self.fixed if p is not None]
-        self.fixed_ptrs = [p for _, p in self.fixed if p is not None]
+        """The tensor arguments a replay reads in place (numbers: the graph's sizes fix them)
+        and their addresses at capture, as two lists: the per-replay check is one C-level pass."""
+        self.fixed_at = [i for i, f in enumerate(fixed) if f and ptrs[i] is not None]
+        self.fixed_ptrs = [ptrs[i] for i in self.fixed_at]
 
     def _plan_input_views(self, inputs, fixed, outs) -> bool:
         """An inference graph's outputs that are views of an in-place argument (one it wrote:
@@ -279,9 +278,10 @@ class GraphedCall:
             same = list(map(_data_ptr, map(args.__getitem__, self.fixed_at))) == self.fixed_ptrs
         except TypeError:  # a number where the capture saw a tensor: moved, as below
             same = False
-        moved = [] if same else [i for i, p in self.fixed if _ptr(args[i]) != p]
+        moved = [] if same else [
+            (i, p) for i, p in zip(self.fixed_at, self.fixed_ptrs) if _ptr(args[i]) != p]
         if self.alias_from is not None and (
-            not self._free() or any(p in self.shared.static for i, p in self.fixed if i in moved)
+            not self._free() or any(p in self.shared.static for _, p in moved)
         ):
             # memory still held, or a saved activation from a forward that ran plainly: fresh
             # memory this once (module doc)
@@ -291,7 +291,7 @@ class GraphedCall:
             if self in self.shared.graphs:  # captured again below, with new outputs
                 self.shared.graphs.remove(self)
             self.graph = self.outs = self.inputs = None
-            self.moving.update(moved)
+            self.moving.update(i for i, _ in moved)
             if self.captures > RECAPTURES:
                 self._give_up("arguments kept moving between calls")
                 return self.run(args)

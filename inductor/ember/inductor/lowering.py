@@ -261,12 +261,7 @@ class Lowerer(fx.Interpreter):
         a, b = src.meta.get(NODE_META_KEY), n.meta.get(NODE_META_KEY)
         if not (isinstance(a, TensorMeta) and isinstance(b, TensorMeta)):
             return None
-        if not (a.dtype.is_floating_point and b.dtype.is_floating_point):
-            return None
-        exact = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
-                 (torch.bfloat16, torch.float64), (torch.float16, torch.float64),
-                 (torch.float32, torch.float64)}  # fmt: skip
-        return src if (a.dtype, b.dtype) in exact else None
+        return src if (a.dtype, b.dtype) in _EXACT_WIDENINGS else None
 
     def _holds_inputs(self, value: Lazy) -> bool:
         """Whether `value` reads two or more buffers as large as itself, together at least its
@@ -564,6 +559,12 @@ def pad_last_dim(x, n_pad) -> Lazy:
         return ops.masked(inside, lambda: x.load(idx), 0)
 
     return Lazy((*x.sizes[:-1], sympy.sympify(n_pad)), x.dtype, x.device, fn)
+
+
+# Casts that lose nothing: a value stored at the first width is read back at the second exactly.
+_EXACT_WIDENINGS = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                    (torch.bfloat16, torch.float64), (torch.float16, torch.float64),
+                    (torch.float32, torch.float64)}  # fmt: skip
 
 
 def _reads_in_kernel(node: fx.Node) -> bool:
