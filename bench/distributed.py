@@ -36,7 +36,7 @@ import _paths  # noqa: F401  (puts Ember's components on sys.path)
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from measure import merge_intervals
+from measure import host_profile, merge_intervals
 
 PARALLEL = ("ddp", "fsdp")
 BACKENDS = ("eager", "torch_compile", "ember")
@@ -407,29 +407,6 @@ def train_config(cfg, parallel, backend, device, rank) -> dict:
     if cfg.host_profile:  # every rank steps (collectives); rank 0's host is profiled
         report["host_profile"] = host_profile(step, cfg.host_profile, device, rank == 0)
     return report
-
-
-def host_profile(step, n, device, profiled) -> str:
-    """The functions where rank 0's host spends n steps (cProfile): the top 30 by own time and
-    by cumulative time. The other rank steps along unprofiled."""
-    import cProfile
-    import io
-    import pstats
-
-    prof = cProfile.Profile() if profiled else None
-    if prof is not None:
-        prof.enable()
-    for _ in range(n):
-        step()
-    _sync(device)
-    if prof is None:
-        return ""
-    prof.disable()
-    out = io.StringIO()
-    stats = pstats.Stats(prof, stream=out)
-    for key in ("tottime", "cumulative"):
-        stats.sort_stats(key).print_stats(30)
-    return out.getvalue()
 
 
 def memory_phases(model, opt, batch, cfg, device) -> dict:

@@ -217,7 +217,7 @@ def render(model, mode, device, ember_events, torch_events, sources, walls, n_wo
             lines.append(f"- {side}: the profiled call's kernels span {us(tl['span_us'])} us on "
                          f"the GPU, {us(tl['idle_us'])} us of it with no kernel running")
     for side, t in (timed or {}).items():
-        if t:
+        if "event_ms" in t:  # a GPU's timings (the CPU has the profiled call's wall time)
             lines.append(f"- {side}: {t['event_ms']:.3f} ms a call as the race times it (CUDA "
                          f"events, median of 20 back-to-back calls); {t['host_us']:,.0f} us of "
                          "host time to issue a call")
@@ -322,9 +322,10 @@ def steady(step, device, calls=20) -> dict:
     return {"event_ms": ms, "host_us": host_us}
 
 
-def profile_side(task, backend_name, warmup):
+def profile_side(task, backend_name, warmup, host_calls=0):
     """Compile `task`'s model with a bench backend, warm up, time it as the race does, profile
-    one call: (events, wall s, steady timings)."""
+    one call: (events, wall s, steady timings; with `host_calls`, the cProfile text of that many
+    calls under timed["host_profile"])."""
     import backends as backend_registry
     import measure
     import torch
@@ -339,6 +340,8 @@ def profile_side(task, backend_name, warmup):
         step = task.make_step(backend.compile(fn), model)
         measure.warm_up(step, device, warmup + 1)  # +1: the compiling call
         timed = steady(step, device)
+        if host_calls:
+            timed["host_profile"] = measure.host_profile(step, host_calls, device)
         activities = [ProfilerActivity.CPU]
         if device.startswith("cuda"):
             activities.append(ProfilerActivity.CUDA)
@@ -368,6 +371,9 @@ def main(argv=None):
     p.add_argument("--worst", type=int, default=3, help="how many Ember kernels to show source of")
     p.add_argument("--torch-first", action="store_true",
                    help="compile and time torch.compile before Ember (the race's order)")
+    p.add_argument("--host-profile", type=int, default=0, metavar="N",
+                   help="also profile N calls of each side on the host (cProfile): "
+                   "host_<backend>.txt under --out")
     args = p.parse_args(argv)
     out = Path(args.out)
     # Outside --out: the caches hold hundreds of files, and only what is under $OUT comes back
@@ -393,7 +399,7 @@ def main(argv=None):
     order = (args.ember_backend, args.torch_backend)[:: -1 if args.torch_first else 1]
     for name in order:
         try:
-            sides[name] = profile_side(task, name, args.warmup)
+            sides[name] = profile_side(task, name, args.warmup, args.host_profile)
         except Exception as e:  # noqa: BLE001 - one side failing still leaves the other's table
             traceback.print_exc()
             errors.append(f"- {name} failed: {type(e).__name__}: {' '.join(str(e).split())[:500]}")
@@ -411,6 +417,9 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_diff.md").write_text(text)
     (out / "events.json").write_text(json.dumps({"ember": ember_events, "torch": torch_events}))
+    for name, (_, _, timed) in sides.items():
+        if timed.get("host_profile"):
+            (out / f"host_{name}.txt").write_text(timed.pop("host_profile"))
     print(text)
     print(f"\nwritten: {out / 'profile_diff.md'}")
     return 1 if errors else 0

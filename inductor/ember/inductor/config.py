@@ -86,10 +86,9 @@ class Config:
     # back through a view: cuBLAS has only slow kernels for unaligned rows. "auto": on CUDA;
     # True: on any device (for tests); False: off.
     pad_mm: Union[bool, str] = "auto"
-    # a convolution whose output only elementwise ops read is called without its bias, which
-    # the kernel reading the output adds (torch's CUDA convolution adds a bias with a separate
-    # kernel; the CPU's adds it in the convolution's own loop). "auto": on CUDA; True: on any
-    # device (for tests); False: off.
+    # a convolution is called without its bias, which the kernel reading the output adds
+    # (torch's CUDA convolution adds a bias with a separate kernel; the CPU's adds it in the
+    # convolution's own loop). "auto": on CUDA; True: on any device (for tests); False: off.
     conv_bias_epilogue: Union[bool, str] = "auto"
     # a reduction of few long rows (a LayerNorm's weight gradient, a batch norm's statistics per
     # channel) as partial reductions over chunks of its rows and a reduction of the partials
@@ -123,6 +122,10 @@ class Config:
     # in a loop, and a value two loops read (a softmax's exp) goes through memory in float32:
     # a bfloat16 softmax over 4096 columns then moved 48% of the copy bandwidth (H100).
     persistent_reduction_max: int = 4096
+    # A reduction of at most this many elements per output (split attention's sum over its two
+    # or four radix branches) is unrolled into a pointwise value: it fuses as one, and its
+    # output takes the layout of what it reads
+    unroll_reduction_max: int = 8
     autotune: bool = True
     # At a kernel's first call, (warm-up, timing) milliseconds of launches for its fastest config
     # (trial_timing.plan turns them into rounds in which every config runs). Paid once per kernel

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import re
 from collections.abc import Callable
 
@@ -56,6 +57,7 @@ from .loop_ir import (
     ops,
     set_handler,
 )  # fmt: skip
+from .read_layouts import voted_strides
 
 log = logging.getLogger("ember.inductor")
 _LOADED = re.compile(r"= load\((\w+),")  # a buffer read, in a body's sketch
@@ -410,19 +412,19 @@ class Lowerer(fx.Interpreter):
         return known_le(own, src.layout.numel() * src.layout.dtype.itemsize)
 
     def preferred_strides(self, x) -> tuple | None:
-        """Channels-last strides for a 4-D Lazy that reads more channels-last buffers than
-        contiguous ones at its own index (as torch's elementwise ops keep the memory format);
-        None when the lowering is not in channels-last mode or the reads do not say so."""
-        if not (self.channels_last and isinstance(x, Lazy) and len(x.sizes) == 4):
+        """In channels-last mode, a Lazy's strides in the order most of its loads walk memory:
+        for 4 dims, when that is NHWC (as torch's elementwise ops keep the memory format; a
+        transposed attention operand keeps eager's layout, which the matmul reading it wants);
+        for 5 or more, whatever order wins (a view of an NHWC activation split into groups:
+        split attention's (B, radix, C, H, W) stays in its source's order). None outside that
+        mode or when row-major order wins or ties."""
+        if not (self.channels_last and isinstance(x, Lazy) and len(x.sizes) >= 4):
             return None
-        dims, orders = read_orders(x)
-        if len(dims) < 2:
-            return None
-        want_cl = [d for d in (0, 2, 3, 1) if d in dims]  # outermost first
-        votes = sum(1 if order == want_cl else -1 if order == dims else 0 for order in orders)
-        if votes <= 0:
-            return None
-        return make_channels_last_strides_for(x.sizes)
+        strides = voted_strides(x)
+        if strides is None or len(x.sizes) > 4:
+            return strides
+        nhwc = make_channels_last_strides_for(x.sizes)
+        return strides if _same_strides(x.sizes, strides, nhwc) else None
 
     def with_strides(self, x, strides) -> View:
         """`x` as a View with exactly `strides` (a copy when it has other ones)."""
@@ -472,6 +474,10 @@ class Lowerer(fx.Interpreter):
                 full[d] = v
             return read(full)
 
+        if _across_outer_dims(x.sizes, dims):
+            unrolled = _unrolled(inner, ranges, rranges, rtype, out_dtype, x.device)
+            if unrolled is not None:
+                return unrolled
         src = compute_dtype(out_dtype) if rtype not in ("argmax", "argmin") else x.dtype
         data = Reduction(tuple(ranges), tuple(rranges), rtype, inner, out_dtype, src)
         with set_handler(TextHandler()) as h:  # the same reduction twice (mean and var) is one
@@ -577,47 +583,40 @@ def _reads_in_kernel(node: fx.Node) -> bool:
     return "pointwise" in tags or "reduction" in tags
 
 
-def read_orders(x: Lazy) -> tuple[list, list]:
-    """(x's dims larger than 1, and for each load of x's body that is affine in them with
-    distinct positive coefficients: those dims ordered as that load walks memory, outermost
-    first). A broadcast, indirect or non-affine load has no opinion and is left out."""
-    dims = [d for d, s in enumerate(x.sizes) if s != 1]
-    vs = loop_vars("i", len(x.sizes))
-    with set_handler(_LoadRecorder()) as rec:
-        x.fn(list(vs))
-    orders = []
-    for index in rec.indices:
-        lin = linear_parts(index, [vs[d] for d in dims])
-        if lin is None or any(not (c.is_Integer and c > 0) for c in lin[0]):
-            continue
-        if len(set(lin[0])) == len(dims):
-            coeff = dict(zip(dims, lin[0]))
-            orders.append(sorted(dims, key=lambda d: -int(coeff[d])))
-    return dims, orders
+_COMBINE = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum", "any": "logical_or"}
 
 
-def read_order_strides(x: Lazy) -> tuple:
-    """Dense strides that store `x` in the order its loads walk memory, when they all agree
-    (a cast of a transposed weight is then a straight copy, and stays a transposed operand for
-    a matmul); contiguous strides when they disagree or say nothing."""
-    dims, orders = read_orders(x)
-    if len(dims) < 2 or not orders or any(order != orders[0] for order in orders):
-        return contiguous_strides(x.sizes)
-    walk = iter(orders[0])
-    outermost_first = [next(walk) if d in dims else d for d in range(len(x.sizes))]
-    return strides_from_perm(x.sizes, outermost_first[::-1])
+def _across_outer_dims(sizes, dims) -> bool:
+    """Whether a reduction over `dims` reduces across some dimension that a kept one (larger
+    than 1) follows: a sum over radix branches, heads or a stacked axis, whose loop over the
+    kept dims a reduction kernel would run across the source's rows. A reduction along the
+    rows (the last dims: softmax, norms) is left to the reduction kernel, which fuses its
+    row-wise readers."""
+    big = [d for d, n in enumerate(sizes) if n != 1]
+    reduced = [d for d in big if d in dims]
+    return bool(reduced) and any(d > reduced[0] for d in big if d not in dims)
 
 
-class _LoadRecorder(SketchHandler):
-    """The index of every load of a body."""
+def _unrolled(inner, ranges, rranges, rtype, out_dtype, device) -> Lazy | None:
+    """A reduction of at most config.unroll_reduction_max elements per output as a pointwise
+    Lazy combining them one by one, in the reduction's accumulation type (None otherwise):
+    it then fuses with what reads it and what it reads as any elementwise op does."""
+    combine = _COMBINE.get(rtype)
+    try:
+        counts = [int(n) for n in rranges]
+    except TypeError:  # a symbolic size
+        return None
+    if combine is None or not counts or math.prod(counts) > config.unroll_reduction_max:
+        return None
 
-    def __init__(self):
-        super().__init__()
-        self.indices: list = []
+    def fn(idx):
+        acc = None
+        for r in itertools.product(*(range(n) for n in counts)):
+            v = inner(list(idx), [sympy.Integer(i) for i in r])
+            acc = v if acc is None else getattr(ops, combine)(acc, v)
+        return ops.to_dtype(acc, out_dtype) if compute_dtype(out_dtype) != out_dtype else acc
 
-    def load(self, name, index):
-        self.indices.append(index)
-        return super().load(name, index)
+    return Lazy(tuple(ranges), out_dtype, device, fn)
 
 
 def wants_channels_last(gm: fx.GraphModule) -> bool:

@@ -18,12 +18,12 @@ from .index_simplify import simplify_index
 from .input_updates import IN_PLACE_META
 from .loop_ir import (IndexedWrite, InputBuffer, Layout, Pointwise, compute_dtype, loop_vars,
                       ops, set_handler)  # fmt: skip
+from .read_layouts import LoadRecorder, read_order_strides
 from .runtime import index_put as runtime_index_put
 from .graph_reads import read_elementwise
 from .lowering import (
     Lazy,
     View,
-    _LoadRecorder,
     _same_strides,
     broadcast_to,
     is_tensor,
@@ -31,7 +31,6 @@ from .lowering import (
     make_pointwise,
     out_meta,
     pad_last_dim,
-    read_order_strides,
     register,
     remap_view,
 )  # fmt: skip
@@ -615,7 +614,7 @@ def _one_matrix_for_all_batches(L, a: Lazy) -> View:
     return View(one.buffer, a.sizes, (sympy.S.Zero, *one.strides), one.offset)
 
 
-class _IndexRecorder(_LoadRecorder):
+class _IndexRecorder(LoadRecorder):
     """Every load index and index expression of a body."""
 
     def index_expr(self, expr, dtype):
@@ -833,9 +832,10 @@ def _as_meta(v):
 def _convolution(L, input, weight, bias, *rest):
     """In channels-last mode a 2-D convolution reads NHWC input and weight (a Lazy is computed
     straight into NHWC) and declares the NHWC output the kernel then returns (no restride). A
-    bias the readers can add (config.conv_bias_epilogue) is left out of the call."""
-    split = (is_tensor(bias) and on_for(config.conv_bias_epilogue, input.device)
-             and read_elementwise(L.current))  # fmt: skip
+    bias is left out of the call where config.conv_bias_epilogue says so: the kernels that read
+    the output add it (an extern reading it gets it added by the kernel that stores its operand,
+    one pass over the output as torch's own bias kernel would make)."""
+    split = is_tensor(bias) and on_for(config.conv_bias_epilogue, input.device)
     conv_bias = None if split else bias
     if not _nhwc_ok(L, input, weight):
         out = L.extern("extern.convolution", torch.convolution,
@@ -851,7 +851,8 @@ def _convolution(L, input, weight, bias, *rest):
         return out
     # torch's CUDA convolution adds a bias with a kernel of its own over the whole output (a
     # third of VGG's convolution time in bf16); the kernel that reads the output anyway (the
-    # batch norm, the activation) adds it for one more load of C values
+    # batch norm, the activation, a pooling window, the copy into a matmul's operand layout:
+    # SqueezeBERT's 36 query/key/value convolutions) adds it for one more load of C values
     per_channel = reshape(bias, (bias.sizes[0],) + (1,) * (len(out.sizes) - 2))
     return make_pointwise(L, lambda y, b: ops.add(y, b), (out, per_channel))
 
