@@ -58,3 +58,46 @@ def read_elementwise(n: fx.Node) -> bool:
         elif name not in ELEMENTWISE and name not in _COPIES:
             return False
     return seen > 0
+
+
+def slice_boxes(n: fx.Node) -> list | None:
+    """The box (a (start, limit) per dim) each user of `n` reads when every user is a unit-step
+    slice of it (a chunk or split: GLU's and gMLP's halves); None otherwise, or where a bound
+    is symbolic."""
+    ndim = None
+    boxes = []
+    for u in n.users:
+        name = target_name(u.target) if u.op == "call_function" else ""
+        if name == "prims.slice_in_dim" and u.args[0] is n:
+            start, limit, *rest = u.args[1:]
+            step, axis = (list(rest) + [1, 0][len(rest):])[:2]
+            step, axis = u.kwargs.get("stride", step), u.kwargs.get("axis", axis)
+            box = {axis: (start, limit, step)}
+        elif name == "prims.slice" and u.args[0] is n:
+            starts, limits, *steps = u.args[1:]
+            steps = steps[0] if steps and steps[0] is not None else [1] * len(starts)
+            box = dict(enumerate(zip(starts, limits, steps)))
+        else:
+            return None
+        try:
+            if any(int(step) != 1 for _, _, step in box.values()):
+                return None
+            boxes.append({d: (int(lo), int(hi)) for d, (lo, hi, _) in box.items()})
+        except TypeError:  # a symbolic bound
+            return None
+    return boxes
+
+
+def reads_disjoint_parts(n: fx.Node) -> bool:
+    """Whether `n`'s users are slices that read no element twice between them: computed inline
+    into each, `n` is computed once per element all the same (the halves of a gated unit)."""
+    boxes = slice_boxes(n)
+    if not boxes or len(boxes) < 2:
+        return False
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            # apart when some dim both slice holds intervals that do not meet (a dim only one
+            # slices is whole in the other: the two meet there)
+            if not any(d in b and (a[d][1] <= b[d][0] or b[d][1] <= a[d][0]) for d in a):
+                return False
+    return True

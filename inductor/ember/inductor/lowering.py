@@ -34,7 +34,7 @@ from ember.primtorch.utils import (
 
 from . import metrics
 from .config import config
-from .graph_reads import readers
+from .graph_reads import readers, reads_disjoint_parts
 from .index_simplify import linear_parts, strided_index
 from .input_updates import SAME_LAYOUT_VIEW_META
 from .loop_ir import (
@@ -235,7 +235,9 @@ class Lowerer(fx.Interpreter):
             heavy = (pricey or ops_count > config.realize_ops_threshold
                      or loads > config.realize_reads_threshold)  # fmt: skip
             if ops_count > config.max_inline_ops or (
-                readers(n) > 1 and (heavy or self._holds_inputs(value))
+                readers(n) > 1
+                and (heavy or self._holds_inputs(value))
+                and not reads_disjoint_parts(n)
             ):
                 strides = self.preferred_strides(value) or self._meta_strides(value)
                 narrow = self._widened(n)
@@ -412,19 +414,23 @@ class Lowerer(fx.Interpreter):
         return known_le(own, src.layout.numel() * src.layout.dtype.itemsize)
 
     def preferred_strides(self, x) -> tuple | None:
-        """In channels-last mode, a Lazy's strides in the order most of its loads walk memory:
-        for 4 dims, when that is NHWC (as torch's elementwise ops keep the memory format; a
-        transposed attention operand keeps eager's layout, which the matmul reading it wants);
-        for 5 or more, whatever order wins (a view of an NHWC activation split into groups:
-        split attention's (B, radix, C, H, W) stays in its source's order). None outside that
-        mode or when row-major order wins or ties."""
-        if not (self.channels_last and isinstance(x, Lazy) and len(x.sizes) >= 4):
+        """In channels-last mode, a Lazy's strides in the order most of its loads walk memory,
+        not eager's: the convolutions' NHWC outputs change the layouts eager's strides were
+        derived from (a vision MLP's residual stream, (B, N, C) out of an NHWC patch
+        embedding, is (B, C, N) in eager's NCHW; a 5-D view of an NHWC activation split into
+        groups stays in its source's order). A 4-D value takes NHWC or row-major order only
+        (as torch's elementwise ops keep the memory format), by a majority. None outside that
+        mode, or when the reads tie (other values: without row-major among the tied) or say
+        nothing: eager's strides then."""
+        if not (self.channels_last and isinstance(x, Lazy) and len(x.sizes) >= 2):
             return None
-        strides = voted_strides(x)
-        if strides is None or len(x.sizes) > 4:
+        strides = voted_strides(x, row_major_wins_ties=len(x.sizes) != 4)
+        if strides is None or len(x.sizes) != 4:
             return strides
         nhwc = make_channels_last_strides_for(x.sizes)
-        return strides if _same_strides(x.sizes, strides, nhwc) else None
+        if _same_strides(x.sizes, strides, nhwc):
+            return strides
+        return strides if _same_strides(x.sizes, strides, contiguous_strides(x.sizes)) else None
 
     def with_strides(self, x, strides) -> View:
         """`x` as a View with exactly `strides` (a copy when it has other ones)."""

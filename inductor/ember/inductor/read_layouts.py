@@ -67,16 +67,19 @@ def read_order_strides(x) -> tuple:
     return _strides_for(x, orders[0])
 
 
-def voted_strides(x) -> tuple | None:
-    """Dense strides in the order most of `x`'s loads walk memory, when more of them walk it in
-    that order than in `x`'s own row-major order (a ReLU of a channels-last convolution output,
-    or of a 5-D view of one: split attention's (B, radix, C, H, W)); None when row-major order
-    wins or ties, or the loads say nothing."""
+def voted_strides(x, row_major_wins_ties: bool = True) -> tuple | None:
+    """Dense strides in the order most of `x`'s loads walk memory (row-major order included;
+    with `row_major_wins_ties`, row-major wins a tie it is part of: a residual add of a
+    transposed branch to a row-major stream); None on another tie, or when the loads say
+    nothing."""
     dims, orders = read_orders(x)
     if len(dims) < 2 or not orders:
         return None
     votes = Counter(tuple(order) for order in orders)
-    best, count = votes.most_common(1)[0]
-    if list(best) == dims or count <= votes.get(tuple(dims), 0):
-        return None
-    return _strides_for(x, list(best))
+    top = max(votes.values())
+    best = [order for order, n in votes.items() if n == top]
+    if len(best) > 1:
+        if not row_major_wins_ties or tuple(dims) not in best:
+            return None
+        best = [tuple(dims)]
+    return _strides_for(x, list(best[0]))
