@@ -7,6 +7,7 @@ through ptxas. Inference and a training step, float32 and bfloat16 autocast.
 
 import contextlib
 import importlib.util
+import os
 import pathlib
 import uuid
 
@@ -18,6 +19,7 @@ pytest.importorskip("triton")
 from ember.aot_autograd import aot_module  # noqa: E402
 from ember.inductor import pipeline, triton_aot  # noqa: E402
 from ember.inductor.config import config  # noqa: E402
+from ember.primtorch import trace_to_prims  # noqa: E402
 from rendered_kernels import rendered_kernels  # noqa: E402,F401  (a fixture)
 
 _spec = importlib.util.spec_from_file_location(
@@ -184,3 +186,36 @@ def test_attach_cubins_from_a_fresh_and_a_cached_program(triton_kernels, tmp_pat
         for step in art.steps:
             if step.kind == "kernel" and step.target in kernels:
                 assert len(step.args) == len(kernels[step.target].arg_types), attempt
+
+
+_PTX_STORES = """
+import collections, json, re, sys
+from ember.inductor import triton_aot
+job = json.loads(sys.argv[1])
+k = triton_aot._compile(job["source"], job["name"], tuple(job["types"]), job["cfg"], 90,
+                        tuple(job["divisible"]))
+print(json.dumps(collections.Counter(re.findall(r"st\\.global[.a-z0-9]*", k.asm["ptx"]))))
+"""
+
+
+def test_a_transposing_kernel_over_an_odd_width_stores_vectors(triton_kernels):
+    """A static size that is no multiple of 16 (196 patches) is a constant of the kernel, so
+    Triton knows its masks' runs: a kernel transposing (B, C, 196) into (B, 196, C) stores four
+    elements at a time, not one (ResMLP's residual kernel ran at twice a copy's time)."""
+    import json
+    import subprocess
+    import sys
+
+    a, b = torch.randn(2, 64, 196), torch.randn(2, 196, 64)
+    pipeline.compile_prims(trace_to_prims(lambda a, b: a * 2 + b.transpose(1, 2), a, b), [a, b])
+    (src,) = [s for _, s in triton_kernels.values() if dict(s.meta).get("tiled")]
+    assert "ynumel = 196" in src.source, src.source
+    job = {"source": src.source, "name": src.name, "types": list(src.arg_types),
+           "cfg": triton_aot._config(src),
+           "divisible": [i for i, t in enumerate(src.arg_types) if t.startswith("*")]}  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    out = subprocess.run([sys.executable, "-c", _PTX_STORES, json.dumps(job)], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    stores = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stores and all(".v" in op for op in stores), stores

@@ -83,3 +83,9 @@ def test_overlapping_slices_still_store_the_value():
     low = lower_graph(trace_to_prims(overlapping, x, w), [x, w])
     stored = [tuple(b.layout.sizes) for b in low.buffers if isinstance(b, ComputedBuffer)]
     assert (4, 8, 16) in stored, stored
+
+
+def test_an_empty_reduction_is_the_reduction_kernels():
+    # (the fuzzer's seed 83: a mean over a dim of 0, which the unrolled form had no value for)
+    x = torch.randn(0, 3)
+    check(lambda x: (x.mean(0), x.sum(0), x.prod(0)), x)

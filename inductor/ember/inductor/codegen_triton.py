@@ -375,6 +375,15 @@ class TritonRenderer(Renderer):
         # Dynamic sizes (in the body or the numels) are arguments after xnumel and rnumel.
         syms = size_symbols_in([*head, *body, _py(xnumel), _py(rnumel)])
         tiled = split is not None
+        if not dynamic:
+            # A static size that is no multiple of 16 as a constant, shadowing the launch's
+            # argument: Triton then knows a mask's runs (196 = 4 x 49: four-wide loads and
+            # stores), which such an argument hides (ResMLP's transposing kernel stored one
+            # element at a time, at twice a copy's time). Multiples of 16 stay arguments, which
+            # Triton specializes as such: one kernel serves every size of the same body.
+            second = ["ynumel"] if tiled else ["rnumel"] if reduction else []
+            head = [f"{v} = {int(n)}" for v, n in zip(["xnumel", *second], (xnumel, rnumel))
+                    if int(n) % 16] + head  # fmt: skip
         params = ([*self.args.values(), "xnumel"] + (["rnumel"] if reduction else [])
                   + (["ynumel"] if tiled else []) + syms)  # fmt: skip
         consts = (["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if reduction else [])

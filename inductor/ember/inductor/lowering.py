@@ -612,7 +612,8 @@ def _unrolled(inner, ranges, rranges, rtype, out_dtype, device) -> Lazy | None:
         counts = [int(n) for n in rranges]
     except TypeError:  # a symbolic size
         return None
-    if combine is None or not counts or math.prod(counts) > config.unroll_reduction_max:
+    # (an empty reduction is the reduction kernel's: its identity, a mean's 0/0)
+    if combine is None or not 0 < math.prod(counts) <= config.unroll_reduction_max:
         return None
 
     def fn(idx):
