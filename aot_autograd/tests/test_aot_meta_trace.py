@@ -245,3 +245,29 @@ def test_an_inference_program_that_writes_a_parameter_writes_it_once(monkeypatch
     assert (8, 6) in real_clones  # the second trace copied w
     torch.testing.assert_close(w.detach(), w_eager.detach(), rtol=0, atol=0)
     torch.testing.assert_close(out, expected)
+
+
+def _conv_diagonal(x, w, b):
+    return F.conv2d(x, w, b).diagonal(0, 2, 3) * 1
+
+
+def _conv_unfold(x, w, b):
+    return F.conv2d(x, w, b).unfold(2, 2, 1) * 1
+
+
+@pytest.mark.parametrize("metadata", [True, False], ids=["meta", "real"])
+def test_views_of_a_channels_last_convolution_address_its_layout(metadata, monkeypatch):
+    """torch's meta convolution returns a contiguous output for an NHWC input where the CPU's
+    kernel returns NHWC: `diagonal` and `unfold` (as_strided views) took their strides from the
+    contiguous one and read the wrong elements of the real output."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
+    w, b = torch.randn(4, 3, 3, 3, requires_grad=True), torch.randn(4, requires_grad=True)
+    _, out = _traced(_conv_diagonal, [x, w, b], metadata, monkeypatch)
+    expected = _conv_diagonal(x, w, b)
+    torch.testing.assert_close(out, expected)
+    grads = torch.autograd.grad(out.sum(), (w, b))
+    torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), (w, b)))
+    with torch.no_grad():
+        _, out = _traced(_conv_unfold, [x, w, b], metadata, monkeypatch)
+        torch.testing.assert_close(out, _conv_unfold(x, w, b))

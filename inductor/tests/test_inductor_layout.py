@@ -13,6 +13,7 @@ from ember.inductor.lowering import wants_channels_last
 from ember.primtorch import trace_to_prims
 from inductor_helpers import check
 from torch import nn
+from torch.nn import functional as F
 
 CL = torch.channels_last
 
@@ -339,3 +340,45 @@ def test_conv_bias_is_added_by_the_kernel_reading_the_output(nhwc, monkeypatch):
     before = [line for line in compiled[False].source.splitlines() if "extern_convolution(" in line]
     assert all(", None," not in line for line in before), before
     assert len(compiled[True].program.kernels) == len(compiled[False].program.kernels)
+
+
+@pytest.mark.parametrize("view", ["diagonal", "unfold"])
+def test_a_view_of_a_convolution_with_its_bias_still_to_add_addresses_eagers_layout(
+        view, monkeypatch):  # fmt: skip
+    """as_strided strides address eager's layout of what they view: a convolution's output
+    whose bias the reader adds (config.conv_bias_epilogue) is stored in it first, not row-major
+    (an NHWC output outside channels-last mode read 18.0 off)."""
+    monkeypatch.setattr(config, "conv_bias_epilogue", True)
+    monkeypatch.setattr(config, "conv_channels_last", False)
+    monkeypatch.setattr(config, "fx_cache", False)
+    torch.manual_seed(0)
+    w, b = torch.randn(4, 3, 3, 3), torch.randn(4)
+    x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
+    if view == "diagonal":
+        check(lambda x: F.conv2d(x, w, b).diagonal(0, 2, 3), x, atol=1e-4, rtol=1e-4)
+    else:
+        check(lambda x: F.conv2d(x, w, b).unfold(2, 2, 1), x, atol=1e-4, rtol=1e-4)
+
+
+@torch.library.custom_op("ember_layout_tests::rows", mutates_args=())
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.view(x.shape[0], -1).clone()  # a kernel that assumes eager's (contiguous) layout
+
+
+@_rows.register_fake
+def _(x):
+    return x.new_empty(x.shape[0], x[0].numel())
+
+
+@pytest.mark.parametrize("rank", [3, 4])
+def test_a_user_operator_gets_its_arguments_in_eagers_strides(rank, channels_last):
+    """In channels-last mode values are stored by their reads (NHWC, or a flattened NHWC
+    output's (B, N, C) order): a user operator, which may assume eager's strides, gets them."""
+    torch.manual_seed(0)
+    w, b = torch.randn(8, 3, 3, 3), torch.randn(8)
+
+    def f(x):
+        y = torch.relu(F.conv2d(x, w, b, padding=1))
+        return _rows(y.flatten(2) if rank == 3 else y * 2)
+
+    check(f, torch.randn(2, 3, 5, 5), atol=1e-4, rtol=1e-4)

@@ -152,6 +152,8 @@ def on_meta(func, args, kwargs):
     else:
         device = _common_device(devices)
     out = func(*m_args, **m_kwargs)
+    if func in _CONVOLUTIONS:
+        out = _conv_layouts(func, out, m_args)
     if func._schema.is_mutable:
         _check_written(func, args, kwargs)
 
@@ -216,6 +218,38 @@ def _fused_sdp_choice(query, key, value, attn_mask=None, *args, **kwargs):
 
 
 _ANSWERS = {aten._fused_sdp_choice.default: _fused_sdp_choice}
+
+_CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
+
+
+def _conv_layouts(func, out, m_args):
+    """A convolution's meta results in the layout the device's kernels give them: torch's meta
+    convolution returns a contiguous output for an NHWC input, where the CPU's and cuDNN's
+    kernels return NHWC (as primtorch's convolution prim says), and a view a program takes of
+    it (`diagonal`, `unfold`: an as_strided) would address the wrong elements."""
+    from ember.primtorch.utils import memory_format_strides, suggest_memory_format
+
+    if func is aten.convolution.default:
+        inp, weight = m_args[0], m_args[1]
+    else:  # (grad_output, input, weight, ...): the grads of input and weight
+        inp, weight = m_args[1], m_args[2]
+    fmt = torch.contiguous_format
+    for t in (inp, weight):
+        f = suggest_memory_format(tuple(t.shape), t.stride())
+        if f is not torch.contiguous_format:
+            fmt = f
+
+    def laid(t):
+        if not isinstance(t, torch.Tensor) or t.dim() not in (4, 5):
+            return t
+        strides = tuple(int(v) for v in memory_format_strides(tuple(t.shape), fmt))
+        if t.stride() == strides:
+            return t
+        return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=_META)
+
+    if func is aten.convolution.default:
+        return laid(out)
+    return (laid(out[0]), laid(out[1]), out[2])
 
 
 def _leaves(x):

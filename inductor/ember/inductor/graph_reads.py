@@ -68,12 +68,12 @@ def slice_boxes(n: fx.Node) -> list | None:
     boxes = []
     for u in n.users:
         name = target_name(u.target) if u.op == "call_function" else ""
-        if name == "prims.slice_in_dim" and u.args[0] is n:
+        if name == "prims.slice_in_dim" and u.args[0] is n and len(u.args) >= 3:
             start, limit, *rest = u.args[1:]
             step, axis = (list(rest) + [1, 0][len(rest):])[:2]
             step, axis = u.kwargs.get("stride", step), u.kwargs.get("axis", axis)
             box = {axis: (start, limit, step)}
-        elif name == "prims.slice" and u.args[0] is n:
+        elif name == "prims.slice" and u.args[0] is n and len(u.args) >= 3:
             starts, limits, *steps = u.args[1:]
             steps = steps[0] if steps and steps[0] is not None else [1] * len(starts)
             box = dict(enumerate(zip(starts, limits, steps)))

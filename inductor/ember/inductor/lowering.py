@@ -236,8 +236,7 @@ class Lowerer(fx.Interpreter):
                      or loads > config.realize_reads_threshold)  # fmt: skip
             if ops_count > config.max_inline_ops or (
                 readers(n) > 1
-                and (heavy or self._holds_inputs(value))
-                and not reads_disjoint_parts(n)
+                and ((heavy and not reads_disjoint_parts(n)) or self._holds_inputs(value))
             ):
                 strides = self.preferred_strides(value) or self._meta_strides(value)
                 narrow = self._widened(n)

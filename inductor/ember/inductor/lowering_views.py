@@ -207,8 +207,10 @@ def _rev(L, a, dims):
 
 @register("as_strided")
 def _as_strided(L, a, size, stride, storage_offset=0):
-    if L.channels_last or L.own_layout(a):  # `stride` addresses eager's layout of `a`, which
-        # NHWC lowering or matmul padding may change
+    # `stride` addresses eager's layout of `a`, which NHWC lowering or matmul padding may change,
+    # and which a value not stored yet (a convolution's output with its bias still to add) has
+    # only if it is stored so
+    if L.channels_last or L.own_layout(a) or not isinstance(a, View):
         node = L.current.args[0]
         meta = node.meta.get(NODE_META_KEY) if hasattr(node, "meta") else None
         if isinstance(meta, TensorMeta) and not (
@@ -464,7 +466,23 @@ def _custom_op(L, op, args, mutated=()):
     the wrapper (extern.custom_op's reference); its outputs take the fake kernel's layouts."""
     from ember.primtorch.prims.custom import custom_op
 
+    args = [_eager_layout(L, a, n) for a, n in zip(args, L.current.args[1])]
     return L.extern("extern.custom_op", custom_op.ref, (op, args, list(mutated)), {})
+
+
+def _eager_layout(L, a, node):
+    """Argument `a` of a user operator in the strides eager gives it (its node's): a kernel of the
+    user's may assume them, where this lowering lays values out by their reads (NHWC mode) or
+    stores a computed value row-major."""
+    if isinstance(a, (list, tuple)) and isinstance(node, (list, tuple)):
+        return type(a)(_eager_layout(L, x, n) for x, n in zip(a, node))
+    meta = node.meta.get(NODE_META_KEY) if hasattr(node, "meta") else None
+    if not (is_tensor(a) and isinstance(meta, TensorMeta)) or tuple(a.sizes) != tuple(meta.sizes):
+        return a
+    if isinstance(a, View) and (not (L.channels_last or L.own_layout(a))
+                                or _same_strides(a.sizes, a.strides, meta.strides)):  # fmt: skip
+        return a
+    return L.with_strides(a, meta.strides)
 
 
 @register("prims.index_put")
