@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from ember.inductor import config
 from ember.inductor.lowering import lower_graph
-from ember.inductor.lowering_views import PAD_MM_MIN_WORK
+from ember.inductor.lowering_matmul import PAD_MM_MIN_WORK
 from ember.inductor.loop_ir import ComputedBuffer, ExternBuffer
 from ember.primtorch.trace import trace_to_prims
 from inductor_helpers import check

@@ -27,6 +27,7 @@ from . import (
     cpu_attention_backward,  # noqa: F401  (and its backward's)
     fx_cache,
     gemm_template,
+    lowering_matmul,  # noqa: F401  (registers the matrix products' lowerings)
     lowering_random,  # noqa: F401  (registers the random prims' lowerings)
     lowering_views,  # noqa: F401  (registers the view, reduction and extern lowerings)
     metrics,
