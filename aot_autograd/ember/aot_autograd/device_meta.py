@@ -223,26 +223,20 @@ _CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
 
 
 def _conv_layouts(func, out, m_args):
-    """A convolution's meta results in the layout the device's kernels give them: torch's meta
-    convolution returns a contiguous output for an NHWC input, where the CPU's and cuDNN's
-    kernels return NHWC (as primtorch's convolution prim says), and a view a program takes of
+    """A convolution's meta results in the layout the device's kernels give them (primtorch's
+    convolution prims say which): torch's meta convolution returns a contiguous output for an
+    NHWC input, where the CPU's and cuDNN's kernels return NHWC, and a view a program takes of
     it (`diagonal`, `unfold`: an as_strided) would address the wrong elements."""
-    from ember.primtorch.utils import memory_format_strides, suggest_memory_format
+    from ember.ir import TensorMeta
+    from ember.primtorch.prims.extern import conv_layout
 
-    if func is aten.convolution.default:
-        inp, weight = m_args[0], m_args[1]
-    else:  # (grad_output, input, weight, ...): the grads of input and weight
-        inp, weight = m_args[1], m_args[2]
-    fmt = torch.contiguous_format
-    for t in (inp, weight):
-        f = suggest_memory_format(tuple(t.shape), t.stride())
-        if f is not torch.contiguous_format:
-            fmt = f
+    first = 0 if func is aten.convolution.default else 1  # backward: (grad_output, input, ...)
+    inp, weight = (TensorMeta.from_tensor(t) for t in m_args[first : first + 2])
 
     def laid(t):
-        if not isinstance(t, torch.Tensor) or t.dim() not in (4, 5):
+        if not isinstance(t, torch.Tensor):
             return t
-        strides = tuple(int(v) for v in memory_format_strides(tuple(t.shape), fmt))
+        strides = tuple(int(v) for v in conv_layout(tuple(t.shape), inp, weight))
         if t.stride() == strides:
             return t
         return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=_META)
@@ -250,7 +244,6 @@ def _conv_layouts(func, out, m_args):
     if func is aten.convolution.default:
         return laid(out)
     return (laid(out[0]), laid(out[1]), out[2])
-
 
 def _leaves(x):
     if isinstance(x, (list, tuple)):

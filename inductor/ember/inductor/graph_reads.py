@@ -63,19 +63,18 @@ def read_elementwise(n: fx.Node) -> bool:
 def slice_boxes(n: fx.Node) -> list | None:
     """The box (a (start, limit) per dim) each user of `n` reads when every user is a unit-step
     slice of it (a chunk or split: GLU's and gMLP's halves); None otherwise, or where a bound
-    is symbolic."""
-    ndim = None
+    is symbolic. A prim's node holds its canonical arguments, all positional: slice_in_dim's
+    (a, start, limit, stride, axis), slice's (a, starts, limits, strides)."""
     boxes = []
     for u in n.users:
-        name = target_name(u.target) if u.op == "call_function" else ""
-        if name == "prims.slice_in_dim" and u.args[0] is n and len(u.args) >= 3:
-            start, limit, *rest = u.args[1:]
-            step, axis = (list(rest) + [1, 0][len(rest):])[:2]
-            step, axis = u.kwargs.get("stride", step), u.kwargs.get("axis", axis)
+        if u.op != "call_function" or u.args[0] is not n:
+            return None
+        name = target_name(u.target)
+        if name == "prims.slice_in_dim":
+            _, start, limit, step, axis = u.args
             box = {axis: (start, limit, step)}
-        elif name == "prims.slice" and u.args[0] is n and len(u.args) >= 3:
-            starts, limits, *steps = u.args[1:]
-            steps = steps[0] if steps and steps[0] is not None else [1] * len(starts)
+        elif name == "prims.slice":
+            _, starts, limits, steps = u.args
             box = dict(enumerate(zip(starts, limits, steps)))
         else:
             return None

@@ -423,13 +423,14 @@ class Lowerer(fx.Interpreter):
         nothing: eager's strides then."""
         if not (self.channels_last and isinstance(x, Lazy) and len(x.sizes) >= 2):
             return None
-        strides = voted_strides(x, row_major_wins_ties=len(x.sizes) != 4)
-        if strides is None or len(x.sizes) != 4:
-            return strides
-        nhwc = make_channels_last_strides_for(x.sizes)
-        if _same_strides(x.sizes, strides, nhwc):
-            return strides
-        return strides if _same_strides(x.sizes, strides, contiguous_strides(x.sizes)) else None
+        four = len(x.sizes) == 4
+        strides = voted_strides(x, row_major_wins_ties=not four)
+        if strides is not None and four and not any(
+            _same_strides(x.sizes, strides, kept)
+            for kept in (make_channels_last_strides_for(x.sizes), contiguous_strides(x.sizes))
+        ):
+            return None
+        return strides
 
     def with_strides(self, x, strides) -> View:
         """`x` as a View with exactly `strides` (a copy when it has other ones)."""

@@ -199,17 +199,12 @@ def _rev(L, a, dims):
 
 @register("as_strided")
 def _as_strided(L, a, size, stride, storage_offset=0):
-    # `stride` addresses eager's layout of `a`, which NHWC lowering or matmul padding may change,
-    # and which a value not stored yet (a convolution's output with its bias still to add) has
-    # only if it is stored so
-    if L.channels_last or L.own_layout(a) or not isinstance(a, View):
-        node = L.current.args[0]
-        meta = node.meta.get(NODE_META_KEY) if hasattr(node, "meta") else None
-        if isinstance(meta, TensorMeta) and not (
-            isinstance(a, View) and _same_strides(a.sizes, a.strides, meta.strides)
-        ):
-            a = L.with_strides(a, meta.strides)
-            storage_offset = S(storage_offset) - meta.storage_offset
+    node = L.current.args[0]
+    meta = node.meta.get(NODE_META_KEY) if hasattr(node, "meta") else None
+    if isinstance(meta, TensorMeta):  # `stride` addresses eager's layout of `a`
+        eager = _in_eager_strides(L, a, meta)
+        if eager is not a:
+            a, storage_offset = eager, S(storage_offset) - meta.storage_offset
     base = L.realize(a)
     return View(base.buffer, [S(s) for s in size], [S(s) for s in stride], S(storage_offset))
 
@@ -463,14 +458,20 @@ def _custom_op(L, op, args, mutated=()):
 
 
 def _eager_layout(L, a, node):
-    """Argument `a` of a user operator in the strides eager gives it (its node's): a kernel of the
-    user's may assume them, where this lowering lays values out by their reads (NHWC mode) or
-    stores a computed value row-major."""
+    """Argument `a` of a user operator (its node `node`) in the strides eager gives it: a kernel
+    of the user's may assume them."""
     if isinstance(a, (list, tuple)) and isinstance(node, (list, tuple)):
         return type(a)(_eager_layout(L, x, n) for x, n in zip(a, node))
     meta = node.meta.get(NODE_META_KEY) if hasattr(node, "meta") else None
     if not (is_tensor(a) and isinstance(meta, TensorMeta)) or tuple(a.sizes) != tuple(meta.sizes):
         return a
+    return _in_eager_strides(L, a, meta)
+
+
+def _in_eager_strides(L, a, meta: TensorMeta):
+    """`a` with the strides eager gave it (`meta`'s) where this lowering may have laid it out
+    otherwise: NHWC mode, a padded matmul's product, or a value not stored yet (a convolution's
+    output with its bias still to add: stored, it would be row-major); else `a` itself."""
     if isinstance(a, View) and (not (L.channels_last or L.own_layout(a))
                                 or _same_strides(a.sizes, a.strides, meta.strides)):  # fmt: skip
         return a

@@ -163,8 +163,9 @@ baddbmm = _extern(
 # --- convolution ---------------------------------------------------------------------------------
 
 
-def _conv_layout(sizes, input, weight):
-    # torch's CPU and cuDNN kernels produce channels-last when input or weight suggests it.
+def conv_layout(sizes, input, weight) -> tuple:
+    """Strides of a convolution's output (or grad) of `sizes`: torch's CPU and cuDNN kernels
+    produce channels-last when the input or the weight (TensorMetas) suggests it."""
     fmt = torch.contiguous_format
     for t in (input, weight):
         f = utils.suggest_memory_format(t.sizes, t.strides)
@@ -204,7 +205,7 @@ def _convolution_meta(
     sizes = _conv_out_sizes(
         input, weight, stride, padding, dilation, transposed, output_padding, groups
     )
-    return TensorMeta(input.dtype, sizes, _conv_layout(sizes, input, weight), 0, input.device)
+    return TensorMeta(input.dtype, sizes, conv_layout(sizes, input, weight), 0, input.device)
 
 
 convolution = _extern(
@@ -221,7 +222,7 @@ def _convolution_backward_meta(
     output_padding, groups, output_mask,
 ):  # fmt: skip
     def like(t):
-        return TensorMeta(t.dtype, t.sizes, _conv_layout(t.sizes, input, weight), 0, t.device)
+        return TensorMeta(t.dtype, t.sizes, conv_layout(t.sizes, input, weight), 0, t.device)
 
     grad_bias = _contiguous(grad_output.dtype, (grad_output.sizes[1],), grad_output.device)
     outs = (like(input), like(weight), grad_bias)
