@@ -252,7 +252,19 @@ class TrainingRuntime:
         self.tangent_index = tuple(i for i, d in enumerate(plan.differentiable) if d)
         self.every_grad = all(plan.grad_inputs)
         self.saved_layout: Optional[tuple] = None  # () once every saved value is a tensor
-        self.call = _training_call(self)
+        self._seeds, self._check = _seed_source(plan), _aliasing_check(plan)
+        self._finish = make_finisher(plan)
+
+    def call(self, inputs: tuple):
+        """inputs tuple -> outputs. A method, not a closure stored on the runtime: the closure
+        held the runtime, a cycle that kept each compiled step (its programs and constants)
+        after reset() until a full garbage collection."""
+        if self._check is not None:
+            self._check(inputs)
+        s = self._seeds() if self._seeds is not None else ()
+        # Under functorch transforms Function.apply's own path is required.
+        apply = _py_apply if _functorch_active() else _c_apply
+        return self._finish(inputs, apply(self, s, *inputs))
 
     def __call__(self, inputs):
         return self.call(tuple(inputs))
@@ -264,23 +276,6 @@ def _function_apply() -> Callable:
         return torch._C._FunctionBase.__dict__["apply"].__get__(None, _CompiledFunction)
     except (AttributeError, KeyError, TypeError):  # another torch: the public path
         return _CompiledFunction.apply
-
-
-def _training_call(rt: TrainingRuntime) -> Callable:
-    plan = rt.plan
-    seeds, check, finish_ = _seed_source(plan), _aliasing_check(plan), make_finisher(plan)
-    c_apply, py_apply = _function_apply(), _CompiledFunction.apply
-    functorch_active = torch._C._are_functorch_transforms_active
-
-    def call(inputs: tuple):
-        if check is not None:
-            check(inputs)
-        s = seeds() if seeds is not None else ()
-        # Under functorch transforms Function.apply's own path is required.
-        apply = py_apply if functorch_active() else c_apply
-        return finish_(inputs, apply(rt, s, *inputs))
-
-    return call
 
 
 class _CompiledFunction(torch.autograd.Function):
@@ -332,6 +327,10 @@ class _CompiledFunction(torch.autograd.Function):
             return (None, None, *results)
         it = iter(results)
         return (None, None, *[next(it) if need else None for need in rt.plan.grad_inputs])
+
+
+_c_apply, _py_apply = _function_apply(), _CompiledFunction.apply
+_functorch_active = torch._C._are_functorch_transforms_active
 
 
 def _save_mixed(ctx, layout: tuple, saved) -> None:

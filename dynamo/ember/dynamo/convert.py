@@ -325,8 +325,19 @@ def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic, captured):
             policy, break_at, reason = None, None, None
         finally:
             captured.append(output.example_bytes)  # a number: the capture itself must die
+            _dismantle(tx, builder)
         torch._C._set_grad_enabled(grad)
         restore_autocast_state(autocast)
+
+
+def _dismantle(tx, builder) -> None:
+    """Drop what the finished capture's translator and builder hold. Both are in reference
+    cycles (the translator is its own `current`, its global loaders close over it, the builder
+    caches the variables that hold it), which kept every capture's variables, guards and example
+    tensors until a full collection: after a few hundred compile-and-reset cycles the heap had
+    grown by the captures of a hundred."""
+    tx.__dict__.clear()
+    builder.__dict__.clear()
 
 
 class _SavedNothing:

@@ -104,7 +104,9 @@ class OutputGraph:
         self._module_tensors: list = []  # generic: (vt, version) of each module tensor read
         self.shape_env = None
         if policy is not None:
-            self.shape_env = ShapeEnv(self.graph, lambda: self.where(), exporting)
+            this = weakref.ref(self)  # (a strong one: output -> shape_env -> output, a cycle)
+            self.shape_env = ShapeEnv(self.graph, lambda: this().where() if this() else "?",
+                                      exporting)  # fmt: skip
 
     # -- inputs -------------------------------------------------------------------------------
     def add_input(self, value: torch.Tensor, source: Source, guarded=True,

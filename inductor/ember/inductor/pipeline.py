@@ -476,7 +476,7 @@ class CompiledGraph:
                     runtime.precompile_triton(k.name, namespace[k.name], k.arg_types)
         if not config.packaging:  # a package compiles its kernels itself: none built here
             builds.start()  # (unless this program is called, which builds them first)
-        self._builds, self._run = builds, namespace["call"]
+        self._builds, self._run = builds, namespace.pop("call")  # (else call <-> its globals: a cycle)
         self._graphed = None
         self._call = self._first_call if builds.pending() else self._run
         self._spec = pytree.treespec_loads(program.out_spec) if program.out_spec else None

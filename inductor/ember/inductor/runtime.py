@@ -63,6 +63,20 @@ def atomic_write(path: Path, text) -> None:
 # --- C++ ---------------------------------------------------------------------------------------
 
 
+_libraries: dict = {}  # path -> ctypes.CDLL
+
+
+def _library(so: Path) -> ctypes.CDLL:
+    """The loaded library at `so` (its name holds its source's hash). One CDLL a path: ctypes
+    never unloads a library, and each CDLL is a small reference cycle (its function-pointer
+    class), garbage that a compile-and-reset loop left for the cyclic collector."""
+    key = str(so)
+    lib = _libraries.get(key)
+    if lib is None:
+        lib = _libraries[key] = ctypes.CDLL(key)
+    return lib
+
+
 class CppLauncher:
     """Calls `void entry(void** args)` with the tensors' data pointers.
 
@@ -76,7 +90,7 @@ class CppLauncher:
 
     def bind(self, so: Path, name: str) -> None:
         """Load the built library and take its entry point."""
-        fn = getattr(ctypes.CDLL(str(so)), name)
+        fn = getattr(_library(so), name)
         fn.argtypes, fn.restype = [ctypes.c_void_p], None
         self.fn = fn
 
