@@ -109,6 +109,9 @@ class Config:
     # (`packaging`); True: in-process compiles too (and CPU graphs that render Triton, for
     # tests); False: always torch's kernels.
     triton_flash_attention: Union[bool, str] = "auto"
+    # attention written as matmul, scale, bias or mask, softmax, matmul: one
+    # scaled_dot_product_attention call (attention_rewrite.py), before aot_autograd traces
+    attention_rewrite: bool = os.environ.get("EMBER_ATTENTION_REWRITE", "1") != "0"
     # set while ember.cpp_wrapper compiles a program for a package (`for_package()`)
     packaging: bool = False
     # C++ backend

@@ -22,6 +22,7 @@ from ember.ir.graph import lazy_graph_module
 from ember.ir.locks import COMPILE_LOCK
 
 from . import (
+    attention_rewrite,
     cache,
     cpu_attention,  # noqa: F401  (registers the generated CPU flash attention's lowering)
     cpu_attention_backward,  # noqa: F401  (and its backward's)
@@ -87,6 +88,8 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
     # finish: a compiled graph -> what runs it; rebuild: a cached Program -> the same
     finish, rebuild = (_load_cpp_wrapper, _program_cpp_wrapper) if cpp_wrapper else (
         _as_is, _program_python)  # fmt: skip
+    if config.attention_rewrite:
+        attention_rewrite.rewrite(gm)
     options_text = f"mode={mode} cpp_wrapper={cpp_wrapper}"
     templates = mode in ("max-autotune", "max-autotune-no-cudagraphs")
     if templates and torch.cuda.is_available():  # the chosen tiles suit the GPU timed on
