@@ -61,3 +61,31 @@ def test_inputs_are_placeholders_in_order_of_first_read_before_every_op():
     assert names[0] == "l_x" and "weight" in names[1] and "bias" in names[2], names[:3]
     assert "11" in names[-1] and "bias" in names[-1], names[-1]
     torch.testing.assert_close(ember.compile(fn, backend="eager")(x), fn(x))
+
+
+def test_graph_inputs_read_each_branch_of_their_sources_once():
+    """The transformed function reads a prefix that several inputs share once, into a temporary
+    (a module's parameters share `self.blocks._modules[i]._parameters`), and evaluates to the
+    same objects as the full chains."""
+    from ember.dynamo.codegen import CodeGen
+
+    class Holder:
+        pass
+
+    this = Holder()
+    this.blocks = Holder()
+    this.blocks._modules = {str(b): Holder() for b in range(3)}
+    for b, block in this.blocks._modules.items():
+        block._parameters = {"weight": f"w{b}", "bias": f"b{b}"}
+    sources = [_param(b, n) for b in range(3) for n in ("weight", "bias")]
+    sources.append(AttrSource(LocalSource("self", 0), "blocks"))  # an input others read further
+    cg = CodeGen(output=None, arg_names=["self"])
+    exprs = cg.input_exprs(sources)
+    body = cg.lines + [f"return [{', '.join(exprs)}]"]
+    text = "def f(self):\n" + "\n".join("    " + line for line in body)
+    assert text.count("_modules") == 1 and text.count("._parameters") == 3, text
+    assert text.count(".blocks") == 1, text
+    namespace: dict = {}
+    exec(text, namespace)
+    expected = [eval(s.expr(), {"self": this}) for s in sources]  # noqa: S307
+    assert namespace["f"](this) == expected

@@ -424,7 +424,7 @@ def finish(tx, output, code, backend, reason):
             for rel in getattr(compiled, "ember_guards", ()):
                 env.relations.setdefault(rel, "the backend")
         call = cg.obj(_C.CompiledFunction(compiled, None), "graph")
-        inputs = ", ".join(cg.source(src) for src, _, _ in output.inputs)
+        inputs = ", ".join(cg.input_exprs([src for src, _, _ in output.inputs]))
         cg.lines.append(f"___o = {call}({inputs})")
     cg.side_effects()
     if kind == "return":

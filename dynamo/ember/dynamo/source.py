@@ -27,6 +27,11 @@ class Source:
     def name(self) -> str:
         return self.expr()
 
+    def expr_on(self, base: str):
+        """The expression reading this source from `base`, its base's value (named by a
+        temporary); None for a source with no base or read otherwise."""
+        return None
+
     def is_module_param(self) -> bool:
         return False
 
@@ -88,9 +93,12 @@ class AttrSource(Source):
     __hash__ = _hash_once
 
     def expr(self):
+        return self.expr_on(self.base.expr())
+
+    def expr_on(self, base: str):
         if self.attr.isidentifier() and not keyword.iskeyword(self.attr):
-            return f"{self.base.expr()}.{self.attr}"
-        return f"getattr({self.base.expr()}, {self.attr!r})"
+            return f"{base}.{self.attr}"
+        return f"getattr({base}, {self.attr!r})"
 
     def name(self):
         return f"{self.base.name()}.{self.attr}"
@@ -106,7 +114,10 @@ class ItemSource(Source):
         return isinstance(self.base, AttrSource) and self.base.attr == "_parameters"
 
     def expr(self):
-        return f"{self.base.expr()}[{key_text(self.key)}]"
+        return self.expr_on(self.base.expr())
+
+    def expr_on(self, base: str):
+        return f"{base}[{key_text(self.key)}]"
 
     def name(self):
         return f"{self.base.name()}[{self.key!r}]"
