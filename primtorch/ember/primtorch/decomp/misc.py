@@ -41,6 +41,29 @@ def addr(self, vec1, vec2, *, beta=1, alpha=1):
     return aten.add(scaled, outer)
 
 
+# Matrix-vector and vector-vector products as the matrix product they are (`matrix @ vector`
+# traces to aten.mv, `vector @ vector` to aten.dot: neither had a decomposition, and the compile
+# that meets them first runs at the call, where the error reached the user's program).
+@register_decomposition(aten.mv)
+def mv(self, vec):
+    return aten.squeeze(aten.mm(self, aten.unsqueeze(vec, 1)), 1)
+
+
+@register_decomposition(aten.dot)
+def dot(self, tensor):
+    return aten.reshape(aten.mm(aten.unsqueeze(self, 0), aten.unsqueeze(tensor, 1)), ())
+
+
+@register_decomposition(aten.addmv)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    product = mv(mat, vec)
+    if alpha != 1:
+        product = aten.mul(product, alpha)
+    if beta == 0:  # beta == 0 ignores self (NaN and inf included), as torch does
+        return aten.expand(product, torch.broadcast_shapes(self.shape, product.shape))
+    return aten.add(self if beta == 1 else aten.mul(self, beta), product)
+
+
 @register_decomposition(aten.block_diag)
 def block_diag(tensors):
     mats = [
