@@ -6,6 +6,7 @@ import contextlib
 import functools
 import gc
 import time
+import warnings
 from typing import Callable, Optional, Protocol
 
 import torch
@@ -136,6 +137,18 @@ class AOTFunction:
                     self.compile_seconds += time.perf_counter() - start
         return runtime
 
+    def eager_runtime_for(self, flat: list, in_spec, error: NotImplementedError):
+        """A runtime running the program as written, for these arguments' signature, whose
+        compile raised `error` (a construct the tracer or a compiler does not cover): what
+        dynamo's graphs fall back to, as a capture the backend refuses does, with a warning."""
+        first = str(error).splitlines()[0] if str(error) else ""
+        warnings.warn(f"ember.compile: a graph runs eagerly: the compile at its first call "
+                      f"raised {type(error).__name__}: {first}")  # fmt: skip
+        with COMPILE_LOCK:
+            runtime = self.cache[(in_spec, input_signature(flat))] = _EagerRuntime(
+                self.fn, flat, in_spec)  # fmt: skip
+        return runtime
+
     def _compile(self, flat: list, in_spec):
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
         cache = self.runtime_cache if self.symbolic is None else None  # static programs only
@@ -177,6 +190,21 @@ class AOTFunction:
         if cache is not None:
             self.runtime_cache.store(flat, in_spec, traced.plan, compiled)
         return build_runtime(traced.plan, compiled)
+
+
+class _EagerRuntime:
+    """`call(tensors)`: the program run as written, its other arguments those of the signature."""
+
+    def __init__(self, fn: Callable, flat: list, in_spec):
+        self.fn, self.flat, self.in_spec = fn, list(flat), in_spec
+        self.positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+
+    def call(self, tensors):
+        args = list(self.flat)
+        for pos, t in zip(self.positions, tensors):
+            args[pos] = t
+        a, kw = pytree.tree_unflatten(args, self.in_spec)
+        return self.fn(*a, **kw)
 
 
 def _written_after_call(program, flat: list) -> tuple:

@@ -107,7 +107,10 @@ def module_caller(module: nn.Module, compiled, guarded: bool = False) -> Callabl
     def general(args, kwargs):
         params, buffers = module_state(module)
         flat, in_spec = pytree.tree_flatten(((params, buffers, *args), kwargs))
-        return compiled.runtime_for(flat, in_spec), flat
+        try:
+            return compiled.runtime_for(flat, in_spec), flat
+        except NotImplementedError as e:  # (compiled at the first call: eager, as a capture
+            return compiled.eager_runtime_for(flat, in_spec, e), flat  # the backend refuses)
 
     def miss(args: tuple, flat: Optional[tuple], key):
         nonlocal read_state

@@ -1,0 +1,32 @@
+"""A graph whose compile, made at its first call, meets an op Ember cannot lower (no
+decomposition: linalg.det, matrix_exp) runs eagerly with a warning, as a capture the backend
+refuses does; the error reached the user's program before."""
+
+import warnings
+
+import pytest
+import torch
+
+import ember
+
+
+@pytest.mark.parametrize("op", [torch.linalg.det, torch.linalg.matrix_exp])
+def test_an_op_without_a_lowering_runs_eagerly_with_a_warning(op):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 4, requires_grad=True)
+    fn = lambda x: (op(x) * 2).sin()  # noqa: E731
+    ember.reset()
+    compiled = ember.compile(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(x)
+        again = compiled(x)  # (the eager runtime is kept: no second compile or warning)
+    messages = [str(w.message) for w in caught if "runs eagerly" in str(w.message)]
+    assert len(messages) == 1 and "NotDecomposableError" in messages[0], messages
+    torch.testing.assert_close(out, fn(x))
+    torch.testing.assert_close(again, out)
+    out.sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    fn(x).sum().backward()
+    torch.testing.assert_close(got, x.grad)
