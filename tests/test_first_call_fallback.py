@@ -30,3 +30,10 @@ def test_an_op_without_a_lowering_runs_eagerly_with_a_warning(op):
     x.grad = None
     fn(x).sum().backward()
     torch.testing.assert_close(got, x.grad)
+
+
+def test_under_fullgraph_it_raises():
+    ember.reset()
+    compiled = ember.compile(lambda x: torch.linalg.det(x) + 1, fullgraph=True)
+    with pytest.raises(NotImplementedError, match="det"):
+        compiled(torch.randn(4, 4))

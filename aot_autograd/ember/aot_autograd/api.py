@@ -14,8 +14,8 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from ember.ir import (INPUT_UPDATES_META_KEY, NODE_META_KEY, RECOMPUTE_META_KEY,
-                      WRITTEN_AFTER_CALL_META_KEY, TensorMeta, progress)
+from ember.ir import (FULLGRAPH_META_KEY, INPUT_UPDATES_META_KEY, NODE_META_KEY,
+                      RECOMPUTE_META_KEY, WRITTEN_AFTER_CALL_META_KEY, TensorMeta, progress)
 from ember.ir.example import example_of
 from ember.ir.locks import COMPILE_LOCK
 
@@ -363,7 +363,8 @@ def aot_module_simplified(
         return dynamic_module_call(gm, example_inputs, compiled)
     if guarded is None:
         guarded = bool(getattr(gm, "meta", {}).get(GUARDED_INPUTS_META, False))
-    return module_caller(gm, compiled, guarded=guarded)
+    fullgraph = bool(getattr(gm, "meta", {}).get(FULLGRAPH_META_KEY, False))
+    return module_caller(gm, compiled, guarded=guarded, eager_fallback=not fullgraph)
 
 
 def aot_eager(gm: nn.Module, example_inputs: list, **kwargs) -> Callable:

@@ -97,8 +97,11 @@ def _slots_of(reader) -> list:
     return reader.slots if reader is not None else []
 
 
-def module_caller(module: nn.Module, compiled, guarded: bool = False) -> Callable:
-    """`run(*args, **kwargs) -> compiled(params, buffers, *args, **kwargs)`, fast for tensors."""
+def module_caller(module: nn.Module, compiled, guarded: bool = False,
+                  eager_fallback: bool = False) -> Callable:  # fmt: skip
+    """`run(*args, **kwargs) -> compiled(params, buffers, *args, **kwargs)`, fast for tensors.
+    `eager_fallback`: a signature whose compile raises NotImplementedError runs eagerly (with a
+    warning) instead of raising."""
     _install_registration_hooks()
     read_state, generation = _state_reader(module), _state_generation
     by_key: dict = {}  # tensor_key -> runtime.call
@@ -109,8 +112,12 @@ def module_caller(module: nn.Module, compiled, guarded: bool = False) -> Callabl
         flat, in_spec = pytree.tree_flatten(((params, buffers, *args), kwargs))
         try:
             return compiled.runtime_for(flat, in_spec), flat
-        except NotImplementedError as e:  # (compiled at the first call: eager, as a capture
-            return compiled.eager_runtime_for(flat, in_spec, e), flat  # the backend refuses)
+        except NotImplementedError as e:
+            # Compiled at the first call, after dynamo's capture: eager, as a capture the
+            # backend refuses is (fullgraph=True: raised, as there).
+            if not eager_fallback:
+                raise
+            return compiled.eager_runtime_for(flat, in_spec, e), flat
 
     def miss(args: tuple, flat: Optional[tuple], key):
         nonlocal read_state

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ember.ir import GUARDED_INPUTS_META_KEY, progress
+from ember.ir import FULLGRAPH_META_KEY, GUARDED_INPUTS_META_KEY, progress
 
 from . import variables as V
 from ._native import _C
@@ -309,7 +309,7 @@ def _convert(code, fn, f_globals, args, backend, fullgraph, dynamic, captured):
                 log.debug("a capture read what its ops saved for backward", exc_info=True)
                 saved = _SavedNothing(False)  # capture again, saving as eager does
             else:
-                return finish(tx, output, code, backend, reason)
+                return finish(tx, output, code, backend, reason, fullgraph)
         except RestartAnalysis as r:
             if fullgraph:
                 raise Unsupported(r.reason.msg, r.reason.where) from None
@@ -367,7 +367,7 @@ class _SavedNothing:
         raise RuntimeError("ember: the capture saved nothing for backward; capturing again")
 
 
-def finish(tx, output, code, backend, reason):
+def finish(tx, output, code, backend, reason, fullgraph=False):
     """Generate the transformed function for a translated frame."""
     output.drop_restored_attributes()
     output.check_generic_writes()
@@ -399,6 +399,8 @@ def finish(tx, output, code, backend, reason):
             gm.meta["ember_symbols"] = env.specs()
         elif output.inputs_pinned:  # each call's inputs are the traced ones, as the guards check
             gm.meta[GUARDED_INPUTS_META_KEY] = True
+        if fullgraph:  # (a compile the backend makes at the first call raises, too)
+            gm.meta[FULLGRAPH_META_KEY] = True
         try:
             # EMBER_REPRO; inside a DDP forward, one backend call per gradient bucket
             compiled = compile_for_ddp(lambda g, ex: call_backend(backend, g, ex, code), gm,

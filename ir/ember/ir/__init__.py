@@ -4,9 +4,9 @@ from . import control_flow  # noqa: F401  (defines control.cond, control.while_l
 from .artifact import BufferIR, CompiledArtifact, KernelIR, StepIR, new_artifact
 from .codec import dumps, from_json, loads, to_json
 from .graph import GraphIR, NodeIR, SubgraphIR, graph_from_ir, graph_to_ir
-from .meta import (GUARDED_INPUTS_META_KEY, INPUT_UPDATES_META_KEY, NODE_META_KEY,
-                   RECOMPUTE_META_KEY, WRITTEN_AFTER_CALL_META_KEY, TensorMeta, contiguous_strides,
-                   dtype_from_name, dtype_name, meta_of)
+from .meta import (FULLGRAPH_META_KEY, GUARDED_INPUTS_META_KEY, INPUT_UPDATES_META_KEY,
+                   NODE_META_KEY, RECOMPUTE_META_KEY, WRITTEN_AFTER_CALL_META_KEY, TensorMeta,
+                   contiguous_strides, dtype_from_name, dtype_name, meta_of)
 from .ops import ArgSpec, OpSchema, define, lookup, resolve, target_name, vocabulary
 from .schema import check_golden, current_schema
 from .symbols import CeilDiv, FloorDiv, ModularIndexing, SymbolSpec, as_expr, sym
@@ -16,7 +16,7 @@ __version__ = component_version("ir", __file__)
 
 __all__ = [
     "ArgSpec", "BufferIR", "CeilDiv", "CompiledArtifact", "FloorDiv", "GraphIR", "IRVersionError",
-    "GUARDED_INPUTS_META_KEY", "INPUT_UPDATES_META_KEY",
+    "FULLGRAPH_META_KEY", "GUARDED_INPUTS_META_KEY", "INPUT_UPDATES_META_KEY",
     "IR_VERSION", "KernelIR", "ModularIndexing", "NODE_META_KEY", "NodeIR", "OpSchema",
     "READABLE_VERSIONS", "RECOMPUTE_META_KEY", "StepIR", "SubgraphIR", "SymbolSpec", "TensorMeta", "as_expr",
     "check_golden",

@@ -31,6 +31,10 @@ INPUT_UPDATES_META_KEY = "ember_input_updates"
 # graph's own parameters and buffers too) to the sizes, strides, dtype, device and
 # requires_grad of the call it was traced on: the runtime need not key each call by them.
 GUARDED_INPUTS_META_KEY = "ember_guarded_inputs"
+# The `gm.meta` key (value True) of a graph captured under `fullgraph=True`: a compile the
+# backend makes later (at the graph's first call) raises where it cannot compile, instead of
+# running the graph eagerly.
+FULLGRAPH_META_KEY = "ember_fullgraph"
 
 _DTYPES = {
     str(d).removeprefix("torch."): d
