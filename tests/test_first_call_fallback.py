@@ -2,7 +2,9 @@
 decomposition: linalg.det, matrix_exp) runs eagerly with a warning, as a capture the backend
 refuses does; the error reached the user's program before."""
 
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -37,3 +39,26 @@ def test_under_fullgraph_it_raises():
     compiled = ember.compile(lambda x: torch.linalg.det(x) + 1, fullgraph=True)
     with pytest.raises(NotImplementedError, match="det"):
         compiled(torch.randn(4, 4))
+
+
+def test_under_fullgraph_the_pieces_of_a_graph_with_control_flow_raise_too():
+    def program(x):
+        y = torch.linalg.det(x) + 1
+        return torch.cond(y.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (y,))
+
+    ember.reset()
+    with pytest.raises(NotImplementedError, match="det"):
+        ember.compile(program, fullgraph=True)(torch.randn(3, 4, 4))
+
+
+def test_the_eager_runtime_keeps_no_argument_alive():
+    ember.reset()
+    compiled = ember.compile(lambda x: torch.linalg.det(x) + 1)
+    x = torch.randn(4, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled(x)
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is None

@@ -196,8 +196,10 @@ class _EagerRuntime:
     """`call(tensors)`: the program run as written, its other arguments those of the signature."""
 
     def __init__(self, fn: Callable, flat: list, in_spec):
-        self.fn, self.flat, self.in_spec = fn, list(flat), in_spec
         self.positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+        # (the other arguments only: the first call's tensors are not kept alive)
+        self.fn, self.in_spec = fn, in_spec
+        self.flat = [None if isinstance(a, torch.Tensor) else a for a in flat]
 
     def call(self, tensors):
         args = list(self.flat)
@@ -348,10 +350,16 @@ def aot_module_simplified(
     the sizes, strides, dtypes, devices and requires_grad of the first call, as a frontend's
     guards ensure; calls then skip re-keying. None reads `gm.meta[GUARDED_INPUTS_META]`.
     `runtime_cache` (see RuntimeCache) lets a compiler reuse what it compiled for gm before.
-    A graph with control-flow nodes is compiled in pieces (control_flow.py).
+    A graph with control-flow nodes is compiled in pieces (control_flow.py). A signature whose
+    compile (made at its first call) raises NotImplementedError runs gm eagerly, with a
+    warning, unless `gm.meta[FULLGRAPH_META_KEY]` (dynamo's fullgraph=True): then it raises.
     """
     if has_control_flow(gm):
+        fullgraph = getattr(gm, "meta", {}).get(FULLGRAPH_META_KEY, False)
+
         def compile_piece(piece, inputs):  # each piece and subgraph: its own fw/bw, same compilers
+            if fullgraph:
+                piece.meta[FULLGRAPH_META_KEY] = True
             return aot_module_simplified(piece, inputs, fw_compiler, bw_compiler, partition_fn,
                                          inference_compiler, guarded=False)  # fmt: skip
 

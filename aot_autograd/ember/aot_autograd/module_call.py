@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 # gm.meta key a frontend sets (True) when its guards pin every input's tensor metadata.
 from ember.ir import GUARDED_INPUTS_META_KEY as GUARDED_INPUTS_META
 
+from .runtime import MutatedAliasingError
 from .signature import mode_state, split_tensor_key, tensor_key
 
 
@@ -115,8 +116,8 @@ def module_caller(module: nn.Module, compiled, guarded: bool = False,
         except NotImplementedError as e:
             # Compiled at the first call, after dynamo's capture: eager, as a capture the
             # backend refuses is (fullgraph=True: raised, as there).
-            if not eager_fallback:
-                raise
+            if not eager_fallback or isinstance(e, MutatedAliasingError):
+                raise  # (aliased arguments: a property of this call, not of the program)
             return compiled.eager_runtime_for(flat, in_spec, e), flat
 
     def miss(args: tuple, flat: Optional[tuple], key):

@@ -96,6 +96,11 @@ def draw_seeds(plan: RuntimePlan) -> list[torch.Tensor]:
     return [torch.empty((), dtype=torch.int64).random_().to(d) for d in plan.rng_devices]
 
 
+class MutatedAliasingError(NotImplementedError):
+    """A mutated input shares its storage with another input: a property of one call's
+    arguments, not of the program (the trace treats inputs as distinct)."""
+
+
 def check_mutated_aliasing(plan: RuntimePlan, inputs) -> None:
     """Raise if a mutated input shares its storage with another input (the trace assumed not)."""
     ptrs = [storage_ptr(t) for t in inputs]
@@ -104,7 +109,7 @@ def check_mutated_aliasing(plan: RuntimePlan, inputs) -> None:
     counts = collections.Counter(ptrs)
     for i in plan.mutated_inputs:
         if ptrs[i] and counts[ptrs[i]] > 1:
-            raise NotImplementedError(
+            raise MutatedAliasingError(
                 f"aot_autograd: input {i} is mutated and shares its storage with another input; "
                 "pass separate tensors (the trace treats inputs as distinct)"
             )

@@ -23,6 +23,8 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
+from ember.ir import FULLGRAPH_META_KEY
+
 _DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed's default for DDP's first bucket
 
 
@@ -168,7 +170,10 @@ def split_graph(gm: fx.GraphModule, part: dict) -> list:
         outputs = [n for n in nodes
                    if n in result_users or any(part.get(u, -1) > k for u in n.users)]  # fmt: skip
         graph.output(tuple(env[n] for n in outputs))
-        pieces.append(_Piece(fx.GraphModule(gm, graph), inputs, outputs))
+        module = fx.GraphModule(gm, graph)
+        if FULLGRAPH_META_KEY in gm.meta:  # (a fullgraph capture's pieces raise as it does)
+            module.meta[FULLGRAPH_META_KEY] = gm.meta[FULLGRAPH_META_KEY]
+        pieces.append(_Piece(module, inputs, outputs))
     return pieces
 
 
