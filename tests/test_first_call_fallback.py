@@ -62,3 +62,27 @@ def test_the_eager_runtime_keeps_no_argument_alive():
     del x
     gc.collect()
     assert ref() is None
+
+
+def test_a_mutated_argument_sharing_storage_with_another_runs_that_call_eagerly():
+    """Two views of one buffer, one written in place: the compiled program assumed distinct
+    inputs (it raised MutatedAliasingError into the program); the call runs as written."""
+
+    def step(a, b):
+        a.add_(1)
+        return b * 2
+
+    ember.reset()
+    compiled = ember.compile(step)
+    a, b = torch.zeros(3), torch.ones(3)
+    torch.testing.assert_close(compiled(a, b), torch.full((3,), 2.0))
+    base, expected = torch.arange(6.0), torch.arange(6.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(base[:3], base[3:])
+    torch.testing.assert_close(out, step(expected[:3], expected[3:]))
+    torch.testing.assert_close(base, expected)
+    assert any("runs eagerly" in str(w.message) for w in caught)
+    ember.reset()
+    with pytest.raises(NotImplementedError, match="shares its storage"):
+        ember.compile(step, fullgraph=True)(base[:3], base[3:])

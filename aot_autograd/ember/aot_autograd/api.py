@@ -350,16 +350,16 @@ def aot_module_simplified(
     the sizes, strides, dtypes, devices and requires_grad of the first call, as a frontend's
     guards ensure; calls then skip re-keying. None reads `gm.meta[GUARDED_INPUTS_META]`.
     `runtime_cache` (see RuntimeCache) lets a compiler reuse what it compiled for gm before.
-    A graph with control-flow nodes is compiled in pieces (control_flow.py). A signature whose
-    compile (made at its first call) raises NotImplementedError runs gm eagerly, with a
-    warning, unless `gm.meta[FULLGRAPH_META_KEY]` (dynamo's fullgraph=True): then it raises.
+    A graph with control-flow nodes is compiled in pieces (control_flow.py). Where dynamo
+    captured gm with fullgraph=False (`gm.meta[FULLGRAPH_META_KEY]` is False), a signature whose
+    compile (made at its first call) raises NotImplementedError, and a call whose mutated
+    argument shares storage with another, run gm eagerly with a warning; else they raise.
     """
+    fullgraph = getattr(gm, "meta", {}).get(FULLGRAPH_META_KEY)  # (None: not from dynamo)
     if has_control_flow(gm):
-        fullgraph = getattr(gm, "meta", {}).get(FULLGRAPH_META_KEY, False)
-
         def compile_piece(piece, inputs):  # each piece and subgraph: its own fw/bw, same compilers
-            if fullgraph:
-                piece.meta[FULLGRAPH_META_KEY] = True
+            if fullgraph is not None:
+                piece.meta[FULLGRAPH_META_KEY] = fullgraph
             return aot_module_simplified(piece, inputs, fw_compiler, bw_compiler, partition_fn,
                                          inference_compiler, guarded=False)  # fmt: skip
 
@@ -371,8 +371,7 @@ def aot_module_simplified(
         return dynamic_module_call(gm, example_inputs, compiled)
     if guarded is None:
         guarded = bool(getattr(gm, "meta", {}).get(GUARDED_INPUTS_META, False))
-    fullgraph = bool(getattr(gm, "meta", {}).get(FULLGRAPH_META_KEY, False))
-    return module_caller(gm, compiled, guarded=guarded, eager_fallback=not fullgraph)
+    return module_caller(gm, compiled, guarded=guarded, eager_fallback=fullgraph is False)
 
 
 def aot_eager(gm: nn.Module, example_inputs: list, **kwargs) -> Callable:

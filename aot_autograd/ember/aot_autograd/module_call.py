@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import os
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -117,7 +118,7 @@ def module_caller(module: nn.Module, compiled, guarded: bool = False,
             # Compiled at the first call, after dynamo's capture: eager, as a capture the
             # backend refuses is (fullgraph=True: raised, as there).
             if not eager_fallback or isinstance(e, MutatedAliasingError):
-                raise  # (aliased arguments: a property of this call, not of the program)
+                raise  # (aliased arguments: a property of this call, not of the program: run)
             return compiled.eager_runtime_for(flat, in_spec, e), flat
 
     def miss(args: tuple, flat: Optional[tuple], key):
@@ -144,28 +145,40 @@ def module_caller(module: nn.Module, compiled, guarded: bool = False,
             return new
         return old
 
+    warned: list = []
+
     def run(*args, **kwargs):
-        if kwargs:
-            runtime, flat = general(args, kwargs)
-            return runtime.call(tuple(a for a in flat if isinstance(a, torch.Tensor)))
-        nonlocal read_state, generation
-        if generation != _state_generation:  # some module's state changed: is it ours?
-            read_state, generation = _refresh(read_state), _state_generation
         try:
-            flat = read_state() + args if read_state is not None else args
-        except KeyError:  # a parameter or buffer was deleted: the general path says what then
-            flat = None
-        if guarded and flat is not None:
-            entry = by_mode.get(mode_state())
-            if entry is not None:
-                if config.verify_guarded and tensor_key(flat) != entry[1]:
-                    raise GuardViolation(_violation_message(entry[1], tensor_key(flat)))
-                return entry[0](flat)
-        key = tensor_key(flat) if flat is not None else None
-        call = by_key.get(key)
-        if call is None:
-            call = miss(args, flat, key)
-        return call(flat)
+            if kwargs:
+                runtime, flat = general(args, kwargs)
+                return runtime.call(tuple(a for a in flat if isinstance(a, torch.Tensor)))
+            nonlocal read_state, generation
+            if generation != _state_generation:  # some module's state changed: is it ours?
+                read_state, generation = _refresh(read_state), _state_generation
+            try:
+                flat = read_state() + args if read_state is not None else args
+            except KeyError:  # a parameter or buffer was deleted: the general path says what then
+                flat = None
+            if guarded and flat is not None:
+                entry = by_mode.get(mode_state())
+                if entry is not None:
+                    if config.verify_guarded and tensor_key(flat) != entry[1]:
+                        raise GuardViolation(_violation_message(entry[1], tensor_key(flat)))
+                    return entry[0](flat)
+            key = tensor_key(flat) if flat is not None else None
+            call = by_key.get(key)
+            if call is None:
+                call = miss(args, flat, key)
+            return call(flat)
+        except MutatedAliasingError as e:
+            # A mutated argument shares its storage with another (two views of one buffer):
+            # the compiled program assumed distinct inputs; this call runs the graph as written.
+            if not eager_fallback:
+                raise
+            if not warned:
+                warned.append(True)
+                warnings.warn(f"ember.compile: a call runs eagerly: {e}")
+            return module(*args, **kwargs)
 
     run.aot_function = compiled  # the trace cache and graphs, for inspection
     run.guarded = guarded

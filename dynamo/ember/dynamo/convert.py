@@ -399,8 +399,7 @@ def finish(tx, output, code, backend, reason, fullgraph=False):
             gm.meta["ember_symbols"] = env.specs()
         elif output.inputs_pinned:  # each call's inputs are the traced ones, as the guards check
             gm.meta[GUARDED_INPUTS_META_KEY] = True
-        if fullgraph:  # (a compile the backend makes at the first call raises, too)
-            gm.meta[FULLGRAPH_META_KEY] = True
+        gm.meta[FULLGRAPH_META_KEY] = bool(fullgraph)  # (for a compile at the first call)
         try:
             # EMBER_REPRO; inside a DDP forward, one backend call per gradient bucket
             compiled = compile_for_ddp(lambda g, ex: call_backend(backend, g, ex, code), gm,

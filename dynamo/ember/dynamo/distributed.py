@@ -171,7 +171,7 @@ def split_graph(gm: fx.GraphModule, part: dict) -> list:
                    if n in result_users or any(part.get(u, -1) > k for u in n.users)]  # fmt: skip
         graph.output(tuple(env[n] for n in outputs))
         module = fx.GraphModule(gm, graph)
-        if FULLGRAPH_META_KEY in gm.meta:  # (a fullgraph capture's pieces raise as it does)
+        if FULLGRAPH_META_KEY in gm.meta:  # (the capture's fullgraph, for each piece's compile)
             module.meta[FULLGRAPH_META_KEY] = gm.meta[FULLGRAPH_META_KEY]
         pieces.append(_Piece(module, inputs, outputs))
     return pieces

@@ -31,9 +31,9 @@ INPUT_UPDATES_META_KEY = "ember_input_updates"
 # graph's own parameters and buffers too) to the sizes, strides, dtype, device and
 # requires_grad of the call it was traced on: the runtime need not key each call by them.
 GUARDED_INPUTS_META_KEY = "ember_guarded_inputs"
-# The `gm.meta` key (value True) of a graph captured under `fullgraph=True`: a compile the
-# backend makes later (at the graph's first call) raises where it cannot compile, instead of
-# running the graph eagerly.
+# The `gm.meta` key dynamo sets on each graph it hands a backend: the `fullgraph` it captured
+# under. False: what a compile made later (at the graph's first call) cannot compile runs the
+# graph eagerly, as at capture; True, or no key (a graph from another caller): it raises.
 FULLGRAPH_META_KEY = "ember_fullgraph"
 
 _DTYPES = {
