@@ -86,18 +86,20 @@ class CodeGen:
                 children[src.base].add(src)
                 src = src.base
         inputs, texts = set(sources), {}
+        return [self._input_text(src, inputs, children, texts) for src in sources]
 
-        def text(src) -> str:
-            if src not in texts:
-                if src.expr_on("") is None:  # a frame argument, a global, ...: read as it is
-                    texts[src] = src.expr()
-                else:
-                    texts[src] = src.expr_on(text(src.base))
-                    if len(children[src]) > 1 or (src in inputs and children[src]):
-                        texts[src] = self.temp(texts[src])
-            return texts[src]
-
-        return [text(src) for src in sources]
+    def _input_text(self, src, inputs: set, children: dict, texts: dict) -> str:
+        """(input_exprs) `src`'s expression on its base's; a temporary where reads branch. A
+        method, not a closure over itself: that cycle held the CodeGen, and with it the
+        capture, until a full collection (the compile-reset leak test grew 12%)."""
+        if src not in texts:
+            if src.expr_on("") is None:  # a frame argument, a global, ...: read as it is
+                texts[src] = src.expr()
+            else:
+                texts[src] = src.expr_on(self._input_text(src.base, inputs, children, texts))
+                if len(children[src]) > 1 or (src in inputs and children[src]):
+                    texts[src] = self.temp(texts[src])
+        return texts[src]
 
     # -- graph outputs ------------------------------------------------------------------------
     def collect_outputs(self, roots: list) -> list:
@@ -140,6 +142,7 @@ class CodeGen:
 
         for r in roots:
             visit(r)
+        del visit  # (it closes over itself: a cycle holding `found`, its variables and graph)
         for i, node in enumerate(found):
             self.out_index[node] = i
         return list(found.values())

@@ -88,7 +88,7 @@ def compile_fx(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
     # finish: a compiled graph -> what runs it; rebuild: a cached Program -> the same
     finish, rebuild = (_load_cpp_wrapper, _program_cpp_wrapper) if cpp_wrapper else (
         _as_is, _program_python)  # fmt: skip
-    if config.attention_rewrite:
+    if config.attention_rewrite and isinstance(gm, fx.GraphModule):
         attention_rewrite.rewrite(gm)
     options_text = f"mode={mode} cpp_wrapper={cpp_wrapper}"
     templates = mode in ("max-autotune", "max-autotune-no-cudagraphs")
