@@ -196,17 +196,10 @@ class _EagerRuntime:
     """`call(tensors)`: the program run as written, its other arguments those of the signature."""
 
     def __init__(self, fn: Callable, flat: list, in_spec):
-        self.positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
-        # (the other arguments only: the first call's tensors are not kept alive)
-        self.fn, self.in_spec = fn, in_spec
-        self.flat = [None if isinstance(a, torch.Tensor) else a for a in flat]
+        self._run = _with_tensors(fn, flat, in_spec)
 
     def call(self, tensors):
-        args = list(self.flat)
-        for pos, t in zip(self.positions, tensors):
-            args[pos] = t
-        a, kw = pytree.tree_unflatten(args, self.in_spec)
-        return self.fn(*a, **kw)
+        return self._run(*tensors)
 
 
 def _written_after_call(program, flat: list) -> tuple:
@@ -228,16 +221,28 @@ def _written_after_call(program, flat: list) -> tuple:
                  if n.meta.get(WRITTEN_AFTER_CALL_META_KEY) and start + j in tensor_index)
 
 
-def _flat_program(fn: Callable, flat: list, in_spec):
-    """fn as a function of the flat tensor arguments alone (the rest are baked constants)."""
+def _with_tensors(fn: Callable, flat: list, in_spec) -> Callable:
+    """`(*tensors) -> fn(*args, **kwargs)`: the call `flat` (tree_flatten of (args, kwargs)) made
+    with these tensors in its tensors' places; the template keeps its other leaves only."""
     positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    template = [None if isinstance(a, torch.Tensor) else a for a in flat]
 
-    def flat_fn(*tensors):
-        args = list(flat)
+    def call(*tensors):
+        args = list(template)
         for pos, t in zip(positions, tensors):
             args[pos] = t
         a, kw = pytree.tree_unflatten(args, in_spec)
-        flat_out, flat_fn.out_spec = pytree.tree_flatten(fn(*a, **kw))
+        return fn(*a, **kw)
+
+    return call
+
+
+def _flat_program(fn: Callable, flat: list, in_spec):
+    """fn as a function of the flat tensor arguments alone (the rest are baked constants)."""
+    run = _with_tensors(fn, flat, in_spec)
+
+    def flat_fn(*tensors):
+        flat_out, flat_fn.out_spec = pytree.tree_flatten(run(*tensors))
         return flat_out
 
     flat_fn.out_spec = None

@@ -37,6 +37,7 @@ of the batch in a graph with symbolic sizes). Off: `config.attention_rewrite = F
 from __future__ import annotations
 
 import logging
+import math
 import operator
 from typing import Optional
 
@@ -300,7 +301,6 @@ def _plan(scores: fx.Node, steps: list, softmax: fx.Node, after: list,
                 return None  # (a narrowing cast rounds the scores; the kernels would not)
         source = node
         if kind == "scale":
-            scale *= effect[1]
             recipe.append(("scale", effect[1]))
         elif kind == "add":
             bias_meta = _meta(effect[1])
@@ -331,6 +331,7 @@ def _plan(scores: fx.Node, steps: list, softmax: fx.Node, after: list,
         for item in terms:
             if len(_sizes(item[1])) > len(item[-1]) + 2:
                 return None
+    scale *= math.prod(item[1] for item in recipe if item[0] == "scale")
     return dict(q=q, kt=kt, v=v, scale=scale, recipe=recipe, bs=bs, bf=bf, kernel=kernel,
                 dtype=dtype, length=length, keys=keys, regroups=regroups)  # fmt: skip
 
